@@ -1,0 +1,133 @@
+//! Model handles: load, query, describe, free.
+
+use std::ffi::{c_char, c_void};
+
+use super::args;
+use super::handles;
+use super::status::{guard, guard_value, m40_status};
+use crate::model::{LoadOptions, Model};
+
+/// An opaque loaded model. Immutable after load: any number of threads and
+/// sessions may use one model at the same time.
+pub struct m40_model {
+    _opaque: [u8; 0],
+}
+
+/// How to load a model. Get defaults from `m40_model_default_params()` and
+/// change what you need.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct m40_model_params {
+    /// -1: CPU; 0..N-1: CUDA device. Default: 0 when a CUDA device is usable, else -1.
+    pub device: i32,
+    /// CPU worker threads; 0: one per core.
+    pub n_threads: u32,
+    /// Map the file instead of reading it into memory. Default true.
+    pub use_mmap: bool,
+    /// Load metadata and tokenizer only (no weights, any architecture). Default false.
+    pub vocab_only: bool,
+}
+
+impl From<m40_model_params> for LoadOptions {
+    fn from(p: m40_model_params) -> Self {
+        LoadOptions {
+            device: p.device,
+            n_threads: p.n_threads,
+            use_mmap: p.use_mmap,
+            vocab_only: p.vocab_only,
+        }
+    }
+}
+
+/// Returns the default model parameters.
+#[no_mangle]
+pub extern "C" fn m40_model_default_params() -> m40_model_params {
+    let d = LoadOptions::default();
+    m40_model_params {
+        device: d.device,
+        n_threads: d.n_threads,
+        use_mmap: d.use_mmap,
+        vocab_only: d.vocab_only,
+    }
+}
+
+/// Loads the GGUF model at `path` (NUL-terminated) and writes a new model
+/// handle to `*out_model`. `params` NULL means the defaults. The file is
+/// checked completely: a malformed or truncated file gives M40_ERR_FORMAT, an
+/// architecture or tensor type this build does not run M40_ERR_UNSUPPORTED,
+/// a missing file M40_ERR_IO. Release the model with `m40_free`.
+///
+/// # Safety
+/// `path` is NULL or NUL-terminated; `params` is NULL or valid; `out_model` is
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn m40_model_load(
+    path: *const c_char,
+    params: *const m40_model_params,
+    out_model: *mut *mut m40_model,
+) -> m40_status {
+    guard(|| {
+        // SAFETY: the caller's promises, forwarded.
+        let (path, params, out_model) = unsafe {
+            (
+                args::path(path, "path")?,
+                args::struct_or_default(params, || m40_model_default_params()),
+                args::out(out_model, "out_model")?,
+            )
+        };
+        let model = Model::load(&path, params.into())?;
+        *out_model = handles::register_model(model).cast();
+        Ok(())
+    })
+}
+
+/// Returns the number of tokens in the model's vocabulary, or -1 (with
+/// `m40_last_error`) when `model` is not a live model handle.
+#[no_mangle]
+pub extern "C" fn m40_model_n_vocab(model: *const m40_model) -> i32 {
+    guard_value(-1, || Ok(handles::model(model as usize)?.n_vocab() as i32))
+}
+
+/// Returns the context length the model was trained with (0 when a vocab-only
+/// file does not say), or -1 when `model` is not a live model handle.
+#[no_mangle]
+pub extern "C" fn m40_model_n_ctx_train(model: *const m40_model) -> i32 {
+    guard_value(-1, || {
+        let n = handles::model(model as usize)?.n_ctx_train();
+        Ok(i32::try_from(n).unwrap_or(i32::MAX))
+    })
+}
+
+/// Writes a JSON object describing the model (architecture, layers,
+/// embedding size, heads, tensor types, backend, device name, ...) into `buf`
+/// as a NUL-terminated string, and its length without the NUL into
+/// `*out_len` (when not NULL). If `cap` is too small nothing is written to
+/// `buf`, `*out_len` gets the length and the result is
+/// M40_ERR_BUFFER_TOO_SMALL: call again with at least `*out_len + 1` bytes.
+/// `buf` may be NULL when `cap` is 0.
+///
+/// # Safety
+/// `buf` is NULL or holds `cap` writable bytes; `out_len` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn m40_model_describe(
+    model: *const m40_model,
+    buf: *mut c_char,
+    cap: usize,
+    out_len: *mut usize,
+) -> m40_status {
+    guard(|| {
+        let json = handles::model(model as usize)?.describe_json();
+        // SAFETY: the caller's promises, forwarded.
+        unsafe { args::write_text(json.as_bytes(), buf, cap, out_len) }
+    })
+}
+
+/// Releases any handle the library gave out (a model or a session). A model
+/// stays alive until its last session is freed, in whatever order the host
+/// frees them. NULL is a no-op returning M40_OK. A pointer that is not a live
+/// handle (freed already, or never one) gives M40_ERR_INVALID_ARGUMENT and is
+/// not touched.
+#[no_mangle]
+pub extern "C" fn m40_free(handle: *mut c_void) -> m40_status {
+    guard(|| handles::free(handle as usize))
+}

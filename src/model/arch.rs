@@ -1,0 +1,153 @@
+//! The architectures this build runs and the tensors each one needs, with the
+//! shapes their hyper-parameters imply (names as llama.cpp's converters write
+//! them; shapes in ggml order, row length first).
+
+use super::HyperParams;
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+
+/// A model family with its own forward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    /// LLaMA 1/2/3, Mistral, TinyLlama.
+    Llama,
+    /// Qwen2: LLaMA with Q/K/V biases and NEOX RoPE.
+    Qwen2,
+    /// Gemma 3: extra norms, GeGLU, sliding-window layers.
+    Gemma3,
+}
+
+impl Architecture {
+    /// The architecture named by `general.architecture`, if this build runs it.
+    pub fn from_name(name: &str) -> Option<Architecture> {
+        match name {
+            "llama" => Some(Architecture::Llama),
+            "qwen2" => Some(Architecture::Qwen2),
+            "gemma3" => Some(Architecture::Gemma3),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Gemma3 => "gemma3",
+        }
+    }
+
+    /// llama.cpp's RoPE base when the file sets none.
+    pub fn default_rope_freq_base(self) -> f32 {
+        match self {
+            Architecture::Llama | Architecture::Qwen2 => 10_000.0,
+            Architecture::Gemma3 => 1_000_000.0,
+        }
+    }
+}
+
+/// A tensor the architecture knows, with its expected shape.
+struct TensorSpec {
+    name: String,
+    dims: Vec<u64>,
+    required: bool,
+}
+
+fn spec(name: impl Into<String>, dims: &[u32], required: bool) -> TensorSpec {
+    TensorSpec {
+        name: name.into(),
+        dims: dims.iter().map(|&d| u64::from(d)).collect(),
+        required,
+    }
+}
+
+fn tensor_specs(arch: Architecture, hp: &HyperParams) -> Vec<TensorSpec> {
+    let (d, v, ff) = (hp.n_embd, hp.n_vocab, hp.n_ff);
+    let q = hp.n_head * hp.head_dim_k;
+    let k = hp.n_head_kv * hp.head_dim_k;
+    let vv = hp.n_head_kv * hp.head_dim_v;
+    let o = hp.n_head * hp.head_dim_v;
+    let mut specs = vec![
+        spec("token_embd.weight", &[d, v], true),
+        spec("output_norm.weight", &[d], true),
+        // Absent means the output projection is tied to the embedding.
+        spec("output.weight", &[d, v], false),
+    ];
+    if arch == Architecture::Llama {
+        // LLaMA 3.1-style frequency factors for long-context RoPE.
+        specs.push(spec("rope_freqs.weight", &[hp.rope_dim / 2], false));
+    }
+    for i in 0..hp.n_layer {
+        let b = |n: &str| format!("blk.{i}.{n}");
+        specs.extend([
+            spec(b("attn_norm.weight"), &[d], true),
+            spec(b("attn_q.weight"), &[d, q], true),
+            spec(b("attn_k.weight"), &[d, k], true),
+            spec(b("attn_v.weight"), &[d, vv], true),
+            spec(b("attn_output.weight"), &[o, d], true),
+            spec(b("ffn_norm.weight"), &[d], true),
+            spec(b("ffn_gate.weight"), &[d, ff], true),
+            spec(b("ffn_up.weight"), &[d, ff], true),
+            spec(b("ffn_down.weight"), &[ff, d], true),
+        ]);
+        match arch {
+            Architecture::Llama => {}
+            Architecture::Qwen2 => specs.extend([
+                spec(b("attn_q.bias"), &[q], true),
+                spec(b("attn_k.bias"), &[k], true),
+                spec(b("attn_v.bias"), &[vv], true),
+            ]),
+            Architecture::Gemma3 => specs.extend([
+                spec(b("attn_q_norm.weight"), &[hp.head_dim_k], true),
+                spec(b("attn_k_norm.weight"), &[hp.head_dim_k], true),
+                spec(b("post_attention_norm.weight"), &[d], true),
+                spec(b("post_ffw_norm.weight"), &[d], true),
+            ]),
+        }
+    }
+    specs
+}
+
+/// Checks that the file holds exactly the tensors `arch` uses, each with the
+/// shape `hp` implies and a type this build computes with.
+pub fn check_tensors(gguf: &GgufFile, arch: Architecture, hp: &HyperParams) -> Result<()> {
+    let specs = tensor_specs(arch, hp);
+    for s in &specs {
+        match gguf.tensor(&s.name) {
+            None if s.required => {
+                return Err(Error::format(format!(
+                    "tensor '{}' is missing (a {} model needs it)",
+                    s.name,
+                    arch.name()
+                )))
+            }
+            None => {}
+            Some(t) if t.dims != s.dims => {
+                return Err(Error::format(format!(
+                    "tensor '{}' has shape {:?}, expected {:?} from the model's hyper-parameters",
+                    s.name, t.dims, s.dims
+                )))
+            }
+            Some(t) if !t.ggml_type.is_supported() => {
+                return Err(Error::unsupported(format!(
+                    "tensor '{}' has type {}, which this build does not compute with",
+                    s.name, t.ggml_type
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    let known: std::collections::HashSet<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    if let Some(extra) = gguf
+        .tensors()
+        .iter()
+        .find(|t| !known.contains(t.name.as_str()))
+    {
+        return Err(Error::format(format!(
+            "unexpected tensor '{}' for a {} model with {} layers",
+            extra.name,
+            arch.name(),
+            hp.n_layer
+        )));
+    }
+    Ok(())
+}

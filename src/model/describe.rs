@@ -1,0 +1,117 @@
+//! `m40_model_describe`: a JSON summary of a loaded model.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use super::Model;
+use crate::backend::Device;
+
+impl Model {
+    /// One JSON object: architecture, sizes, tensor types and where it runs.
+    /// Keys that a vocab-only load does not know are `null`.
+    pub fn describe_json(&self) -> String {
+        let gguf = self.gguf();
+        let mut types: BTreeMap<&str, usize> = BTreeMap::new();
+        for t in gguf.tensors() {
+            *types.entry(t.ggml_type.name()).or_default() += 1;
+        }
+        let parameters: u64 = gguf.tensors().iter().map(|t| t.n_elements()).sum();
+        let name = gguf
+            .get("general.name")
+            .and_then(|e| e.str().ok().map(str::to_string));
+        let hp = self.hparams();
+        let num = |f: fn(&super::HyperParams) -> u32| {
+            hp.map_or("null".to_string(), |hp| f(hp).to_string())
+        };
+
+        let mut j = String::from("{");
+        let _ = write!(
+            j,
+            "\"architecture\":{}",
+            json_string(self.architecture_name())
+        );
+        let _ = write!(
+            j,
+            ",\"name\":{}",
+            name.as_deref().map_or("null".to_string(), json_string)
+        );
+        let _ = write!(j, ",\"gguf_version\":{}", gguf.version());
+        let _ = write!(j, ",\"file_size\":{}", gguf.file_size());
+        let _ = write!(j, ",\"parameters\":{parameters}");
+        let _ = write!(j, ",\"vocab_size\":{}", self.n_vocab());
+        let _ = write!(j, ",\"context_length\":{}", self.n_ctx_train());
+        let _ = write!(j, ",\"layers\":{}", num(|h| h.n_layer));
+        let _ = write!(j, ",\"embedding_size\":{}", num(|h| h.n_embd));
+        let _ = write!(j, ",\"feed_forward_size\":{}", num(|h| h.n_ff));
+        let _ = write!(j, ",\"heads\":{}", num(|h| h.n_head));
+        let _ = write!(j, ",\"kv_heads\":{}", num(|h| h.n_head_kv));
+        let _ = write!(j, ",\"head_dim\":{}", num(|h| h.head_dim_k));
+        let _ = write!(
+            j,
+            ",\"sliding_window\":{}",
+            hp.and_then(|h| h.sliding_window)
+                .map_or("null".to_string(), |w| w.to_string())
+        );
+        let _ = write!(j, ",\"tensor_count\":{}", gguf.tensors().len());
+        j.push_str(",\"tensor_types\":{");
+        for (i, (ty, count)) in types.iter().enumerate() {
+            let _ = write!(
+                j,
+                "{}{}:{count}",
+                if i > 0 { "," } else { "" },
+                json_string(ty)
+            );
+        }
+        j.push('}');
+        let _ = write!(j, ",\"vocab_only\":{}", self.options().vocab_only);
+        let _ = write!(
+            j,
+            ",\"mmap\":{}",
+            gguf.data().is_some_and(|d| d.is_mapped())
+        );
+        let _ = write!(
+            j,
+            ",\"backend\":{}",
+            json_string(self.device().backend_name())
+        );
+        let _ = write!(j, ",\"device\":{}", json_string(&self.device().name()));
+        match self.device() {
+            Device::Cpu { threads } => {
+                let _ = write!(j, ",\"threads\":{threads}");
+            }
+        }
+        j.push('}');
+        j
+    }
+}
+
+/// `s` as a JSON string literal.
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_string;
+
+    #[test]
+    fn json_strings_escape_quotes_backslashes_and_controls() {
+        assert_eq!(json_string("a\"b\\c\n\u{1}é"), "\"a\\\"b\\\\c\\n\\u0001é\"");
+    }
+}

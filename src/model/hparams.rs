@@ -1,0 +1,111 @@
+//! Hyper-parameters of a supported architecture, read from `{arch}.*` metadata
+//! and checked for the ranges and relations the forward pass relies on.
+
+use super::Architecture;
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+
+// Upper bounds well above any published model; they keep hostile values from
+// sizing buffers or overflowing products of dimensions.
+const MAX_LAYERS: u32 = 1024;
+const MAX_EMBEDDING: u32 = 1 << 17;
+const MAX_FEED_FORWARD: u32 = 1 << 20;
+const MAX_HEADS: u32 = 1024;
+const MAX_HEAD_DIM: u32 = 1024;
+
+/// The shape and numeric constants of a transformer, from GGUF metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HyperParams {
+    pub n_vocab: u32,
+    pub n_ctx_train: u32,
+    pub n_embd: u32,
+    pub n_layer: u32,
+    pub n_ff: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    /// Width of one query/key head.
+    pub head_dim_k: u32,
+    /// Width of one value head.
+    pub head_dim_v: u32,
+    /// How many dimensions of each head RoPE rotates.
+    pub rope_dim: u32,
+    pub rope_freq_base: f32,
+    pub rms_eps: f32,
+    /// Tokens a sliding-window (local) attention layer sees; gemma3 only.
+    pub sliding_window: Option<u32>,
+}
+
+impl HyperParams {
+    pub fn from_gguf(gguf: &GgufFile, arch: Architecture, n_vocab: u32) -> Result<HyperParams> {
+        let a = arch.name();
+        let key = |k: &str| format!("{a}.{k}");
+        let required = |k: &str, range| gguf.require(&key(k))?.u32_in(range);
+        let optional = |k: &str, range, default| match gguf.get(&key(k)) {
+            Some(entry) => entry.u32_in(range),
+            None => Ok(default),
+        };
+
+        let n_ctx_train = required("context_length", 1..=u32::MAX)?;
+        let n_embd = required("embedding_length", 1..=MAX_EMBEDDING)?;
+        let n_layer = required("block_count", 1..=MAX_LAYERS)?;
+        let n_ff = required("feed_forward_length", 1..=MAX_FEED_FORWARD)?;
+        let n_head = required("attention.head_count", 1..=MAX_HEADS)?;
+        let n_head_kv = optional("attention.head_count_kv", 1..=MAX_HEADS, n_head)?;
+        if n_head % n_head_kv != 0 {
+            return Err(Error::format(format!(
+                "{} = {n_head} is not a multiple of {} = {n_head_kv}",
+                key("attention.head_count"),
+                key("attention.head_count_kv")
+            )));
+        }
+        let implied_head_dim = n_embd / n_head;
+        if gguf.get(&key("attention.key_length")).is_none() && n_embd % n_head != 0 {
+            return Err(Error::format(format!(
+                "{} = {n_embd} is not a multiple of {} = {n_head}, and no {} says the head size",
+                key("embedding_length"),
+                key("attention.head_count"),
+                key("attention.key_length")
+            )));
+        }
+        let head_dim_k = optional("attention.key_length", 1..=MAX_HEAD_DIM, implied_head_dim)?;
+        let head_dim_v = optional("attention.value_length", 1..=MAX_HEAD_DIM, implied_head_dim)?;
+        if head_dim_k == 0 || head_dim_k % 2 != 0 {
+            return Err(Error::format(format!(
+                "the attention head size {head_dim_k} must be a positive even number (RoPE rotates pairs)"
+            )));
+        }
+        let rope_dim = optional("rope.dimension_count", 2..=head_dim_k, head_dim_k)?;
+        if rope_dim % 2 != 0 {
+            return Err(Error::format(format!(
+                "{} = {rope_dim} is odd",
+                key("rope.dimension_count")
+            )));
+        }
+        let rope_freq_base = match gguf.get(&key("rope.freq_base")) {
+            Some(entry) => entry.f32_in(f32::MIN_POSITIVE..=f32::MAX)?,
+            None => arch.default_rope_freq_base(),
+        };
+        let rms_eps = gguf
+            .require(&key("attention.layer_norm_rms_epsilon"))?
+            .f32_in(0.0..=1.0)?;
+        let sliding_window = match arch {
+            Architecture::Gemma3 => Some(optional("attention.sliding_window", 1..=u32::MAX, 512)?),
+            Architecture::Llama | Architecture::Qwen2 => None,
+        };
+        Ok(HyperParams {
+            n_vocab,
+            n_ctx_train,
+            n_embd,
+            n_layer,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim_k,
+            head_dim_v,
+            rope_dim,
+            rope_freq_base,
+            rms_eps,
+            sliding_window,
+        })
+    }
+}
