@@ -136,3 +136,14 @@ impl Model {
         self.options
     }
 }
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("architecture", &self.architecture_name)
+            .field("n_vocab", &self.n_vocab)
+            .field("tensors", &self.gguf.tensors().len())
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,183 @@
+/*
+ * A C host of libm40llm, written against include/m40llm.h the way customers
+ * use it: error statuses and messages, NULL arguments, the describe buffer
+ * protocol, handle lifetimes and free order, threads sharing one model.
+ *
+ * usage: abi_host VALID_TINY_LLAMA MALFORMED_FILE N_VOCAB [GEMMA_GGUF]
+ * Prints one line per check; exits 1 if any check failed.
+ */
+#include "m40llm.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures = 0;
+
+#define CHECK(cond, ...)                                              \
+    do {                                                              \
+        if (cond) {                                                   \
+            printf("ok    ");                                         \
+        } else {                                                      \
+            printf("FAIL  ");                                         \
+            failures++;                                               \
+        }                                                             \
+        printf(__VA_ARGS__);                                          \
+        printf("  [last error: %s]\n", m40_last_error());             \
+    } while (0)
+
+static int contains(const char *haystack, const char *needle) {
+    return haystack && strstr(haystack, needle) != NULL;
+}
+
+struct thread_job {
+    m40_model *model;
+    int ok;
+};
+
+/* Each thread describes the shared model and makes its own error: the
+   last-error message must stay per thread. */
+static void *describe_in_thread(void *arg) {
+    struct thread_job *job = arg;
+    job->ok = 1;
+    for (int i = 0; i < 50; i++) {
+        char buf[4096];
+        size_t len = 0;
+        if (m40_model_describe(job->model, buf, sizeof buf, &len) != M40_OK || strlen(buf) != len)
+            job->ok = 0;
+        if (m40_model_n_vocab(NULL) != -1 || !contains(m40_last_error(), "NULL"))
+            job->ok = 0;
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s VALID MALFORMED N_VOCAB [GEMMA]\n", argv[0]);
+        return 2;
+    }
+    const char *valid = argv[1], *malformed = argv[2];
+    int n_vocab = atoi(argv[3]);
+    const char *gemma = argc > 4 ? argv[4] : NULL;
+
+    /* Library identity and status names. */
+    CHECK(m40_abi_version() == M40_ABI_VERSION, "abi version %u", m40_abi_version());
+    CHECK(m40_version() && strlen(m40_version()) > 0, "version \"%s\"", m40_version());
+    CHECK(strcmp(m40_last_error(), "") == 0, "no error before any call");
+    CHECK(strcmp(m40_status_str(M40_OK), "ok") == 0, "status_str(M40_OK)");
+    CHECK(contains(m40_status_str(M40_ERR_FORMAT), "GGUF"), "status_str(M40_ERR_FORMAT) = %s",
+          m40_status_str(M40_ERR_FORMAT));
+    CHECK(strlen(m40_status_str(M40_ERR_INTERNAL)) > 0, "status_str(M40_ERR_INTERNAL)");
+
+    m40_model_params params = m40_model_default_params();
+    CHECK(params.use_mmap && !params.vocab_only && params.device >= -1 && params.n_threads == 0,
+          "default params: device %d, threads %u, mmap %d, vocab_only %d", params.device, params.n_threads,
+          params.use_mmap, params.vocab_only);
+
+    /* Argument errors. */
+    m40_model *model = (m40_model *)0x1; /* must stay untouched on failure */
+    CHECK(m40_model_load(NULL, NULL, &model) == M40_ERR_INVALID_ARGUMENT && contains(m40_last_error(), "path"),
+          "load(NULL path) is an argument error");
+    CHECK(model == (m40_model *)0x1, "out_model untouched on failure");
+    CHECK(m40_model_load(valid, NULL, NULL) == M40_ERR_INVALID_ARGUMENT && contains(m40_last_error(), "out_model"),
+          "load(NULL out_model) is an argument error");
+    CHECK(m40_model_load("/nonexistent/dir/model.gguf", NULL, &model) == M40_ERR_IO &&
+              contains(m40_last_error(), "/nonexistent/dir/model.gguf"),
+          "missing file is M40_ERR_IO naming the path");
+    CHECK(m40_model_load(malformed, NULL, &model) == M40_ERR_FORMAT && strlen(m40_last_error()) > 0,
+          "malformed file is M40_ERR_FORMAT");
+    m40_model_params bad_device = m40_model_default_params();
+    bad_device.device = -7;
+    CHECK(m40_model_load(valid, &bad_device, &model) == M40_ERR_INVALID_ARGUMENT &&
+              contains(m40_last_error(), "device"),
+          "device -7 is an argument error");
+
+    /* A valid model. */
+    m40_status st = m40_model_load(valid, NULL, &model);
+    CHECK(st == M40_OK && model != NULL && model != (m40_model *)0x1, "load(valid) = %s", m40_status_str(st));
+    if (st != M40_OK)
+        return 1;
+    CHECK(m40_model_n_vocab(model) == n_vocab, "n_vocab %d", m40_model_n_vocab(model));
+    CHECK(m40_model_n_ctx_train(model) == 256, "n_ctx_train %d", m40_model_n_ctx_train(model));
+
+    /* The describe buffer protocol: size query, too small, exact. */
+    size_t len = 0;
+    CHECK(m40_model_describe(model, NULL, 0, &len) == M40_ERR_BUFFER_TOO_SMALL && len > 0,
+          "describe size query says %zu bytes", len);
+    char small[8];
+    memset(small, 'x', sizeof small);
+    size_t len2 = 0;
+    CHECK(m40_model_describe(model, small, sizeof small, &len2) == M40_ERR_BUFFER_TOO_SMALL && len2 == len &&
+              small[0] == 'x' && small[7] == 'x',
+          "describe into 8 bytes: too small, buffer untouched");
+    char *json = malloc(len + 1);
+    CHECK(m40_model_describe(model, json, len + 1, &len2) == M40_OK && strlen(json) == len,
+          "describe: %s", json);
+    CHECK(contains(json, "\"architecture\":\"llama\"") && contains(json, "\"layers\":2") &&
+              contains(json, "\"tensor_types\":{\"F32\":21}") && contains(json, "\"backend\":\"cpu\""),
+          "describe names the architecture, layers, tensor types and backend");
+    CHECK(m40_model_describe(model, json, len, &len2) == M40_ERR_BUFFER_TOO_SMALL,
+          "describe needs room for the NUL");
+    CHECK(m40_model_describe(model, NULL, 16, &len2) == M40_ERR_INVALID_ARGUMENT, "describe(NULL buf, cap 16)");
+    free(json);
+
+    /* Other load modes. */
+    m40_model_params read_in = m40_model_default_params();
+    read_in.use_mmap = false;
+    read_in.n_threads = 2;
+    m40_model *copy = NULL;
+    CHECK(m40_model_load(valid, &read_in, &copy) == M40_OK && m40_model_n_vocab(copy) == n_vocab,
+          "load with use_mmap=false");
+    m40_model_params vocab = m40_model_default_params();
+    vocab.vocab_only = true;
+    m40_model *vocab_model = NULL;
+    CHECK(m40_model_load(valid, &vocab, &vocab_model) == M40_OK && m40_model_n_vocab(vocab_model) == n_vocab,
+          "load with vocab_only=true");
+
+    /* Threads share one model; errors stay per thread. */
+    pthread_t threads[4];
+    struct thread_job jobs[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i].model = model;
+        pthread_create(&threads[i], NULL, describe_in_thread, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(threads[i], NULL);
+        CHECK(jobs[i].ok, "thread %d described the shared model", i);
+    }
+
+    /* Handles that are not handles. */
+    CHECK(m40_model_n_vocab(NULL) == -1 && contains(m40_last_error(), "NULL"), "n_vocab(NULL) is -1");
+    int not_a_model = 0;
+    CHECK(m40_model_n_vocab((const m40_model *)&not_a_model) == -1 && contains(m40_last_error(), "not a live"),
+          "n_vocab(garbage pointer) is -1");
+    CHECK(m40_free(NULL) == M40_OK, "free(NULL) is a no-op");
+    CHECK(m40_free(&not_a_model) == M40_ERR_INVALID_ARGUMENT, "free(garbage pointer) is reported");
+
+    /* Free order and double free. */
+    CHECK(m40_free(model) == M40_OK, "free(model)");
+    CHECK(m40_free(model) == M40_ERR_INVALID_ARGUMENT && contains(m40_last_error(), "already freed"),
+          "second free(model) is reported, not a crash");
+    CHECK(m40_model_n_vocab(model) == -1, "a freed model is no longer usable");
+    CHECK(m40_free(vocab_model) == M40_OK && m40_free(copy) == M40_OK, "free the other models");
+
+    if (gemma) {
+        m40_model *g = NULL;
+        st = m40_model_load(gemma, NULL, &g);
+        CHECK(st == M40_OK, "load Gemma 3 270M");
+        if (st == M40_OK) {
+            char buf[2048];
+            CHECK(m40_model_describe(g, buf, sizeof buf, NULL) == M40_OK, "describe Gemma: %s", buf);
+            CHECK(contains(buf, "\"architecture\":\"gemma3\"") && contains(buf, "\"layers\":18") &&
+                      contains(buf, "\"embedding_size\":640") && contains(buf, "\"Q4_K\":27"),
+                  "Gemma describes as gemma3, 18 layers, 640 wide, 27 Q4_K tensors");
+            CHECK(m40_model_n_vocab(g) == 262144, "Gemma vocabulary %d", m40_model_n_vocab(g));
+            CHECK(m40_model_n_ctx_train(g) == 32768, "Gemma training context %d", m40_model_n_ctx_train(g));
+            CHECK(m40_free(g) == M40_OK, "free Gemma");
+        }
+    }
+
+    printf("%d failed\n", failures);
+    return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,49 @@
+//! Test utilities shared by the integration tests.
+#![allow(dead_code)] // each test binary uses a different part
+
+pub mod gguf_writer;
+pub mod tiny_model;
+
+use std::path::PathBuf;
+
+/// A fresh file path under cargo's per-target scratch directory.
+pub fn scratch_path(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("m40llm-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(format!("{}-{name}", std::process::id()))
+}
+
+/// The real Gemma 3 270M Q4_K_M file: `$M40_GEMMA_GGUF`, else the cache path
+/// `tests/fetch-model.sh` writes to. `None` when it is not there; the tests
+/// that need it fail when `M40_REQUIRE_MODEL=1` (as `make test` and CI set).
+pub fn gemma_path() -> Option<PathBuf> {
+    let path = std::env::var_os("M40_GEMMA_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("M40_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    let base = std::env::var_os("XDG_CACHE_HOME")
+                        .map(PathBuf::from)
+                        .unwrap_or_else(|| {
+                            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                                .join(".cache")
+                        });
+                    base.join("m40llm")
+                });
+            cache.join("gemma-3-270m-q4_k_m.gguf")
+        });
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var("M40_REQUIRE_MODEL").as_deref() != Ok("1"),
+        "the Gemma 3 270M model is required but {} is missing: run tests/fetch-model.sh",
+        path.display()
+    );
+    eprintln!(
+        "skipping: {} is missing (run tests/fetch-model.sh)",
+        path.display()
+    );
+    None
+}

@@ -1,0 +1,98 @@
+//! Complete, valid GGUF models of each supported architecture, small enough to
+//! build in microseconds: the base that malformed-file tests corrupt.
+
+use super::gguf_writer::{f32_bytes, tt, GgufWriter, Meta};
+
+/// The shapes of a tiny model.
+#[derive(Clone, Copy, Debug)]
+pub struct TinyShape {
+    pub n_vocab: u64,
+    pub n_embd: u64,
+    pub n_layer: u64,
+    pub n_head: u64,
+    pub n_head_kv: u64,
+    pub n_ff: u64,
+}
+
+pub const TINY: TinyShape = TinyShape {
+    n_vocab: 16,
+    n_embd: 32,
+    n_layer: 2,
+    n_head: 4,
+    n_head_kv: 2,
+    n_ff: 64,
+};
+
+/// A valid `arch` model ("llama", "qwen2" or "gemma3") with F32 weights.
+pub fn tiny_model(arch: &str) -> GgufWriter {
+    tiny_model_with(arch, TINY)
+}
+
+pub fn tiny_model_with(arch: &str, s: TinyShape) -> GgufWriter {
+    let head_dim = s.n_embd / s.n_head;
+    let tokens: Vec<String> = (0..s.n_vocab).map(|i| format!("tok{i}")).collect();
+    let token_refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let a = |k: &str| format!("{arch}.{k}");
+    let mut w = GgufWriter::new()
+        .kv("general.architecture", Meta::str(arch))
+        .kv("general.name", Meta::str("tiny test model"))
+        .kv(&a("context_length"), Meta::U32(256))
+        .kv(&a("embedding_length"), Meta::U32(s.n_embd as u32))
+        .kv(&a("block_count"), Meta::U32(s.n_layer as u32))
+        .kv(&a("feed_forward_length"), Meta::U32(s.n_ff as u32))
+        .kv(&a("attention.head_count"), Meta::U32(s.n_head as u32))
+        .kv(&a("attention.head_count_kv"), Meta::U32(s.n_head_kv as u32))
+        .kv(&a("attention.layer_norm_rms_epsilon"), Meta::F32(1e-6))
+        .kv(&a("rope.freq_base"), Meta::F32(10000.0))
+        .kv("tokenizer.ggml.model", Meta::str("llama"))
+        .kv("tokenizer.ggml.tokens", Meta::strings(&token_refs))
+        .kv(
+            "tokenizer.ggml.scores",
+            Meta::Array(
+                super::gguf_writer::vt::F32,
+                (0..s.n_vocab).map(|i| Meta::F32(-(i as f32))).collect(),
+            ),
+        );
+    if arch == "gemma3" {
+        w.set_kv(&a("attention.key_length"), Meta::U32(head_dim as u32));
+        w.set_kv(&a("attention.value_length"), Meta::U32(head_dim as u32));
+        w.set_kv(&a("attention.sliding_window"), Meta::U32(8));
+    }
+
+    let mut seed = 0u32;
+    let mut add = |w: GgufWriter, name: &str, dims: &[u64]| {
+        seed += 1;
+        w.tensor(name, dims, tt::F32, f32_bytes(dims.iter().product(), seed))
+    };
+    let (d, v, ff) = (s.n_embd, s.n_vocab, s.n_ff);
+    let (q, kv) = (s.n_head * head_dim, s.n_head_kv * head_dim);
+    w = add(w, "token_embd.weight", &[d, v]);
+    for i in 0..s.n_layer {
+        let b = |n: &str| format!("blk.{i}.{n}");
+        w = add(w, &b("attn_norm.weight"), &[d]);
+        w = add(w, &b("attn_q.weight"), &[d, q]);
+        w = add(w, &b("attn_k.weight"), &[d, kv]);
+        w = add(w, &b("attn_v.weight"), &[d, kv]);
+        if arch == "qwen2" {
+            w = add(w, &b("attn_q.bias"), &[q]);
+            w = add(w, &b("attn_k.bias"), &[kv]);
+            w = add(w, &b("attn_v.bias"), &[kv]);
+        }
+        if arch == "gemma3" {
+            w = add(w, &b("attn_q_norm.weight"), &[head_dim]);
+            w = add(w, &b("attn_k_norm.weight"), &[head_dim]);
+            w = add(w, &b("post_attention_norm.weight"), &[d]);
+            w = add(w, &b("post_ffw_norm.weight"), &[d]);
+        }
+        w = add(w, &b("attn_output.weight"), &[q, d]);
+        w = add(w, &b("ffn_norm.weight"), &[d]);
+        w = add(w, &b("ffn_gate.weight"), &[d, ff]);
+        w = add(w, &b("ffn_up.weight"), &[d, ff]);
+        w = add(w, &b("ffn_down.weight"), &[ff, d]);
+    }
+    w = add(w, "output_norm.weight", &[d]);
+    if arch != "gemma3" {
+        w = add(w, "output.weight", &[d, v]);
+    }
+    w
+}
