@@ -6,14 +6,36 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use common::tiny_model::{tiny_model, TINY};
 
 /// The directory holding libm40llm.so / libm40llm.a for this test build.
+/// `cargo test` builds the library only as an rlib, so the C libraries are
+/// built here, once, with the same profile and target directory.
 fn library_dir() -> PathBuf {
-    // target/<profile>/deps/c_host-<hash> → target/<profile>
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            // target/<profile>/deps/c_host-<hash> → target/<profile>
+            let exe = std::env::current_exe().unwrap();
+            let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+            let mut cargo = Command::new(env!("CARGO"));
+            cargo
+                .args(["build", "--lib", "--quiet"])
+                .current_dir(root())
+                .env("CARGO_TARGET_DIR", dir.parent().unwrap());
+            if dir.ends_with("release") {
+                cargo.arg("--release");
+            }
+            let status = cargo.status().expect("cargo runs");
+            assert!(
+                status.success(),
+                "building libm40llm for the C hosts failed"
+            );
+            dir
+        })
+        .clone()
 }
 
 fn root() -> &'static Path {

@@ -82,19 +82,21 @@ impl GgufFile {
             let map =
                 unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io("cannot mmap", e))?;
             let header = parse::parse_header(&map[..], file_size)?;
+            // A file without tensors may end before its (aligned) data offset.
             let data = options.load_data.then(|| TensorData::Mapped {
                 map,
-                data_offset: header.data_offset as usize,
+                data_offset: header.data_offset.min(file_size) as usize,
             });
             Ok(Self::assemble(header, file_size, data))
         } else {
             let mut reader = BufReader::with_capacity(1 << 20, file);
             let header = parse::parse_header(&mut reader, file_size)?;
-            let data = if options.load_data && !header.tensors.is_empty() {
+            let data = if options.load_data {
                 let mut file = reader.into_inner();
-                file.seek(SeekFrom::Start(header.data_offset))
+                let start = header.data_offset.min(file_size);
+                file.seek(SeekFrom::Start(start))
                     .map_err(|e| Error::io("cannot seek to the data section", e))?;
-                let len = file_size - header.data_offset;
+                let len = file_size - start;
                 let mut bytes = allocate(len)?;
                 file.read_exact(bytes.as_mut_slice())
                     .map_err(|e| Error::io("cannot read the tensor data", e))?;
@@ -194,11 +196,13 @@ impl GgufFile {
         self.data.as_ref()
     }
 
-    /// The bytes of `tensor`, when the data section was loaded. The parser
-    /// checked that every tensor's range lies inside the file.
+    /// The bytes of `tensor`, when the data section was loaded and holds its
+    /// range (the parser checked this for the file's own tensor infos).
     pub fn tensor_bytes(&self, tensor: &TensorInfo) -> Option<&[u8]> {
         let data = self.data.as_ref()?.bytes();
-        data.get(tensor.offset as usize..(tensor.offset + tensor.n_bytes) as usize)
+        let start = usize::try_from(tensor.offset).ok()?;
+        let end = start.checked_add(usize::try_from(tensor.n_bytes).ok()?)?;
+        data.get(start..end)
     }
 }
 
