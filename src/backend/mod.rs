@@ -1,6 +1,8 @@
 //! Compute backends. The CPU backend runs everywhere; the device index a host
 //! passes picks one.
 
+pub mod cpu;
+
 use crate::error::{Error, Result};
 
 /// The device a model runs on.

@@ -449,7 +449,7 @@ fn check_tensor_ranges(tensors: &[TensorInfo], data_offset: u64, file_len: u64) 
     })?;
     for t in tensors {
         let end = t.offset.checked_add(t.n_bytes);
-        if end.map_or(true, |end| end > data_len) {
+        if end.is_none_or(|end| end > data_len) {
             return Err(Error::format(format!(
                 "tensor '{}' ({} bytes at data offset {}) extends past the end of the file (data section holds {data_len} bytes)",
                 t.name, t.n_bytes, t.offset

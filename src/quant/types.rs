@@ -126,7 +126,7 @@ impl GgmlType {
     /// Bytes of a row of `elements` values, or `None` when `elements` is not a
     /// whole number of blocks or the size overflows.
     pub fn row_bytes(self, elements: u64) -> Option<u64> {
-        if elements % self.block_elements() != 0 {
+        if !elements.is_multiple_of(self.block_elements()) {
             return None;
         }
         (elements / self.block_elements()).checked_mul(self.block_bytes())

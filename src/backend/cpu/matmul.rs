@@ -1,0 +1,123 @@
+//! Matrix products over quantized weights: y = W·x for one token (matrix ×
+//! vector) or many (matrix × matrix), split over the pool's threads by rows.
+//!
+//! Each task takes a band of weight rows and dots every row with every
+//! token's activations, so a row is read from memory once per call and then
+//! reused from cache across the tokens.
+
+use super::ThreadPool;
+use crate::error::{Error, Result};
+use crate::quant::{quantize_row_q8, DotKernel, GgmlType, Kernels, Q8Block, Q8_BLOCK};
+
+/// A weight matrix in its stored format: `rows` rows of `cols` values.
+#[derive(Clone, Copy, Debug)]
+pub struct WeightMatrix<'a> {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+impl WeightMatrix<'_> {
+    fn row_bytes(&self) -> usize {
+        self.ty
+            .row_bytes(self.cols as u64)
+            .map_or(0, |b| b as usize)
+    }
+
+    fn row(&self, r: usize) -> &[u8] {
+        let n = self.row_bytes();
+        &self.data[r * n..(r + 1) * n]
+    }
+}
+
+/// Rows per task: enough work to amortize claiming it, few enough bytes to
+/// spread the matrix evenly over the threads.
+fn rows_per_task(m: &WeightMatrix, n_threads: usize) -> usize {
+    let per_thread = m.rows.div_ceil(n_threads * 8);
+    per_thread.clamp(1, 64)
+}
+
+/// The output matrix, written by tasks at disjoint (token, row) positions.
+struct Output {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: tasks write disjoint elements (each owns a band of rows), and the
+// pool's `run` returns only after every task has finished.
+unsafe impl Sync for Output {}
+
+impl Output {
+    /// # Safety
+    /// No other task writes index `i` during the loop.
+    unsafe fn write(&self, i: usize, v: f32) {
+        assert!(i < self.len);
+        unsafe { *self.ptr.add(i) = v };
+    }
+}
+
+/// `y[t][r] = Σ_c W[r][c] · x[t][c]` for `n_tokens` tokens: `x` holds
+/// `n_tokens × cols` values, `y` gets `n_tokens × rows`.
+pub fn matmul(
+    pool: &ThreadPool,
+    kernels: Kernels,
+    w: &WeightMatrix,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    let format = kernels
+        .format(w.ty)
+        .ok_or_else(|| Error::unsupported(format!("no CPU kernels for {} weights", w.ty)))?;
+    if w.ty.row_bytes(w.cols as u64).is_none()
+        || w.data.len() != w.rows * w.row_bytes()
+        || x.len() != n_tokens * w.cols
+        || y.len() != n_tokens * w.rows
+    {
+        return Err(Error::internal(format!(
+            "matmul shapes: {} weights {}x{} in {} bytes, x {} values, y {} values, {n_tokens} tokens",
+            w.ty,
+            w.rows,
+            w.cols,
+            w.data.len(),
+            x.len(),
+            y.len()
+        )));
+    }
+    let band = rows_per_task(w, pool.n_threads());
+    let n_tasks = w.rows.div_ceil(band);
+    let out = Output {
+        ptr: y.as_mut_ptr(),
+        len: y.len(),
+    };
+    let rows = w.rows;
+    match format.dot {
+        DotKernel::F32(dot) => pool.run(n_tasks, &|task| {
+            for r in task * band..((task + 1) * band).min(rows) {
+                let row = w.row(r);
+                for (t, xt) in x.chunks_exact(w.cols).enumerate() {
+                    // SAFETY: row r belongs to this task alone.
+                    unsafe { out.write(t * rows + r, dot(row, xt)) };
+                }
+            }
+        }),
+        DotKernel::Q8(dot) => {
+            let blocks = w.cols / Q8_BLOCK;
+            let mut act = vec![Q8Block::default(); n_tokens * blocks];
+            for (xt, at) in x.chunks_exact(w.cols).zip(act.chunks_exact_mut(blocks)) {
+                quantize_row_q8(xt, at);
+            }
+            pool.run(n_tasks, &|task| {
+                for r in task * band..((task + 1) * band).min(rows) {
+                    let row = w.row(r);
+                    for (t, at) in act.chunks_exact(blocks).enumerate() {
+                        // SAFETY: row r belongs to this task alone.
+                        unsafe { out.write(t * rows + r, dot(row, at)) };
+                    }
+                }
+            })
+        }
+    }
+    Ok(())
+}

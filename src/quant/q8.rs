@@ -1,0 +1,119 @@
+//! Activations quantized to 8 bits for the integer dot products.
+//!
+//! llama.cpp's CPU path does the same (Q8_0 / Q8_K activations): a row of
+//! activations is cut into blocks of 32, each stored as a scale `d` and 32
+//! signed bytes with `x ≈ d · q`, `|q| ≤ 127`. The dot product of a quantized
+//! weight row with such a row is then integer arithmetic per block, scaled
+//! once. Rounding each activation to the nearest multiple of `d` moves it by
+//! at most `d / 2 = amax / 254` of its block's largest magnitude, which bounds
+//! how far these dots land from the exact f32 ones (`dot_error_bound`).
+
+/// 32 activations as `d · qs[i]`, with the sums of each half of `qs` that the
+/// weight formats with an offset (Q4_1, Q5_1, the K-quants' minimums) need.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[repr(C)]
+pub struct Q8Block {
+    pub d: f32,
+    /// Sums of `qs[0..16]` and `qs[16..32]`.
+    pub half_sums: [i16; 2],
+    pub qs: [i8; 32],
+}
+
+impl Q8Block {
+    pub fn sum(&self) -> i32 {
+        i32::from(self.half_sums[0]) + i32::from(self.half_sums[1])
+    }
+}
+
+pub(crate) const Q8_BLOCK: usize = 32;
+
+/// Quantizes `x` (a multiple of 32 long) into `out` (one block per 32 values).
+pub fn quantize_row_q8(x: &[f32], out: &mut [Q8Block]) {
+    debug_assert_eq!(x.len(), out.len() * Q8_BLOCK);
+    for (block, xs) in out.iter_mut().zip(x.chunks_exact(Q8_BLOCK)) {
+        *block = quantize_block(xs);
+    }
+}
+
+fn quantize_block(xs: &[f32]) -> Q8Block {
+    let amax = xs.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut qs = [0i8; 32];
+    for (q, &v) in qs.iter_mut().zip(xs) {
+        // round half away from zero, as C's roundf (and ggml) does
+        *q = (v * id).round() as i8;
+    }
+    let half = |h: &[i8]| h.iter().map(|&q| i16::from(q)).sum::<i16>();
+    Q8Block {
+        d,
+        half_sums: [half(&qs[..16]), half(&qs[16..])],
+        qs,
+    }
+}
+
+/// How far a dot with `quantized` activations can land from the dot with the
+/// exact `x`, for weights `w` (dequantized): each activation moved by at most
+/// half its block's step, plus f32 rounding of the sums.
+pub fn dot_error_bound(w: &[f32], x: &[f32]) -> f64 {
+    let rounding: f64 = w
+        .chunks(Q8_BLOCK)
+        .zip(x.chunks(Q8_BLOCK))
+        .map(|(wb, xb)| {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64;
+            let step = amax / 127.0;
+            wb.iter().map(|v| v.abs() as f64).sum::<f64>() * step / 2.0
+        })
+        .sum();
+    let magnitude: f64 = w.iter().zip(x).map(|(a, b)| (a * b).abs() as f64).sum();
+    rounding * 1.001 + magnitude * 1e-5 + 1e-30
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_round_half_away_from_zero_and_keep_their_sums() {
+        let mut x = [0.0f32; 32];
+        x[0] = 127.0; // d = 1
+        x[1] = 2.5;
+        x[2] = -2.5;
+        x[3] = -0.49;
+        x[20] = -127.0;
+        let mut out = [Q8Block::default()];
+        quantize_row_q8(&x, &mut out);
+        let b = out[0];
+        assert_eq!(b.d, 1.0);
+        assert_eq!(&b.qs[..4], &[127, 3, -3, 0]);
+        assert_eq!(b.half_sums, [127, -127]);
+        assert_eq!(b.sum(), 0);
+    }
+
+    #[test]
+    fn an_all_zero_block_has_zero_scale_and_codes() {
+        let mut out = [Q8Block {
+            d: 9.0,
+            half_sums: [1, 1],
+            qs: [1; 32],
+        }];
+        quantize_row_q8(&[0.0; 32], &mut out);
+        assert_eq!(out[0], Q8Block::default());
+    }
+
+    #[test]
+    fn the_error_bound_covers_the_rounding_of_every_activation() {
+        let x: Vec<f32> = (0..64).map(|i| ((i * 37) % 23) as f32 - 11.3).collect();
+        let w: Vec<f32> = (0..64).map(|i| ((i * 11) % 7) as f32 - 3.1).collect();
+        let mut q = [Q8Block::default(); 2];
+        quantize_row_q8(&x, &mut q);
+        let rounded: f64 = q
+            .iter()
+            .flat_map(|b| b.qs.iter().map(move |&v| b.d as f64 * v as f64))
+            .zip(&w)
+            .map(|(xq, &wv)| xq * wv as f64)
+            .sum();
+        let exact: f64 = x.iter().zip(&w).map(|(&a, &b)| a as f64 * b as f64).sum();
+        assert!((rounded - exact).abs() <= dot_error_bound(&w, &x));
+    }
+}

@@ -1,0 +1,343 @@
+//! Tensor formats on the CPU: dequantization bit-exact with gguf-py, dot
+//! products and matrix products within stated bounds of an f64 reference, on
+//! every instruction set this CPU runs.
+
+mod common;
+
+use std::path::Path;
+
+use m40llm::backend::cpu::{matmul, ThreadPool, WeightMatrix};
+use m40llm::quant::q8::dot_error_bound;
+use m40llm::quant::{dequantize_row, quantize_row_q8, DotKernel, GgmlType, Isa, Kernels, Q8Block};
+
+const TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Bf16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+/// A fixture written by tests/fixtures/make_quant_fixtures.py (gguf-py).
+struct Fixture {
+    row_elements: usize,
+    raw: Vec<u8>,
+    expected: Vec<f32>,
+}
+
+fn read_fixture(path: &Path) -> Fixture {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let (row_elements, n_rows, n_bytes) = (u32_at(0), u32_at(4), u32_at(8));
+    let raw = bytes[12..12 + n_bytes].to_vec();
+    let expected: Vec<f32> = bytes[12 + n_bytes..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(expected.len(), row_elements * n_rows, "{}", path.display());
+    Fixture {
+        row_elements,
+        raw,
+        expected,
+    }
+}
+
+fn fixture_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/quant")
+}
+
+#[test]
+fn dequantization_matches_gguf_py_bit_for_bit() {
+    let mut checked = Vec::new();
+    for entry in std::fs::read_dir(fixture_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("bin") {
+            continue;
+        }
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let ty = TYPES
+            .iter()
+            .copied()
+            .find(|t| name.starts_with(&format!("{}.", t.name())))
+            .unwrap();
+        let f = read_fixture(&path);
+        let row_bytes = ty.row_bytes(f.row_elements as u64).unwrap() as usize;
+        let mut out = vec![0f32; f.row_elements];
+        for (r, (raw, expected)) in f
+            .raw
+            .chunks_exact(row_bytes)
+            .zip(f.expected.chunks_exact(f.row_elements))
+            .enumerate()
+        {
+            dequantize_row(ty, raw, &mut out);
+            for (i, (a, b)) in out.iter().zip(expected).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{name} row {r} value {i}: ours {a}, gguf-py {b}"
+                );
+            }
+        }
+        checked.push(name);
+    }
+    for ty in TYPES {
+        assert!(
+            checked.contains(&format!("{}.random.bin", ty.name())),
+            "no random fixture for {ty}"
+        );
+    }
+    for ty in ["Q8_0", "Q5_0", "Q4_K", "Q6_K"] {
+        assert!(
+            checked.contains(&format!("{ty}.gemma.bin")),
+            "no Gemma fixture for {ty}"
+        );
+    }
+}
+
+/// A small deterministic PRNG (xorshift64*), so the tests need no crates.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545F4914F6CDD1D)
+    }
+    fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    fn normal(&mut self) -> f32 {
+        let (u, v) = (self.uniform().max(1e-7), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+    }
+}
+
+/// Offsets of the f16 scale fields in each block (ggml-common.h).
+fn scale_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+        GgmlType::Q2K => &[80, 82],
+        GgmlType::Q3K => &[108],
+        GgmlType::Q6K => &[208],
+        _ => &[],
+    }
+}
+
+/// `rows × cols` weights of `ty`: random codes with sane scales, or random
+/// normal floats.
+fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let n = rows * cols;
+    match ty {
+        GgmlType::F32 => (0..n).flat_map(|_| rng.normal().to_le_bytes()).collect(),
+        GgmlType::F16 => (0..n)
+            .flat_map(|_| half::f16::from_f32(rng.normal()).to_le_bytes())
+            .collect(),
+        GgmlType::Bf16 => (0..n)
+            .flat_map(|_| half::bf16::from_f32(rng.normal()).to_le_bytes())
+            .collect(),
+        _ => {
+            let block_bytes = ty.block_bytes() as usize;
+            let mut raw: Vec<u8> = (0..ty.row_bytes(cols as u64).unwrap() as usize * rows)
+                .map(|_| rng.next_u64() as u8)
+                .collect();
+            for block in raw.chunks_exact_mut(block_bytes) {
+                for &at in scale_fields(ty) {
+                    let scale = half::f16::from_f32((rng.uniform() - 0.5) * 0.1);
+                    block[at..at + 2].copy_from_slice(&scale.to_le_bytes());
+                }
+            }
+            raw
+        }
+    }
+}
+
+fn random_activations(n: usize, rng: &mut Rng) -> Vec<f32> {
+    // Mostly small values with a few large ones, as real activations have.
+    (0..n)
+        .map(|i| rng.normal() * if i % 97 == 0 { 20.0 } else { 1.0 })
+        .collect()
+}
+
+fn dequantized(ty: GgmlType, raw: &[u8], cols: usize) -> Vec<f32> {
+    let row_bytes = ty.row_bytes(cols as u64).unwrap() as usize;
+    let mut out = vec![0f32; raw.len() / row_bytes * cols];
+    for (r, o) in raw.chunks_exact(row_bytes).zip(out.chunks_exact_mut(cols)) {
+        dequantize_row(ty, r, o);
+    }
+    out
+}
+
+fn reference_dot(w: &[f32], x: &[f32]) -> f64 {
+    w.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum()
+}
+
+/// How far a dot of `ty` may land from the f64 reference: the activation
+/// rounding bound for quantized formats, f32 summation error for floats.
+fn allowed_error(ty: GgmlType, w: &[f32], x: &[f32]) -> f64 {
+    let magnitude: f64 = w
+        .iter()
+        .zip(x)
+        .map(|(&a, &b)| (a as f64 * b as f64).abs())
+        .sum();
+    match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => magnitude * 1e-5 + 1e-30,
+        _ => dot_error_bound(w, x),
+    }
+}
+
+fn dot(kernels: Kernels, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    match kernels.format(ty).unwrap().dot {
+        DotKernel::F32(f) => f(row, x),
+        DotKernel::Q8(f) => {
+            let mut act = vec![Q8Block::default(); x.len() / 32];
+            quantize_row_q8(x, &mut act);
+            f(row, &act)
+        }
+    }
+}
+
+#[test]
+fn dots_are_within_the_stated_bound_of_an_f64_reference_on_every_instruction_set() {
+    let mut rng = Rng(0x9E3779B97F4A7C15);
+    let isas = Isa::all_available();
+    println!("instruction sets on this CPU: {isas:?}");
+    for ty in TYPES {
+        for cols in [256, 512, 4096] {
+            let raw = random_weights(ty, 4, cols, &mut rng);
+            let w = dequantized(ty, &raw, cols);
+            let row_bytes = raw.len() / 4;
+            for r in 0..4 {
+                let x = random_activations(cols, &mut rng);
+                let wr = &w[r * cols..(r + 1) * cols];
+                let reference = reference_dot(wr, &x);
+                let bound = allowed_error(ty, wr, &x);
+                for &isa in &isas {
+                    let got = dot(
+                        Kernels::for_isa(isa).unwrap(),
+                        ty,
+                        &raw[r * row_bytes..(r + 1) * row_bytes],
+                        &x,
+                    );
+                    let err = (got as f64 - reference).abs();
+                    assert!(err <= bound, "{ty} {isa:?} cols {cols} row {r}: got {got}, f64 {reference}, error {err:e} > bound {bound:e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn float_dots_handle_rows_that_are_not_a_multiple_of_the_vector_width() {
+    let mut rng = Rng(7);
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Bf16] {
+        for cols in [1, 7, 15, 17, 33, 100] {
+            let raw = random_weights(ty, 1, cols, &mut rng);
+            let w = dequantized(ty, &raw, cols);
+            let x = random_activations(cols, &mut rng);
+            for isa in Isa::all_available() {
+                let got = dot(Kernels::for_isa(isa).unwrap(), ty, &raw, &x) as f64;
+                let reference = reference_dot(&w, &x);
+                assert!(
+                    (got - reference).abs() <= allowed_error(ty, &w, &x),
+                    "{ty} {isa:?} cols {cols}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gemma_rows_dot_within_bound_on_every_instruction_set() {
+    let mut rng = Rng(11);
+    for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K] {
+        let f = read_fixture(&fixture_dir().join(format!("{}.gemma.bin", ty.name())));
+        let x = random_activations(f.row_elements, &mut rng);
+        let reference = reference_dot(&f.expected, &x);
+        let bound = allowed_error(ty, &f.expected, &x);
+        for isa in Isa::all_available() {
+            let got = dot(Kernels::for_isa(isa).unwrap(), ty, &f.raw, &x) as f64;
+            assert!(
+                (got - reference).abs() <= bound,
+                "{ty} {isa:?}: {got} vs {reference}"
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_is_within_bound_for_every_type_odd_row_counts_and_1_to_4_threads() {
+    let mut rng = Rng(0xC0FFEE);
+    let pools: Vec<ThreadPool> = (1..=4).map(ThreadPool::new).collect();
+    for ty in TYPES {
+        for (rows, cols, n_tokens) in [(1, 256, 1), (7, 256, 3), (33, 512, 1), (65, 256, 5)] {
+            let raw = random_weights(ty, rows, cols, &mut rng);
+            let w = dequantized(ty, &raw, cols);
+            let x = random_activations(n_tokens * cols, &mut rng);
+            let matrix = WeightMatrix {
+                ty,
+                rows,
+                cols,
+                data: &raw,
+            };
+            for isa in Isa::all_available() {
+                for pool in &pools {
+                    let mut y = vec![f32::NAN; n_tokens * rows];
+                    matmul(
+                        pool,
+                        Kernels::for_isa(isa).unwrap(),
+                        &matrix,
+                        &x,
+                        n_tokens,
+                        &mut y,
+                    )
+                    .unwrap();
+                    for t in 0..n_tokens {
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        for r in 0..rows {
+                            let wr = &w[r * cols..(r + 1) * cols];
+                            let reference = reference_dot(wr, xt);
+                            let got = y[t * rows + r] as f64;
+                            assert!(
+                                (got - reference).abs() <= allowed_error(ty, wr, xt),
+                                "{ty} {isa:?} {} threads, {rows}x{cols}, token {t} row {r}: {got} vs {reference}",
+                                pool.n_threads()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_rejects_mismatched_shapes() {
+    let pool = ThreadPool::new(1);
+    let raw = vec![0u8; 18 * 2];
+    let matrix = WeightMatrix {
+        ty: GgmlType::Q4_0,
+        rows: 2,
+        cols: 32,
+        data: &raw,
+    };
+    let mut y = vec![0f32; 2];
+    assert!(matmul(&pool, Kernels::best(), &matrix, &[0.0; 31], 1, &mut y).is_err());
+    assert!(matmul(&pool, Kernels::best(), &matrix, &[0.0; 32], 1, &mut y).is_ok());
+    let bad = WeightMatrix {
+        ty: GgmlType::Q4_0,
+        rows: 3,
+        cols: 32,
+        data: &raw,
+    };
+    assert!(matmul(&pool, Kernels::best(), &bad, &[0.0; 32], 1, &mut [0.0; 3]).is_err());
+}
