@@ -7,5 +7,8 @@ pub mod backend;
 pub mod error;
 pub mod ffi;
 pub mod gguf;
+pub mod kv_cache;
 pub mod model;
 pub mod quant;
+pub mod sampling;
+pub mod session;

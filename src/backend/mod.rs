@@ -1,9 +1,158 @@
 //! Compute backends. The CPU backend runs everywhere; the device index a host
 //! passes picks one.
+//!
+//! [`Backend`] is the interface between the model code and a device: the
+//! transformer forward pass (`model::transformer`) is written once against it,
+//! and each backend implements the operations on its own buffers.
 
 pub mod cpu;
 
 use crate::error::{Error, Result};
+use crate::model::Weight;
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeMode {
+    /// Adjacent pairs (2i, 2i+1): LLaMA.
+    Normal,
+    /// Halves (i, i + d/2): GPT-NeoX, Qwen2, Gemma.
+    Neox,
+}
+
+/// RoPE for one layer: θ_i = pos · scale · base^(−2i/dims) / factor_i.
+#[derive(Clone, Copy, Debug)]
+pub struct Rope<'a> {
+    pub mode: RopeMode,
+    /// Dimensions of each head that rotate (the rest pass through).
+    pub dims: usize,
+    pub freq_base: f32,
+    /// Position scale (linear RoPE scaling: 1 / factor).
+    pub freq_scale: f32,
+    /// Per-pair frequency divisors (LLaMA 3.1 `rope_freqs`), if any.
+    pub freq_factors: Option<&'a Weight>,
+}
+
+/// The gated activation of the feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Glu {
+    /// silu(gate) · up: LLaMA, Qwen2.
+    Swiglu,
+    /// gelu_tanh(gate) · up: Gemma.
+    Geglu,
+}
+
+/// One row of a batch as attention sees it: which sequence's KV cache it
+/// belongs to and its position there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqPos {
+    pub seq: usize,
+    pub pos: usize,
+}
+
+/// Attention shape of one layer.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    /// A query at position p sees keys at positions > p − window.
+    pub window: Option<usize>,
+    /// Multiplies q·k before the softmax.
+    pub scale: f32,
+}
+
+/// The operations a device provides to the forward pass. Activations are
+/// row-major `rows × width` matrices of f32 in the backend's `Buffer`s.
+pub trait Backend {
+    type Buffer;
+    /// One sequence's key/value cache for every layer.
+    type KvCache: Send;
+
+    /// A zeroed buffer of `len` values.
+    fn buffer(&self, len: usize) -> Result<Self::Buffer>;
+    /// Copies a buffer's values to the host.
+    fn read(&self, buffer: &Self::Buffer, out: &mut [f32]) -> Result<()>;
+
+    /// A cache for `n_ctx` positions of `n_layer` layers of the given widths.
+    fn kv_cache(
+        &self,
+        n_ctx: usize,
+        n_layer: usize,
+        k_width: usize,
+        v_width: usize,
+    ) -> Result<Self::KvCache>;
+
+    /// out[r] = table[tokens[r]] · scale.
+    fn embed(
+        &self,
+        table: &Weight,
+        tokens: &[u32],
+        scale: f32,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+    /// out = x · Wᵀ for `rows` rows of x.
+    fn matmul(
+        &self,
+        w: &Weight,
+        x: &Self::Buffer,
+        rows: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+    /// x[r] += bias for every row.
+    fn add_bias(&self, x: &mut Self::Buffer, bias: &Weight, rows: usize) -> Result<()>;
+    /// Normalizes every `weight.cols`-wide group of x by its RMS and scales
+    /// it by `weight`, in place (groups are rows, or heads for per-head norms).
+    fn rms_norm(&self, x: &mut Self::Buffer, weight: &Weight, eps: f32, len: usize) -> Result<()>;
+    /// out[i] = src[rows[i]] for rows `width` wide.
+    fn gather_rows(
+        &self,
+        src: &Self::Buffer,
+        width: usize,
+        rows: &[usize],
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+    /// x += y.
+    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, len: usize) -> Result<()>;
+    /// Rotates every head of every row by its row's position.
+    fn rope(
+        &self,
+        x: &mut Self::Buffer,
+        n_heads: usize,
+        head_dim: usize,
+        positions: &[SeqPos],
+        rope: &Rope,
+    ) -> Result<()>;
+    /// out = act(gate) · up.
+    fn glu(
+        &self,
+        glu: Glu,
+        gate: &Self::Buffer,
+        up: &Self::Buffer,
+        len: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+    /// Writes the rows' keys and values into their sequences' caches.
+    fn store_kv(
+        &self,
+        caches: &mut [&mut Self::KvCache],
+        layer: usize,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        rows: &[SeqPos],
+    ) -> Result<()>;
+    /// Causal attention of each row's queries over its sequence's cache
+    /// (positions ≤ the row's own, within the window).
+    fn attention(
+        &self,
+        caches: &[&mut Self::KvCache],
+        layer: usize,
+        q: &Self::Buffer,
+        rows: &[SeqPos],
+        shape: &AttentionShape,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+}
 
 /// The device a model runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]

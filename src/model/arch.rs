@@ -3,6 +3,7 @@
 //! them; shapes in ggml order, row length first).
 
 use super::HyperParams;
+use crate::backend::{Glu, RopeMode};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 
@@ -36,6 +37,30 @@ impl Architecture {
         }
     }
 
+    /// How this architecture's forward pass differs from LLaMA's.
+    pub fn traits(self) -> ArchTraits {
+        match self {
+            Architecture::Llama => ArchTraits {
+                rope_mode: RopeMode::Normal,
+                glu: Glu::Swiglu,
+                embedding_scaled: false,
+                local_rope_base: None,
+            },
+            Architecture::Qwen2 => ArchTraits {
+                rope_mode: RopeMode::Neox,
+                glu: Glu::Swiglu,
+                embedding_scaled: false,
+                local_rope_base: None,
+            },
+            Architecture::Gemma3 => ArchTraits {
+                rope_mode: RopeMode::Neox,
+                glu: Glu::Geglu,
+                embedding_scaled: true,
+                local_rope_base: Some(10_000.0),
+            },
+        }
+    }
+
     /// llama.cpp's RoPE base when the file sets none.
     pub fn default_rope_freq_base(self) -> f32 {
         match self {
@@ -43,6 +68,18 @@ impl Architecture {
             Architecture::Gemma3 => 1_000_000.0,
         }
     }
+}
+
+/// The per-architecture choices of the forward pass. (Biases, Q/K norms and
+/// post-norms need no flag: they are used where the file has them.)
+#[derive(Clone, Copy, Debug)]
+pub struct ArchTraits {
+    pub rope_mode: RopeMode,
+    pub glu: Glu,
+    /// Gemma multiplies the embeddings by √d_model.
+    pub embedding_scaled: bool,
+    /// RoPE base of the sliding-window layers (Gemma 3's local layers).
+    pub local_rope_base: Option<f32>,
 }
 
 /// A tensor the architecture knows, with its expected shape.

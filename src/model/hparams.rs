@@ -30,9 +30,14 @@ pub struct HyperParams {
     /// How many dimensions of each head RoPE rotates.
     pub rope_dim: u32,
     pub rope_freq_base: f32,
+    /// Position scale of linear RoPE scaling (1 / factor; 1 without scaling).
+    pub rope_freq_scale: f32,
     pub rms_eps: f32,
     /// Tokens a sliding-window (local) attention layer sees; gemma3 only.
     pub sliding_window: Option<u32>,
+    /// Every this many layers one uses full attention (the others the
+    /// sliding window); gemma3 only.
+    pub sliding_window_pattern: u32,
 }
 
 impl HyperParams {
@@ -85,12 +90,34 @@ impl HyperParams {
             Some(entry) => entry.f32_in(f32::MIN_POSITIVE..=f32::MAX)?,
             None => arch.default_rope_freq_base(),
         };
+        let rope_freq_scale = match gguf.get(&key("rope.scaling.type")) {
+            None => 1.0,
+            Some(entry) => match entry.str()? {
+                "none" => 1.0,
+                "linear" => {
+                    1.0 / gguf
+                        .require(&key("rope.scaling.factor"))?
+                        .f32_in(1e-3..=1e6)?
+                }
+                other => {
+                    return Err(Error::unsupported(format!(
+                        "{} = '{other}' is not supported (only none and linear)",
+                        key("rope.scaling.type")
+                    )))
+                }
+            },
+        };
         let rms_eps = gguf
             .require(&key("attention.layer_norm_rms_epsilon"))?
             .f32_in(0.0..=1.0)?;
-        let sliding_window = match arch {
-            Architecture::Gemma3 => Some(optional("attention.sliding_window", 1..=u32::MAX, 512)?),
-            Architecture::Llama | Architecture::Qwen2 => None,
+        let (sliding_window, sliding_window_pattern) = match arch {
+            // llama.cpp's defaults for Gemma 3: a 512-token window, and every
+            // sixth layer global.
+            Architecture::Gemma3 => (
+                Some(optional("attention.sliding_window", 1..=u32::MAX, 512)?),
+                optional("attention.sliding_window_pattern", 1..=MAX_LAYERS, 6)?,
+            ),
+            Architecture::Llama | Architecture::Qwen2 => (None, 1),
         };
         Ok(HyperParams {
             n_vocab,
@@ -104,8 +131,10 @@ impl HyperParams {
             head_dim_v,
             rope_dim,
             rope_freq_base,
+            rope_freq_scale,
             rms_eps,
             sliding_window,
+            sliding_window_pattern,
         })
     }
 }

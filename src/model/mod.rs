@@ -4,12 +4,17 @@
 mod arch;
 mod describe;
 mod hparams;
+pub mod transformer;
+mod weights;
 
 use std::path::Path;
+use std::sync::Arc;
 
-pub use arch::Architecture;
+pub use arch::{ArchTraits, Architecture};
 pub use hparams::HyperParams;
+pub use weights::{LayerWeights, Weight, Weights};
 
+use crate::backend::cpu::CpuBackend;
 use crate::backend::Device;
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, ReadOptions};
@@ -39,15 +44,23 @@ impl Default for LoadOptions {
 
 /// A model ready for sessions.
 pub struct Model {
-    gguf: GgufFile,
+    gguf: Arc<GgufFile>,
     /// `general.architecture` as the file spells it (any name when vocab-only).
     architecture_name: String,
-    /// The architecture and hyper-parameters; `None` for a vocab-only load.
-    config: Option<(Architecture, HyperParams)>,
+    /// What runs the model; `None` for a vocab-only load.
+    engine: Option<Engine>,
     n_vocab: u32,
     n_ctx_train: u32,
     device: Device,
     options: LoadOptions,
+}
+
+/// The parts of a model that compute: its shape, weights and backend.
+struct Engine {
+    arch: Architecture,
+    hparams: HyperParams,
+    weights: Weights,
+    backend: CpuBackend,
 }
 
 impl Model {
@@ -82,9 +95,9 @@ impl Model {
                 .and_then(|e| e.u32_in(0..=u32::MAX).ok())
                 .unwrap_or(0);
             return Ok(Model {
-                gguf,
+                gguf: Arc::new(gguf),
                 architecture_name,
-                config: None,
+                engine: None,
                 n_vocab,
                 n_ctx_train,
                 device,
@@ -100,10 +113,20 @@ impl Model {
         let hparams = HyperParams::from_gguf(&gguf, arch, n_vocab)?;
         arch::check_tensors(&gguf, arch, &hparams)?;
         let n_ctx_train = hparams.n_ctx_train;
+        let weights = Weights::locate(&gguf, hparams.n_layer as usize);
+        let gguf = Arc::new(gguf);
+        let backend = match device {
+            Device::Cpu { threads } => CpuBackend::new(Arc::clone(&gguf), threads)?,
+        };
         Ok(Model {
             gguf,
             architecture_name,
-            config: Some((arch, hparams)),
+            engine: Some(Engine {
+                arch,
+                hparams,
+                weights,
+                backend,
+            }),
             n_vocab,
             n_ctx_train,
             device,
@@ -118,10 +141,31 @@ impl Model {
         &self.architecture_name
     }
     pub fn architecture(&self) -> Option<Architecture> {
-        self.config.as_ref().map(|(arch, _)| *arch)
+        self.engine.as_ref().map(|e| e.arch)
     }
     pub fn hparams(&self) -> Option<&HyperParams> {
-        self.config.as_ref().map(|(_, hp)| hp)
+        self.engine.as_ref().map(|e| &e.hparams)
+    }
+    /// Whether the model has weights to run (it was not loaded vocab-only).
+    pub fn can_compute(&self) -> bool {
+        self.engine.is_some()
+    }
+
+    fn engine(&self) -> &Engine {
+        self.engine
+            .as_ref()
+            .expect("callers check can_compute() (sessions refuse vocab-only models)")
+    }
+    /// Architecture and hyper-parameters of a model with weights.
+    pub fn config(&self) -> (Architecture, &HyperParams) {
+        let e = self.engine();
+        (e.arch, &e.hparams)
+    }
+    pub fn weights(&self) -> &Weights {
+        &self.engine().weights
+    }
+    pub fn cpu_backend(&self) -> &CpuBackend {
+        &self.engine().backend
     }
     pub fn n_vocab(&self) -> u32 {
         self.n_vocab

@@ -1,8 +1,221 @@
-//! The CPU backend: a pool of worker threads and the matrix products over the
-//! quantized formats of [`crate::quant`].
+//! The CPU backend: a pool of worker threads, the matrix products over the
+//! quantized formats of [`crate::quant`], and the transformer's other
+//! operations on f32 rows.
 
 mod matmul;
+mod ops;
 mod pool;
+
+use std::sync::Arc;
 
 pub use matmul::{matmul, WeightMatrix};
 pub use pool::ThreadPool;
+
+use super::{AttentionShape, Backend, Glu, Rope, SeqPos};
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::kv_cache::KvCache;
+use crate::model::Weight;
+use crate::quant::{dequantize_row, Kernels};
+
+pub struct CpuBackend {
+    file: Arc<GgufFile>,
+    pool: ThreadPool,
+    kernels: Kernels,
+}
+
+impl CpuBackend {
+    /// A backend over the weights of `file` with `threads` threads.
+    pub fn new(file: Arc<GgufFile>, threads: usize) -> Result<CpuBackend> {
+        if file.data().is_none() {
+            return Err(Error::internal("the CPU backend needs the tensor data"));
+        }
+        Ok(CpuBackend {
+            file,
+            pool: ThreadPool::new(threads),
+            kernels: Kernels::best(),
+        })
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    fn bytes(&self, w: &Weight) -> &[u8] {
+        let data = self.file.data().expect("checked in new").bytes();
+        &data[w.offset..w.offset + w.n_bytes]
+    }
+
+    /// A one-row weight (norm, bias) as f32.
+    fn vector(&self, w: &Weight) -> Vec<f32> {
+        let mut out = vec![0f32; w.cols * w.rows];
+        dequantize_row(w.ty, self.bytes(w), &mut out);
+        out
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buffer = Vec<f32>;
+    type KvCache = KvCache;
+
+    fn buffer(&self, len: usize) -> Result<Vec<f32>> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(len)
+            .map_err(|_| Error::out_of_memory(format!("cannot allocate {len} activations")))?;
+        v.resize(len, 0.0);
+        Ok(v)
+    }
+
+    fn read(&self, buffer: &Vec<f32>, out: &mut [f32]) -> Result<()> {
+        out.copy_from_slice(&buffer[..out.len()]);
+        Ok(())
+    }
+
+    fn kv_cache(
+        &self,
+        n_ctx: usize,
+        n_layer: usize,
+        k_width: usize,
+        v_width: usize,
+    ) -> Result<KvCache> {
+        KvCache::new(n_ctx, n_layer, k_width, v_width)
+    }
+
+    fn embed(&self, table: &Weight, tokens: &[u32], scale: f32, out: &mut Vec<f32>) -> Result<()> {
+        let row_bytes = table.row_bytes();
+        let data = self.bytes(table);
+        for (&t, row) in tokens.iter().zip(out.chunks_exact_mut(table.cols)) {
+            let t = t as usize;
+            dequantize_row(table.ty, &data[t * row_bytes..(t + 1) * row_bytes], row);
+            if scale != 1.0 {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, w: &Weight, x: &Vec<f32>, rows: usize, out: &mut Vec<f32>) -> Result<()> {
+        let m = WeightMatrix {
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            data: self.bytes(w),
+        };
+        matmul(
+            &self.pool,
+            self.kernels,
+            &m,
+            &x[..rows * w.cols],
+            rows,
+            &mut out[..rows * w.rows],
+        )
+    }
+
+    fn add_bias(&self, x: &mut Vec<f32>, bias: &Weight, rows: usize) -> Result<()> {
+        let b = self.vector(bias);
+        for row in x[..rows * b.len()].chunks_exact_mut(b.len()) {
+            row.iter_mut().zip(&b).for_each(|(v, b)| *v += b);
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &mut Vec<f32>, weight: &Weight, eps: f32, len: usize) -> Result<()> {
+        let w = self.vector(weight);
+        for group in x[..len].chunks_exact_mut(w.len()) {
+            ops::rms_norm(group, &w, eps);
+        }
+        Ok(())
+    }
+
+    fn gather_rows(
+        &self,
+        src: &Vec<f32>,
+        width: usize,
+        rows: &[usize],
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        for (i, &r) in rows.iter().enumerate() {
+            out[i * width..(i + 1) * width].copy_from_slice(&src[r * width..(r + 1) * width]);
+        }
+        Ok(())
+    }
+
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> Result<()> {
+        x[..len]
+            .iter_mut()
+            .zip(&y[..len])
+            .for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        n_heads: usize,
+        head_dim: usize,
+        positions: &[SeqPos],
+        rope: &Rope,
+    ) -> Result<()> {
+        let factors = rope.freq_factors.map(|w| self.vector(w));
+        let table = ops::RopeTable::new(rope, factors.as_deref());
+        for (row, p) in x.chunks_exact_mut(n_heads * head_dim).zip(positions) {
+            let (cos, sin) = table.angles(p.pos);
+            for head in row.chunks_exact_mut(head_dim) {
+                ops::rotate(head, rope.mode, &cos, &sin);
+            }
+        }
+        Ok(())
+    }
+
+    fn glu(
+        &self,
+        glu: Glu,
+        gate: &Vec<f32>,
+        up: &Vec<f32>,
+        len: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let act = match glu {
+            Glu::Swiglu => ops::silu,
+            Glu::Geglu => ops::gelu_tanh,
+        };
+        for ((o, &g), &u) in out[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
+            *o = act(g) * u;
+        }
+        Ok(())
+    }
+
+    fn store_kv(
+        &self,
+        caches: &mut [&mut KvCache],
+        layer: usize,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        rows: &[SeqPos],
+    ) -> Result<()> {
+        for (i, r) in rows.iter().enumerate() {
+            let cache = &mut caches[r.seq];
+            let (kw, vw) = (cache.k_width(), cache.v_width());
+            cache.store(
+                layer,
+                r.pos,
+                &k[i * kw..(i + 1) * kw],
+                &v[i * vw..(i + 1) * vw],
+            );
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        caches: &[&mut KvCache],
+        layer: usize,
+        q: &Vec<f32>,
+        rows: &[SeqPos],
+        shape: &AttentionShape,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        ops::attention(&self.pool, caches, layer, q, rows, shape, out);
+        Ok(())
+    }
+}

@@ -1,0 +1,253 @@
+//! A session: one sequence's KV cache over a shared model, the tokens it
+//! holds, and the logits of its last decode.
+
+use std::sync::Arc;
+
+use crate::backend::SeqPos;
+use crate::error::{Error, ErrorKind, Result};
+use crate::kv_cache::KvCache;
+use crate::model::transformer::forward;
+use crate::model::Model;
+use crate::sampling::{Rng, SamplerParams};
+
+/// The engine's view of `m40_session_params`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionParams {
+    /// KV capacity in tokens; 0: min(training context, 4096).
+    pub n_ctx: u32,
+    /// Most tokens one forward pass takes; 0: 512.
+    pub n_batch: u32,
+}
+
+pub struct Session {
+    model: Arc<Model>,
+    kv: KvCache,
+    n_batch: usize,
+    /// The tokens whose keys and values the cache holds, in order.
+    tokens: Vec<u32>,
+    /// Next-token logits after the last decode.
+    logits: Option<Vec<f32>>,
+    /// The sampler's random state and the seed it came from.
+    rng: Option<(u64, Rng)>,
+}
+
+impl Session {
+    pub fn new(model: Arc<Model>, params: SessionParams) -> Result<Session> {
+        if !model.can_compute() {
+            return Err(Error::invalid_argument(
+                "the model was loaded vocab_only: it has no weights to run a session on",
+            ));
+        }
+        let hp = model
+            .hparams()
+            .expect("a computing model has hyper-parameters");
+        let n_ctx = match params.n_ctx {
+            0 => hp.n_ctx_train.min(4096) as usize,
+            n => n as usize,
+        };
+        let n_batch = match params.n_batch {
+            0 => 512,
+            n => n as usize,
+        };
+        let k_width = (hp.n_head_kv * hp.head_dim_k) as usize;
+        let v_width = (hp.n_head_kv * hp.head_dim_v) as usize;
+        let kv = KvCache::new(n_ctx, hp.n_layer as usize, k_width, v_width)?;
+        Ok(Session {
+            model,
+            kv,
+            n_batch,
+            tokens: Vec::new(),
+            logits: None,
+            rng: None,
+        })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+    pub fn n_past(&self) -> usize {
+        self.tokens.len()
+    }
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx()
+    }
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+    pub fn logits(&self) -> Option<&[f32]> {
+        self.logits.as_deref()
+    }
+
+    /// Forgets every token.
+    pub fn reset(&mut self) {
+        self.tokens.clear();
+        self.logits = None;
+        self.rng = None;
+    }
+
+    /// Keeps the first `n_keep` tokens. The logits of the last decode no
+    /// longer follow the kept tokens, so they are dropped.
+    pub fn truncate(&mut self, n_keep: usize) -> Result<()> {
+        if n_keep > self.tokens.len() {
+            return Err(Error::invalid_argument(format!(
+                "n_keep {n_keep} is more than the {} tokens the session holds",
+                self.tokens.len()
+            )));
+        }
+        if n_keep < self.tokens.len() {
+            self.tokens.truncate(n_keep);
+            self.logits = None;
+        }
+        Ok(())
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let n_vocab = self.model.n_vocab();
+        if let Some((i, &t)) = tokens.iter().enumerate().find(|(_, &t)| t >= n_vocab) {
+            return Err(Error::invalid_argument(format!(
+                "token {i} is id {t}, outside the vocabulary of {n_vocab}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_room(&self, n: usize) -> Result<()> {
+        if self.tokens.len() + n > self.n_ctx() {
+            return Err(Error::new(
+                ErrorKind::ContextFull,
+                format!(
+                    "the session holds {} of {} tokens; {n} more do not fit (reset or truncate it, or use a larger n_ctx)",
+                    self.tokens.len(),
+                    self.n_ctx()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Appends `tokens` and runs the model over them in chunks of `n_batch`;
+    /// afterwards `logits()` holds the next-token logits. On failure the
+    /// session is as it was.
+    pub fn decode(&mut self, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::invalid_argument("no tokens to decode"));
+        }
+        self.check_tokens(tokens)?;
+        self.check_room(tokens.len())?;
+        let n_before = self.tokens.len();
+        let result = self.decode_chunks(tokens);
+        if result.is_err() {
+            // Cache entries past n_before are ignored from now on.
+            self.tokens.truncate(n_before);
+        }
+        result
+    }
+
+    fn decode_chunks(&mut self, tokens: &[u32]) -> Result<()> {
+        let model = Arc::clone(&self.model);
+        let mut logits = None;
+        let n_chunks = tokens.len().div_ceil(self.n_batch);
+        for (i, chunk) in tokens.chunks(self.n_batch).enumerate() {
+            let start = self.tokens.len();
+            let rows: Vec<SeqPos> = (0..chunk.len())
+                .map(|j| SeqPos {
+                    seq: 0,
+                    pos: start + j,
+                })
+                .collect();
+            // Only the last token of the last chunk needs logits.
+            let last = chunk.len() - 1;
+            let wanted: &[usize] = if i + 1 == n_chunks {
+                std::slice::from_ref(&last)
+            } else {
+                &[]
+            };
+            let out = forward(
+                model.cpu_backend(),
+                &model,
+                &mut [&mut self.kv],
+                chunk,
+                &rows,
+                wanted,
+            )?;
+            self.tokens.extend_from_slice(chunk);
+            if !out.is_empty() {
+                logits = Some(out);
+            }
+        }
+        self.logits = logits;
+        Ok(())
+    }
+
+    /// One token for each session, in one forward pass over all of them.
+    /// All sessions must share one model; each must have room. On failure no
+    /// session changes.
+    pub fn decode_batch(sessions: &mut [&mut Session], tokens: &[u32]) -> Result<()> {
+        if sessions.len() != tokens.len() {
+            return Err(Error::invalid_argument(format!(
+                "{} sessions but {} tokens",
+                sessions.len(),
+                tokens.len()
+            )));
+        }
+        let Some(first) = sessions.first() else {
+            return Err(Error::invalid_argument("no sessions to decode"));
+        };
+        let model = Arc::clone(&first.model);
+        for (i, (s, &t)) in sessions.iter().zip(tokens).enumerate() {
+            if !Arc::ptr_eq(&s.model, &model) {
+                return Err(Error::invalid_argument(format!(
+                    "session {i} belongs to a different model than session 0"
+                )));
+            }
+            s.check_tokens(&[t])
+                .map_err(|e| e.context(format!("session {i}")))?;
+            s.check_room(1)
+                .map_err(|e| e.context(format!("session {i}")))?;
+        }
+        let rows: Vec<SeqPos> = sessions
+            .iter()
+            .enumerate()
+            .map(|(i, s)| SeqPos {
+                seq: i,
+                pos: s.n_past(),
+            })
+            .collect();
+        let wanted: Vec<usize> = (0..sessions.len()).collect();
+        let logits = {
+            let mut caches: Vec<&mut KvCache> = sessions.iter_mut().map(|s| &mut s.kv).collect();
+            forward(
+                model.cpu_backend(),
+                &model,
+                &mut caches,
+                tokens,
+                &rows,
+                &wanted,
+            )?
+        };
+        let n_vocab = model.n_vocab() as usize;
+        for ((s, &t), l) in sessions
+            .iter_mut()
+            .zip(tokens)
+            .zip(logits.chunks_exact(n_vocab))
+        {
+            s.tokens.push(t);
+            s.logits = Some(l.to_vec());
+        }
+        Ok(())
+    }
+
+    /// Picks the next token from the last logits.
+    pub fn sample(&mut self, params: &SamplerParams) -> Result<u32> {
+        params.check()?;
+        let logits = self
+            .logits
+            .as_deref()
+            .ok_or_else(|| Error::invalid_argument("no logits to sample from: decode first"))?;
+        let rng = match &mut self.rng {
+            Some((seed, rng)) if *seed == params.seed => rng,
+            slot => &mut slot.insert((params.seed, Rng::new(params.seed))).1,
+        };
+        Ok(crate::sampling::sample(logits, &self.tokens, params, rng))
+    }
+}

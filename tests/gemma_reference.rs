@@ -1,0 +1,125 @@
+//! The real Gemma 3 270M Q4_K_M model against llama.cpp's greedy outputs
+//! (`../shared/data/reference/gemma3-270m-q4_k_m.greedy.jsonl`), teacher
+//! forced: the reference's top-1 token of each step is fed back, and our
+//! logits are compared with llama.cpp's at every step.
+//!
+//! llama.cpp's CPU path quantizes activations to 8 bits, so it is itself
+//! off the exact result (an exact f64 forward pass lands at median 0.73%,
+//! 95th percentile 2.6% from it). The bounds asserted, from the issue:
+//! top-1 equal wherever the reference's top-2 margin exceeds 0.5; relative
+//! error |ours − ref| / max(1, |ref|) of the reference's top-1 logit with
+//! median ≤ 1.5% and 95th percentile ≤ 4%.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use m40llm::model::{LoadOptions, Model};
+use m40llm::session::{Session, SessionParams};
+
+struct Case {
+    prompt_ids: Vec<u32>,
+    /// Per step: the reference's top tokens with their logits, best first.
+    steps: Vec<Vec<(u32, f32)>>,
+}
+
+/// Pulls the numbers out of one JSONL line (a fixed, known shape).
+fn parse_case(line: &str) -> Case {
+    let ids_at = line.find("\"prompt_ids\"").unwrap();
+    let open = ids_at + line[ids_at..].find('[').unwrap();
+    let close = open + line[open..].find(']').unwrap();
+    let prompt_ids = line[open + 1..close]
+        .split(',')
+        .map(|v| v.trim().parse().unwrap())
+        .collect();
+    let steps = line[close..]
+        .split("\"top\"")
+        .skip(1)
+        .map(|step| {
+            let end = step.find("]]").unwrap();
+            step[..end]
+                .split('[')
+                .filter_map(|pair| {
+                    let pair = pair.trim_matches(|c| c == ']' || c == ',' || c == ' ' || c == ':');
+                    let (t, l) = pair.split_once(',')?;
+                    Some((t.trim().parse().ok()?, l.trim().parse().ok()?))
+                })
+                .collect()
+        })
+        .collect();
+    Case { prompt_ids, steps }
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+#[test]
+fn gemma_matches_llama_cpp_teacher_forced() {
+    let Some(path) = common::gemma_path() else {
+        return;
+    };
+    let reference = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/data/reference/gemma3-270m-q4_k_m.greedy.jsonl");
+    let cases: Vec<Case> = std::fs::read_to_string(reference)
+        .unwrap()
+        .lines()
+        .map(parse_case)
+        .collect();
+    let options = LoadOptions {
+        device: -1,
+        n_threads: 0,
+        use_mmap: true,
+        vocab_only: false,
+    };
+    let model = Arc::new(Model::load(&path, options).unwrap());
+    let mut errors = Vec::new();
+    let mut disagreements = Vec::new();
+    for (ci, case) in cases.iter().enumerate() {
+        let mut session = Session::new(
+            Arc::clone(&model),
+            SessionParams {
+                n_ctx: 2048,
+                n_batch: 512,
+            },
+        )
+        .unwrap();
+        session.decode(&case.prompt_ids).unwrap();
+        for (si, top) in case.steps.iter().enumerate() {
+            let logits = session.logits().unwrap();
+            let (ref_tok, ref_logit) = top[0];
+            let ours = logits[ref_tok as usize];
+            errors.push(((ours - ref_logit).abs() / ref_logit.abs().max(1.0)) as f64);
+            let our_top = m40llm::sampling::argmax(logits);
+            let margin = top[0].1 - top[1].1;
+            if margin > 0.5 && our_top != ref_tok {
+                disagreements.push(format!(
+                    "prompt {ci} step {si}: ours {our_top}, llama.cpp {ref_tok} (margin {margin})"
+                ));
+            }
+            session.decode(&[ref_tok]).unwrap();
+        }
+    }
+    errors.sort_by(f64::total_cmp);
+    let (median, p95, max) = (
+        percentile(&errors, 0.5),
+        percentile(&errors, 0.95),
+        errors[errors.len() - 1],
+    );
+    println!(
+        "{} steps over {} prompts: relative error of the reference top-1 logit median {:.2}%, p95 {:.2}%, max {:.2}%",
+        errors.len(),
+        cases.len(),
+        median * 100.0,
+        p95 * 100.0,
+        max * 100.0
+    );
+    assert!(
+        disagreements.is_empty(),
+        "top-1 differs where the margin exceeds 0.5:\n{}",
+        disagreements.join("\n")
+    );
+    assert!(median <= 0.015, "median relative error {median}");
+    assert!(p95 <= 0.04, "95th percentile relative error {p95}");
+}
