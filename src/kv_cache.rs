@@ -29,7 +29,7 @@ impl KvCache {
                 v.try_reserve_exact(n).map_err(|_| {
                     Error::out_of_memory(format!(
                         "cannot allocate a KV cache of {n_ctx} positions ({} MiB per layer)",
-                        per_layer * 2 >> 20
+                        (per_layer * 2) >> 20
                     ))
                 })?;
                 v.resize(n, f16::ZERO);

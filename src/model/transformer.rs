@@ -123,7 +123,7 @@ fn layer_attention<'w>(
     w: &'w Weights,
     il: usize,
 ) -> (Rope<'w>, Option<usize>) {
-    let global = (il + 1) % hp.sliding_window_pattern as usize == 0;
+    let global = (il + 1).is_multiple_of(hp.sliding_window_pattern as usize);
     let local = hp.sliding_window.filter(|_| !global);
     let (freq_base, freq_scale) = match (local, t.local_rope_base) {
         (Some(_), Some(base)) => (base, 1.0),
