@@ -73,6 +73,13 @@ typedef enum m40_status {
 typedef struct m40_model m40_model;
 
 /**
+ * An opaque session: one sequence of tokens and its KV cache over a model.
+ * Used by one thread at a time; different sessions may run on different
+ * threads at once.
+ */
+typedef struct m40_session m40_session;
+
+/**
  * How to load a model. Get defaults from `m40_model_default_params()` and
  * change what you need.
  */
@@ -94,6 +101,59 @@ typedef struct m40_model_params {
    */
   bool vocab_only;
 } m40_model_params;
+
+/**
+ * How to create a session.
+ */
+typedef struct m40_session_params {
+  /**
+   * KV capacity in tokens; 0: min(model's training context, 4096).
+   */
+  uint32_t n_ctx;
+  /**
+   * Most tokens one forward pass takes; 0: 512.
+   */
+  uint32_t n_batch;
+} m40_session_params;
+
+/**
+ * How `m40_sample` picks a token.
+ */
+typedef struct m40_sampler_params {
+  /**
+   * <= 0: greedy (argmax).
+   */
+  float temperature;
+  /**
+   * <= 0: off.
+   */
+  int32_t top_k;
+  /**
+   * >= 1: off.
+   */
+  float top_p;
+  /**
+   * <= 0: off.
+   */
+  float min_p;
+  /**
+   * 1: off.
+   */
+  float repeat_penalty;
+  /**
+   * Window for repeat_penalty (0: off, -1: every token of the session).
+   */
+  int32_t repeat_last_n;
+  /**
+   * Same seed, same tokens.
+   */
+  uint64_t seed;
+} m40_sampler_params;
+
+/**
+ * A token id.
+ */
+typedef int32_t m40_token;
 
 #ifdef __cplusplus
 extern "C" {
@@ -182,6 +242,95 @@ enum m40_status m40_model_describe(const struct m40_model *model,
  * not touched.
  */
 enum m40_status m40_free(void *handle);
+
+/**
+ * Returns the default session parameters (n_ctx 0, n_batch 0: see the fields).
+ */
+struct m40_session_params m40_session_default_params(void);
+
+/**
+ * Returns the default sampler: temperature 0.8, top_k 40, top_p 0.95,
+ * min_p 0.05, repeat_penalty 1.0, repeat_last_n 64, seed 0.
+ */
+struct m40_sampler_params m40_sampler_default_params(void);
+
+/**
+ * Creates a session over `model` (which stays alive at least as long as the
+ * session, whatever order the host frees them in) and writes it to
+ * `*out_session`. `params` NULL means the defaults. A vocab-only model
+ * cannot run sessions (M40_ERR_INVALID_ARGUMENT); a KV cache that does not
+ * fit in memory gives M40_ERR_OUT_OF_MEMORY. Release it with `m40_free`.
+ *
+ * # Safety
+ * `params` is NULL or valid; `out_session` is NULL or writable.
+ */
+enum m40_status m40_session_new(struct m40_model *model,
+                                const struct m40_session_params *params,
+                                struct m40_session **out_session);
+
+/**
+ * Forgets every token of the session (its logits too).
+ */
+enum m40_status m40_session_reset(struct m40_session *session);
+
+/**
+ * Keeps the first `n_keep` tokens and forgets the rest (and the logits,
+ * which no longer follow); `n_keep` above `m40_session_n_past` is an
+ * argument error.
+ */
+enum m40_status m40_session_truncate(struct m40_session *session, uint32_t n_keep);
+
+/**
+ * Returns how many tokens the session holds (0 for an invalid handle, with
+ * `m40_last_error` set).
+ */
+uint32_t m40_session_n_past(const struct m40_session *session);
+
+/**
+ * Appends `n_tokens` tokens (a whole prompt or one generated token) and
+ * runs the model over them (a prompt in chunks of n_batch); afterwards
+ * `m40_logits` holds the next-token logits. M40_ERR_CONTEXT_FULL when they
+ * do not fit, M40_ERR_INVALID_ARGUMENT for an id outside the vocabulary;
+ * a failed decode leaves the session as it was.
+ *
+ * # Safety
+ * `tokens` points to `n_tokens` readable tokens (or is NULL when 0).
+ */
+enum m40_status m40_decode(struct m40_session *session, const m40_token *tokens, size_t n_tokens);
+
+/**
+ * Returns the session's next-token logits (`m40_model_n_vocab` floats),
+ * valid until the session's next decode, reset, truncate or free; NULL
+ * before the first decode (or after reset/truncate) or for an invalid handle.
+ */
+const float *m40_logits(const struct m40_session *session);
+
+/**
+ * One token for each of `n_sessions` sessions of the same model, in one
+ * batched forward pass (the weights are read once for all of them); each
+ * session's logits are then as if it had decoded its token alone. Each
+ * session must have room for one token; on failure no session changes.
+ * The same session may not appear twice.
+ *
+ * # Safety
+ * `sessions` and `tokens` point to `n_sessions` readable elements each.
+ */
+enum m40_status m40_decode_batch(struct m40_session *const *sessions,
+                                 const m40_token *tokens,
+                                 size_t n_sessions);
+
+/**
+ * Picks the next token from the session's logits with `params` (NULL:
+ * the defaults) and writes it to `*out_token`; it does not decode it.
+ * The random state lives in the session: the same seed from the same state
+ * gives the same tokens.
+ *
+ * # Safety
+ * `params` is NULL or valid; `out_token` is NULL or writable.
+ */
+enum m40_status m40_sample(struct m40_session *session,
+                           const struct m40_sampler_params *params,
+                           m40_token *out_token);
 
 #ifdef __cplusplus
 }  // extern "C"

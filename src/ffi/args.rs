@@ -52,6 +52,28 @@ pub(crate) unsafe fn out<'a, T>(ptr: *mut T, name: &str) -> Result<&'a mut T> {
     unsafe { ptr.as_mut() }.ok_or_else(|| Error::invalid_argument(format!("{name} is NULL")))
 }
 
+/// A host array of `len` elements; NULL is allowed when `len` is 0.
+///
+/// # Safety
+/// `ptr` is NULL or points to `len` readable, initialized elements.
+pub(crate) unsafe fn slice<'a, T>(ptr: *const T, len: usize, name: &str) -> Result<&'a [T]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(Error::invalid_argument(format!(
+            "{name} is NULL but its length is {len}"
+        )));
+    }
+    if len > isize::MAX as usize / std::mem::size_of::<T>().max(1) {
+        return Err(Error::invalid_argument(format!(
+            "{name} length {len} is impossible"
+        )));
+    }
+    // SAFETY: non-NULL, and the caller promises `len` readable elements.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
 /// Writes `text` and a terminating NUL into the host's buffer of `cap` bytes,
 /// and its length (without the NUL) into `*out_len` when that is not NULL.
 /// A buffer too small gets nothing but the needed length.

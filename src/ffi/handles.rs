@@ -12,10 +12,21 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
 use crate::model::Model;
+use crate::session::Session;
 
 /// What a live handle refers to.
 enum Handle {
     Model(Arc<Model>),
+    Session(Arc<Mutex<Session>>),
+}
+
+impl Handle {
+    fn kind(&self) -> &'static str {
+        match self {
+            Handle::Model(_) => "model",
+            Handle::Session(_) => "session",
+        }
+    }
 }
 
 static REGISTRY: LazyLock<Mutex<HashMap<usize, Handle>>> = LazyLock::new(Default::default);
@@ -39,6 +50,10 @@ pub(crate) fn register_model(model: Model) -> *mut u8 {
     register(Handle::Model(Arc::new(model)))
 }
 
+pub(crate) fn register_session(session: Session) -> *mut u8 {
+    register(Handle::Session(Arc::new(Mutex::new(session))))
+}
+
 fn not_live(address: usize, expected: &str) -> Error {
     Error::invalid_argument(format!(
         "{address:#x} is not a live {expected} handle (never returned by libm40llm, or already freed)"
@@ -52,8 +67,51 @@ pub(crate) fn model(address: usize) -> Result<Arc<Model>> {
     }
     match registry().get(&address) {
         Some(Handle::Model(model)) => Ok(Arc::clone(model)),
+        Some(other) => Err(wrong_kind(address, other, "model")),
         None => Err(not_live(address, "model")),
     }
+}
+
+fn wrong_kind(address: usize, found: &Handle, expected: &str) -> Error {
+    Error::invalid_argument(format!(
+        "{address:#x} is a {} handle, not a {expected}",
+        found.kind()
+    ))
+}
+
+/// The session behind a host's session handle.
+pub(crate) fn session(address: usize) -> Result<Arc<Mutex<Session>>> {
+    if address == 0 {
+        return Err(Error::invalid_argument("session is NULL"));
+    }
+    match registry().get(&address) {
+        Some(Handle::Session(session)) => Ok(Arc::clone(session)),
+        Some(other) => Err(wrong_kind(address, other, "session")),
+        None => Err(not_live(address, "session")),
+    }
+}
+
+/// Runs `f` on the session, which must not be in use by another thread
+/// (the contract allows one thread per session; a clash is reported, not
+/// waited on).
+pub(crate) fn with_session<T>(
+    address: usize,
+    f: impl FnOnce(&mut Session) -> Result<T>,
+) -> Result<T> {
+    let session = session(address)?;
+    let mut guard = match session.try_lock() {
+        Ok(guard) => guard,
+        // A panic in an earlier call was caught and reported. Sessions
+        // commit a step only after it completed (cache entries past n_past
+        // are ignored), so the state is consistent and the session usable.
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => {
+            return Err(Error::invalid_argument(format!(
+                "session {address:#x} is in use by another thread (a session is for one thread at a time)"
+            )))
+        }
+    };
+    f(&mut guard)
 }
 
 /// Releases any handle; NULL is a no-op. A model's memory goes when the last

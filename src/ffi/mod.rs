@@ -11,8 +11,10 @@ mod args;
 mod handles;
 mod library;
 mod model;
+mod session;
 mod status;
 
 pub use library::*;
 pub use model::*;
+pub use session::*;
 pub use status::m40_status;

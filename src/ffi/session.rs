@@ -1,0 +1,270 @@
+//! Session handles: create, decode, read logits, sample, reset, truncate.
+
+use super::args;
+use super::handles;
+use super::status::{guard, guard_value, m40_status};
+use crate::error::Error;
+use crate::sampling::SamplerParams;
+use crate::session::{Session, SessionParams};
+
+/// A token id.
+pub type m40_token = i32;
+
+/// An opaque session: one sequence of tokens and its KV cache over a model.
+/// Used by one thread at a time; different sessions may run on different
+/// threads at once.
+pub struct m40_session {
+    _opaque: [u8; 0],
+}
+
+/// How to create a session.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct m40_session_params {
+    /// KV capacity in tokens; 0: min(model's training context, 4096).
+    pub n_ctx: u32,
+    /// Most tokens one forward pass takes; 0: 512.
+    pub n_batch: u32,
+}
+
+/// How `m40_sample` picks a token.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct m40_sampler_params {
+    /// <= 0: greedy (argmax).
+    pub temperature: f32,
+    /// <= 0: off.
+    pub top_k: i32,
+    /// >= 1: off.
+    pub top_p: f32,
+    /// <= 0: off.
+    pub min_p: f32,
+    /// 1: off.
+    pub repeat_penalty: f32,
+    /// Window for repeat_penalty (0: off, -1: every token of the session).
+    pub repeat_last_n: i32,
+    /// Same seed, same tokens.
+    pub seed: u64,
+}
+
+impl From<m40_sampler_params> for SamplerParams {
+    fn from(p: m40_sampler_params) -> Self {
+        SamplerParams {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            repeat_penalty: p.repeat_penalty,
+            repeat_last_n: p.repeat_last_n,
+            seed: p.seed,
+        }
+    }
+}
+
+/// Returns the default session parameters (n_ctx 0, n_batch 0: see the fields).
+#[no_mangle]
+pub extern "C" fn m40_session_default_params() -> m40_session_params {
+    m40_session_params {
+        n_ctx: 0,
+        n_batch: 0,
+    }
+}
+
+/// Returns the default sampler: temperature 0.8, top_k 40, top_p 0.95,
+/// min_p 0.05, repeat_penalty 1.0, repeat_last_n 64, seed 0.
+#[no_mangle]
+pub extern "C" fn m40_sampler_default_params() -> m40_sampler_params {
+    let d = SamplerParams::default();
+    m40_sampler_params {
+        temperature: d.temperature,
+        top_k: d.top_k,
+        top_p: d.top_p,
+        min_p: d.min_p,
+        repeat_penalty: d.repeat_penalty,
+        repeat_last_n: d.repeat_last_n,
+        seed: d.seed,
+    }
+}
+
+/// Creates a session over `model` (which stays alive at least as long as the
+/// session, whatever order the host frees them in) and writes it to
+/// `*out_session`. `params` NULL means the defaults. A vocab-only model
+/// cannot run sessions (M40_ERR_INVALID_ARGUMENT); a KV cache that does not
+/// fit in memory gives M40_ERR_OUT_OF_MEMORY. Release it with `m40_free`.
+///
+/// # Safety
+/// `params` is NULL or valid; `out_session` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn m40_session_new(
+    model: *mut super::m40_model,
+    params: *const m40_session_params,
+    out_session: *mut *mut m40_session,
+) -> m40_status {
+    guard(|| {
+        // SAFETY: the caller's promises, forwarded.
+        let (params, out_session) = unsafe {
+            (
+                args::struct_or_default(params, || m40_session_default_params()),
+                args::out(out_session, "out_session")?,
+            )
+        };
+        let model = handles::model(model as usize)?;
+        let session = Session::new(
+            model,
+            SessionParams {
+                n_ctx: params.n_ctx,
+                n_batch: params.n_batch,
+            },
+        )?;
+        *out_session = handles::register_session(session).cast();
+        Ok(())
+    })
+}
+
+/// Forgets every token of the session (its logits too).
+#[no_mangle]
+pub extern "C" fn m40_session_reset(session: *mut m40_session) -> m40_status {
+    guard(|| {
+        handles::with_session(session as usize, |s| {
+            s.reset();
+            Ok(())
+        })
+    })
+}
+
+/// Keeps the first `n_keep` tokens and forgets the rest (and the logits,
+/// which no longer follow); `n_keep` above `m40_session_n_past` is an
+/// argument error.
+#[no_mangle]
+pub extern "C" fn m40_session_truncate(session: *mut m40_session, n_keep: u32) -> m40_status {
+    guard(|| handles::with_session(session as usize, |s| s.truncate(n_keep as usize)))
+}
+
+/// Returns how many tokens the session holds (0 for an invalid handle, with
+/// `m40_last_error` set).
+#[no_mangle]
+pub extern "C" fn m40_session_n_past(session: *const m40_session) -> u32 {
+    guard_value(0, || {
+        handles::with_session(session as usize, |s| Ok(s.n_past() as u32))
+    })
+}
+
+/// Converts host token ids, rejecting negative ones.
+fn token_ids(tokens: &[m40_token]) -> Result<Vec<u32>, Error> {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            u32::try_from(t).map_err(|_| Error::invalid_argument(format!("token {i} is id {t}")))
+        })
+        .collect()
+}
+
+/// Appends `n_tokens` tokens (a whole prompt or one generated token) and
+/// runs the model over them (a prompt in chunks of n_batch); afterwards
+/// `m40_logits` holds the next-token logits. M40_ERR_CONTEXT_FULL when they
+/// do not fit, M40_ERR_INVALID_ARGUMENT for an id outside the vocabulary;
+/// a failed decode leaves the session as it was.
+///
+/// # Safety
+/// `tokens` points to `n_tokens` readable tokens (or is NULL when 0).
+#[no_mangle]
+pub unsafe extern "C" fn m40_decode(
+    session: *mut m40_session,
+    tokens: *const m40_token,
+    n_tokens: usize,
+) -> m40_status {
+    guard(|| {
+        // SAFETY: the caller's promise, forwarded.
+        let tokens = token_ids(unsafe { args::slice(tokens, n_tokens, "tokens")? })?;
+        handles::with_session(session as usize, |s| s.decode(&tokens))
+    })
+}
+
+/// Returns the session's next-token logits (`m40_model_n_vocab` floats),
+/// valid until the session's next decode, reset, truncate or free; NULL
+/// before the first decode (or after reset/truncate) or for an invalid handle.
+#[no_mangle]
+pub extern "C" fn m40_logits(session: *const m40_session) -> *const f32 {
+    guard_value(std::ptr::null(), || {
+        handles::with_session(session as usize, |s| {
+            Ok(s.logits().map_or(std::ptr::null(), <[f32]>::as_ptr))
+        })
+    })
+}
+
+/// One token for each of `n_sessions` sessions of the same model, in one
+/// batched forward pass (the weights are read once for all of them); each
+/// session's logits are then as if it had decoded its token alone. Each
+/// session must have room for one token; on failure no session changes.
+/// The same session may not appear twice.
+///
+/// # Safety
+/// `sessions` and `tokens` point to `n_sessions` readable elements each.
+#[no_mangle]
+pub unsafe extern "C" fn m40_decode_batch(
+    sessions: *const *mut m40_session,
+    tokens: *const m40_token,
+    n_sessions: usize,
+) -> m40_status {
+    guard(|| {
+        // SAFETY: the caller's promises, forwarded.
+        let (handles_in, tokens) = unsafe {
+            (
+                args::slice(sessions, n_sessions, "sessions")?,
+                args::slice(tokens, n_sessions, "tokens")?,
+            )
+        };
+        let tokens = token_ids(tokens)?;
+        let mut addresses: Vec<usize> = handles_in.iter().map(|&p| p as usize).collect();
+        let sessions = addresses
+            .iter()
+            .map(|&a| handles::session(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        addresses.sort_unstable();
+        if addresses.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Error::invalid_argument(
+                "the same session appears twice in the batch",
+            ));
+        }
+        let mut guards = Vec::with_capacity(sessions.len());
+        for (i, s) in sessions.iter().enumerate() {
+            let guard = s.try_lock().or_else(|e| match e {
+                std::sync::TryLockError::Poisoned(p) => Ok(p.into_inner()),
+                std::sync::TryLockError::WouldBlock => Err(Error::invalid_argument(format!(
+                    "session {i} is in use by another thread"
+                ))),
+            })?;
+            guards.push(guard);
+        }
+        let mut refs: Vec<&mut Session> = guards.iter_mut().map(|g| &mut **g).collect();
+        Session::decode_batch(&mut refs, &tokens)
+    })
+}
+
+/// Picks the next token from the session's logits with `params` (NULL:
+/// the defaults) and writes it to `*out_token`; it does not decode it.
+/// The random state lives in the session: the same seed from the same state
+/// gives the same tokens.
+///
+/// # Safety
+/// `params` is NULL or valid; `out_token` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn m40_sample(
+    session: *mut m40_session,
+    params: *const m40_sampler_params,
+    out_token: *mut m40_token,
+) -> m40_status {
+    guard(|| {
+        // SAFETY: the caller's promises, forwarded.
+        let (params, out_token) = unsafe {
+            (
+                args::struct_or_default(params, || m40_sampler_default_params()),
+                args::out(out_token, "out_token")?,
+            )
+        };
+        let token = handles::with_session(session as usize, |s| s.sample(&params.into()))?;
+        *out_token = token as m40_token;
+        Ok(())
+    })
+}

@@ -1,0 +1,244 @@
+//! Sessions: decoding in chunks or one by one, batched decode across
+//! sessions, failures that leave the session unchanged, truncation, seeded
+//! sampling, and threads sharing one model. On a small F32 LLaMA model made
+//! by the test GGUF writer.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::tiny_model::{tiny_model, TINY};
+use m40llm::backend::Device;
+use m40llm::error::ErrorKind;
+use m40llm::gguf::GgufFile;
+use m40llm::model::{LoadOptions, Model};
+use m40llm::sampling::SamplerParams;
+use m40llm::session::{Session, SessionParams};
+
+fn model(arch: &str, threads: usize) -> Arc<Model> {
+    let gguf = GgufFile::from_bytes(&tiny_model(arch).build()).unwrap();
+    let options = LoadOptions {
+        device: -1,
+        n_threads: threads as u32,
+        use_mmap: false,
+        vocab_only: false,
+    };
+    Arc::new(Model::from_gguf(gguf, Device::Cpu { threads }, options).unwrap())
+}
+
+fn session(model: &Arc<Model>, n_ctx: u32, n_batch: u32) -> Session {
+    Session::new(Arc::clone(model), SessionParams { n_ctx, n_batch }).unwrap()
+}
+
+const PROMPT: [u32; 11] = [1, 5, 9, 2, 14, 3, 3, 7, 11, 0, 15];
+
+/// Logits after each token of PROMPT, decoding one token at a time.
+fn stepwise(model: &Arc<Model>) -> Vec<Vec<f32>> {
+    let mut s = session(model, 64, 512);
+    PROMPT
+        .iter()
+        .map(|&t| {
+            s.decode(&[t]).unwrap();
+            s.logits().unwrap().to_vec()
+        })
+        .collect()
+}
+
+#[test]
+fn a_prompt_in_any_chunk_size_gives_the_logits_of_token_by_token_decoding() {
+    for arch in ["llama", "qwen2", "gemma3"] {
+        let m = model(arch, 2);
+        let expected = stepwise(&m);
+        for n_batch in [1, 3, 4, 11, 512] {
+            let mut s = session(&m, 64, n_batch);
+            s.decode(&PROMPT).unwrap();
+            assert_eq!(s.n_past(), PROMPT.len());
+            assert_eq!(
+                s.logits().unwrap(),
+                &expected[PROMPT.len() - 1][..],
+                "{arch} n_batch {n_batch}"
+            );
+        }
+    }
+}
+
+#[test]
+fn batched_decode_gives_each_session_the_logits_of_decoding_alone() {
+    let m = model("gemma3", 2);
+    let prompts: [&[u32]; 3] = [&PROMPT[..3], &PROMPT[2..9], &PROMPT[5..6]];
+    let next = [4u32, 8, 12];
+    let mut alone = Vec::new();
+    for (p, &t) in prompts.iter().zip(&next) {
+        let mut s = session(&m, 64, 512);
+        s.decode(p).unwrap();
+        s.decode(&[t]).unwrap();
+        alone.push(s.logits().unwrap().to_vec());
+    }
+    let mut sessions: Vec<Session> = prompts
+        .iter()
+        .map(|p| {
+            let mut s = session(&m, 64, 512);
+            s.decode(p).unwrap();
+            s
+        })
+        .collect();
+    let mut refs: Vec<&mut Session> = sessions.iter_mut().collect();
+    Session::decode_batch(&mut refs, &next).unwrap();
+    for (i, s) in sessions.iter().enumerate() {
+        assert_eq!(s.logits().unwrap(), &alone[i][..], "session {i}");
+        assert_eq!(s.n_past(), prompts[i].len() + 1);
+    }
+}
+
+#[test]
+fn a_failed_decode_leaves_the_session_unchanged() {
+    let m = model("llama", 1);
+    let mut s = session(&m, 8, 512);
+    s.decode(&PROMPT[..6]).unwrap();
+    let logits = s.logits().unwrap().to_vec();
+
+    let full = s.decode(&PROMPT[..3]).unwrap_err();
+    assert_eq!(full.kind(), ErrorKind::ContextFull);
+    assert!(full.message().contains("6 of 8"), "{full}");
+    let bad = s.decode(&[1, TINY.n_vocab as u32]).unwrap_err();
+    assert_eq!(bad.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        s.decode(&[]).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+
+    assert_eq!(s.n_past(), 6);
+    assert_eq!(s.logits().unwrap(), &logits[..]);
+    // and it still works: the next token gives the step-by-step logits
+    s.decode(&PROMPT[6..8]).unwrap();
+    assert_eq!(s.logits().unwrap(), &stepwise(&m)[7][..]);
+    assert_eq!(s.decode(&[1]).unwrap_err().kind(), ErrorKind::ContextFull);
+}
+
+#[test]
+fn a_failed_batched_decode_changes_no_session() {
+    let m = model("llama", 1);
+    let mut a = session(&m, 8, 512);
+    let mut b = session(&m, 2, 512);
+    a.decode(&PROMPT[..2]).unwrap();
+    b.decode(&PROMPT[..2]).unwrap();
+    let err = Session::decode_batch(&mut [&mut a, &mut b], &[1, 2]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ContextFull);
+    assert!(err.message().starts_with("session 1"), "{err}");
+    assert_eq!((a.n_past(), b.n_past()), (2, 2));
+    let other = model("llama", 1);
+    let mut c = session(&other, 8, 512);
+    let err = Session::decode_batch(&mut [&mut a, &mut c], &[1, 2]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+}
+
+#[test]
+fn truncating_and_decoding_again_matches_a_fresh_session() {
+    let m = model("qwen2", 2);
+    let expected = stepwise(&m);
+    let mut s = session(&m, 64, 4);
+    s.decode(&[9, 9, 9, 9, 9, 9]).unwrap();
+    s.truncate(0).unwrap();
+    assert!(s.logits().is_none());
+    s.decode(&PROMPT[..5]).unwrap();
+    s.truncate(3).unwrap();
+    assert_eq!(s.n_past(), 3);
+    s.decode(&PROMPT[3..]).unwrap();
+    assert_eq!(s.logits().unwrap(), &expected[PROMPT.len() - 1][..]);
+    assert_eq!(
+        s.truncate(100).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    s.reset();
+    assert_eq!(s.n_past(), 0);
+    assert!(s.logits().is_none());
+}
+
+#[test]
+fn the_same_seed_samples_the_same_tokens() {
+    let m = model("llama", 1);
+    let params = SamplerParams {
+        temperature: 1.5,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 1234,
+        ..Default::default()
+    };
+    let run = || {
+        let mut s = session(&m, 64, 512);
+        s.decode(&PROMPT[..2]).unwrap();
+        (0..20)
+            .map(|_| {
+                let t = s.sample(&params).unwrap();
+                s.decode(&[t]).unwrap();
+                t
+            })
+            .collect::<Vec<_>>()
+    };
+    let first = run();
+    assert_eq!(first, run());
+    assert!(
+        first.iter().collect::<std::collections::HashSet<_>>().len() > 1,
+        "{first:?}"
+    );
+    let greedy = SamplerParams {
+        temperature: 0.0,
+        ..params
+    };
+    let mut s = session(&m, 64, 512);
+    assert_eq!(
+        s.sample(&greedy).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    s.decode(&PROMPT[..2]).unwrap();
+    assert_eq!(
+        s.sample(&greedy).unwrap(),
+        m40llm::sampling::argmax(s.logits().unwrap())
+    );
+}
+
+#[test]
+fn threads_with_their_own_sessions_on_one_model_get_identical_results() {
+    let m = model("gemma3", 2);
+    let expected = stepwise(&m);
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let m = &m;
+            let expected = &expected;
+            scope.spawn(move || {
+                for round in 0..5 {
+                    let mut s = session(m, 64, 1 + (t + round) as u32 % 4);
+                    s.decode(&PROMPT).unwrap();
+                    assert_eq!(
+                        s.logits().unwrap(),
+                        &expected[PROMPT.len() - 1][..],
+                        "thread {t} round {round}"
+                    );
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn a_vocab_only_model_cannot_run_a_session() {
+    let gguf = GgufFile::from_bytes(&tiny_model("llama").build()).unwrap();
+    let options = LoadOptions {
+        device: -1,
+        n_threads: 1,
+        use_mmap: false,
+        vocab_only: true,
+    };
+    let m = Arc::new(Model::from_gguf(gguf, Device::Cpu { threads: 1 }, options).unwrap());
+    let err = Session::new(
+        m,
+        SessionParams {
+            n_ctx: 8,
+            n_batch: 8,
+        },
+    )
+    .err()
+    .unwrap();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+}
