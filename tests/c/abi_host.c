@@ -155,11 +155,69 @@ int main(int argc, char **argv) {
     CHECK(m40_free(NULL) == M40_OK, "free(NULL) is a no-op");
     CHECK(m40_free(&not_a_model) == M40_ERR_INVALID_ARGUMENT, "free(garbage pointer) is reported");
 
-    /* Free order and double free. */
-    CHECK(m40_free(model) == M40_OK, "free(model)");
+    /* Sessions. */
+    m40_session *session = NULL;
+    CHECK(m40_session_new(NULL, NULL, &session) == M40_ERR_INVALID_ARGUMENT, "session_new(NULL model)");
+    CHECK(m40_session_new(vocab_model, NULL, &session) == M40_ERR_INVALID_ARGUMENT,
+          "a vocab-only model runs no session");
+    CHECK(m40_session_new(model, NULL, &session) == M40_OK && session != NULL, "session_new");
+    CHECK(m40_session_n_past(session) == 0 && m40_logits(session) == NULL, "a new session is empty");
+    CHECK(m40_model_n_vocab((const m40_model *)session) == -1 && contains(m40_last_error(), "session handle"),
+          "a session handle is not a model");
+    const m40_token prompt[3] = {1, 5, 9};
+    CHECK(m40_decode(session, prompt, 3) == M40_OK && m40_session_n_past(session) == 3, "decode a prompt");
+    const float *logits = m40_logits(session);
+    int best = 0;
+    for (int i = 1; logits && i < n_vocab; i++)
+        if (logits[i] > logits[best])
+            best = i;
+    m40_sampler_params greedy = m40_sampler_default_params();
+    CHECK(greedy.temperature > 0.79f && greedy.top_k == 40 && greedy.repeat_last_n == 64, "sampler defaults");
+    greedy.temperature = 0.0f;
+    m40_token next = -1;
+    CHECK(m40_sample(session, &greedy, &next) == M40_OK && next == best, "greedy sample is the argmax (%d)", next);
+    const m40_token bad[1] = {1000000};
+    CHECK(m40_decode(session, bad, 1) == M40_ERR_INVALID_ARGUMENT && m40_session_n_past(session) == 3,
+          "an out-of-vocabulary token is rejected and changes nothing");
+    const m40_token negative[1] = {-3};
+    CHECK(m40_decode(session, negative, 1) == M40_ERR_INVALID_ARGUMENT, "a negative token is rejected");
+    CHECK(m40_decode(session, NULL, 2) == M40_ERR_INVALID_ARGUMENT, "decode(NULL tokens, 2)");
+
+    m40_session_params tiny_ctx = m40_session_default_params();
+    tiny_ctx.n_ctx = 4;
+    m40_session *small_session = NULL;
+    CHECK(m40_session_new(model, &tiny_ctx, &small_session) == M40_OK, "session with n_ctx 4");
+    const m40_token five[5] = {1, 2, 3, 4, 5};
+    CHECK(m40_decode(small_session, five, 5) == M40_ERR_CONTEXT_FULL && m40_session_n_past(small_session) == 0,
+          "five tokens into four places: context full, nothing changed");
+    CHECK(m40_decode(small_session, five, 4) == M40_OK, "four tokens fit");
+
+    m40_session *pair[2] = {session, small_session};
+    const m40_token pair_tokens[2] = {7, 8};
+    CHECK(m40_decode_batch(pair, pair_tokens, 2) == M40_ERR_CONTEXT_FULL, "batched decode with a full session fails");
+    CHECK(m40_session_n_past(session) == 3, "and changes no session");
+    CHECK(m40_session_truncate(small_session, 2) == M40_OK && m40_session_n_past(small_session) == 2,
+          "truncate to 2");
+    CHECK(m40_session_truncate(small_session, 3) == M40_ERR_INVALID_ARGUMENT, "truncate past n_past");
+    CHECK(m40_decode_batch(pair, pair_tokens, 2) == M40_OK && m40_session_n_past(session) == 4 &&
+              m40_session_n_past(small_session) == 3,
+          "batched decode of two sessions");
+    m40_session *twice[2] = {session, session};
+    CHECK(m40_decode_batch(twice, pair_tokens, 2) == M40_ERR_INVALID_ARGUMENT, "a session twice in one batch");
+    CHECK(m40_session_reset(small_session) == M40_OK && m40_session_n_past(small_session) == 0, "reset");
+    CHECK(m40_free(small_session) == M40_OK, "free a session");
+
+    /* Free order and double free: the session keeps its model alive. */
+    CHECK(m40_free(model) == M40_OK, "free(model) while a session uses it");
     CHECK(m40_free(model) == M40_ERR_INVALID_ARGUMENT && contains(m40_last_error(), "already freed"),
           "second free(model) is reported, not a crash");
-    CHECK(m40_model_n_vocab(model) == -1, "a freed model is no longer usable");
+    CHECK(m40_model_n_vocab(model) == -1, "a freed model handle is no longer usable");
+    CHECK(m40_decode(session, prompt, 1) == M40_OK && m40_session_n_past(session) == 5,
+          "its session still decodes");
+    CHECK(m40_free(session) == M40_OK, "free the session (and with it the model)");
+    CHECK(m40_free(session) == M40_ERR_INVALID_ARGUMENT, "second free(session) is reported");
+    CHECK(m40_session_n_past(session) == 0 && contains(m40_last_error(), "not a live session"),
+          "a freed session is no longer usable");
     CHECK(m40_free(vocab_model) == M40_OK && m40_free(copy) == M40_OK, "free the other models");
 
     if (gemma) {
