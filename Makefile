@@ -1,16 +1,28 @@
 # Entry points a newcomer needs; cargo does the work.
-#   make test    fetch the reference model if missing, then run every test
-#   make build   release build of libm40llm.so / libm40llm.a
+#   make run PROMPT="..."  generate text with Gemma 3 270M on the CPU (fetches the model once)
+#   make test              fetch the reference model if missing, then run every test
+#   make build             release build of libm40llm.so / libm40llm.a
+#   make examples          the C example programs, in target/release/
 
 CARGO ?= cargo
+CC ?= cc
+PROMPT ?= The capital of France is
+ARGS ?= -n 64
+LIB := target/release
 
-.PHONY: build test model
+.PHONY: build test model examples run
 
 build:
 	$(CARGO) build --release
 
 model:
 	tests/fetch-model.sh
+
+examples: build
+	$(CC) -O2 -std=c11 -Wall -Iinclude examples-c/generate.c -L$(LIB) -Wl,-rpath,$(abspath $(LIB)) -lm40llm -o $(LIB)/generate
+
+run: examples model
+	$(LIB)/generate "$$(tests/fetch-model.sh)" "$(PROMPT)" $(ARGS)
 
 test: model
 	M40_REQUIRE_MODEL=1 $(CARGO) test --release
