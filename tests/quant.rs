@@ -198,7 +198,7 @@ fn allowed_error(ty: GgmlType, w: &[f32], x: &[f32]) -> f64 {
 fn dot(kernels: Kernels, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     match kernels.format(ty).unwrap().dot {
         DotKernel::F32(f) => f(row, x),
-        DotKernel::Q8(f) => {
+        DotKernel::Q8(f, _) => {
             let mut act = vec![Q8Block::default(); x.len() / 32];
             quantize_row_q8(x, &mut act);
             f(row, &act)
@@ -279,7 +279,13 @@ fn matmul_is_within_bound_for_every_type_odd_row_counts_and_1_to_4_threads() {
     let mut rng = Rng(0xC0FFEE);
     let pools: Vec<ThreadPool> = (1..=4).map(ThreadPool::new).collect();
     for ty in TYPES {
-        for (rows, cols, n_tokens) in [(1, 256, 1), (7, 256, 3), (33, 512, 1), (65, 256, 5)] {
+        for (rows, cols, n_tokens) in [
+            (1, 256, 1),
+            (7, 256, 3),
+            (33, 512, 1),
+            (65, 256, 5),
+            (9, 256, 8),
+        ] {
             let raw = random_weights(ty, rows, cols, &mut rng);
             let w = dequantized(ty, &raw, cols);
             let x = random_activations(n_tokens * cols, &mut rng);
@@ -314,6 +320,36 @@ fn matmul_is_within_bound_for_every_type_odd_row_counts_and_1_to_4_threads() {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn four_token_dots_equal_four_one_token_dots_exactly() {
+    let mut rng = Rng(0xF00D);
+    for ty in TYPES {
+        let raw = random_weights(ty, 1, 512, &mut rng);
+        let acts: Vec<Vec<Q8Block>> = (0..4)
+            .map(|_| {
+                let x = random_activations(512, &mut rng);
+                let mut a = vec![Q8Block::default(); 16];
+                quantize_row_q8(&x, &mut a);
+                a
+            })
+            .collect();
+        for isa in Isa::all_available() {
+            if let DotKernel::Q8(one, Some(four)) =
+                Kernels::for_isa(isa).unwrap().format(ty).unwrap().dot
+            {
+                let together = four(&raw, std::array::from_fn(|t| &acts[t][..]));
+                for t in 0..4 {
+                    assert_eq!(
+                        together[t].to_bits(),
+                        one(&raw, &acts[t]).to_bits(),
+                        "{ty} {isa:?} token {t}"
+                    );
                 }
             }
         }

@@ -31,13 +31,23 @@ fn f16_at(block: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([block[at], block[at + 1]])).to_f32()
 }
 
+/// Tokens a multi-token dot ([`Q8Dot4Fn`]) takes at once.
+pub const DOT_TOKENS: usize = 4;
+
+/// A quantized row dotted with one token's Q8 activations.
+pub type Q8DotFn = fn(&[u8], &[Q8Block]) -> f32;
+/// A quantized row dotted with four tokens' activations: the row is
+/// unpacked once for all four (prefill).
+pub type Q8Dot4Fn = fn(&[u8], [&[Q8Block]; DOT_TOKENS]) -> [f32; DOT_TOKENS];
+
 /// A dot product of one weight row (its raw bytes) with activations.
 #[derive(Clone, Copy)]
 pub enum DotKernel {
     /// Float weights: the activations as f32.
     F32(fn(&[u8], &[f32]) -> f32),
-    /// Quantized weights: the activations as Q8 blocks of 32.
-    Q8(fn(&[u8], &[Q8Block]) -> f32),
+    /// Quantized weights: the activations as Q8 blocks of 32; the
+    /// multi-token form where the instruction set has one.
+    Q8(Q8DotFn, Option<Q8Dot4Fn>),
 }
 
 /// Converts a row of whole blocks to f32 (bit-exact with ggml).
@@ -161,16 +171,16 @@ fn scalar_dot(ty: GgmlType) -> Option<DotKernel> {
         F32 => Float(float::dot_f32),
         F16 => Float(float::dot_f16),
         Bf16 => Float(float::dot_bf16),
-        Q4_0 => Q8(legacy::dot_q4_0),
-        Q4_1 => Q8(legacy::dot_q4_1),
-        Q5_0 => Q8(legacy::dot_q5_0),
-        Q5_1 => Q8(legacy::dot_q5_1),
-        Q8_0 => Q8(legacy::dot_q8_0),
-        Q2K => Q8(kquants::dot_q2_k),
-        Q3K => Q8(kquants::dot_q3_k),
-        Q4K => Q8(kquants::dot_q4_k),
-        Q5K => Q8(kquants::dot_q5_k),
-        Q6K => Q8(kquants::dot_q6_k),
+        Q4_0 => Q8(legacy::dot_q4_0, None),
+        Q4_1 => Q8(legacy::dot_q4_1, None),
+        Q5_0 => Q8(legacy::dot_q5_0, None),
+        Q5_1 => Q8(legacy::dot_q5_1, None),
+        Q8_0 => Q8(legacy::dot_q8_0, None),
+        Q2K => Q8(kquants::dot_q2_k, None),
+        Q3K => Q8(kquants::dot_q3_k, None),
+        Q4K => Q8(kquants::dot_q4_k, None),
+        Q5K => Q8(kquants::dot_q5_k, None),
+        Q6K => Q8(kquants::dot_q6_k, None),
         _ => return None,
     })
 }

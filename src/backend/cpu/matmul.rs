@@ -7,7 +7,7 @@
 
 use super::ThreadPool;
 use crate::error::{Error, Result};
-use crate::quant::{quantize_row_q8, DotKernel, GgmlType, Kernels, Q8Block, Q8_BLOCK};
+use crate::quant::{quantize_row_q8, DotKernel, GgmlType, Kernels, Q8Block, DOT_TOKENS, Q8_BLOCK};
 
 /// A weight matrix in its stored format: `rows` rows of `cols` values.
 #[derive(Clone, Copy, Debug)]
@@ -102,18 +102,34 @@ pub fn matmul(
                 }
             }
         }),
-        DotKernel::Q8(dot) => {
+        DotKernel::Q8(dot, dot4) => {
             let blocks = w.cols / Q8_BLOCK;
             let mut act = vec![Q8Block::default(); n_tokens * blocks];
             for (xt, at) in x.chunks_exact(w.cols).zip(act.chunks_exact_mut(blocks)) {
                 quantize_row_q8(xt, at);
             }
+            let token = |t: usize| &act[t * blocks..(t + 1) * blocks];
+            // Tokens in groups of four where a four-token kernel exists.
+            let grouped = if dot4.is_some() {
+                n_tokens / DOT_TOKENS * DOT_TOKENS
+            } else {
+                0
+            };
             pool.run(n_tasks, &|task| {
                 for r in task * band..((task + 1) * band).min(rows) {
                     let row = w.row(r);
-                    for (t, at) in act.chunks_exact(blocks).enumerate() {
+                    if let Some(dot4) = dot4 {
+                        for t0 in (0..grouped).step_by(DOT_TOKENS) {
+                            let sums = dot4(row, std::array::from_fn(|k| token(t0 + k)));
+                            for (k, v) in sums.into_iter().enumerate() {
+                                // SAFETY: row r belongs to this task alone.
+                                unsafe { out.write((t0 + k) * rows + r, v) };
+                            }
+                        }
+                    }
+                    for t in grouped..n_tokens {
                         // SAFETY: row r belongs to this task alone.
-                        unsafe { out.write(t * rows + r, dot(row, at)) };
+                        unsafe { out.write(t * rows + r, dot(row, token(t))) };
                     }
                 }
             })

@@ -1,10 +1,16 @@
 //! Dot products of quantized weight rows with Q8 activations, in AVX2 / VNNI.
 //!
-//! Every format is brought to the same shape per 32 values: unsigned codes
-//! (0..=127 at most) in a byte vector, times the 32 signed activation bytes,
-//! summed exactly in i32 lanes, then scaled in f32. Offsets (Q4_0's −8,
-//! Q6_K's −32, ...) and minimums are folded in through the activation block
-//! sums, as the scalar reference does: Σ (q − o)·a = Σ q·a − o·Σ a.
+//! Every format is brought to the same shape per 32 values: codes in a byte
+//! vector times the 32 signed activation bytes, summed exactly in i32 lanes,
+//! then scaled in f32. The instructions take one unsigned operand: signed
+//! codes (Q8_0, and Q4_0 / Q5_0 after subtracting their offset) go in as |q|
+//! with q's sign moved onto the activations; the K formats keep unsigned
+//! codes and fold offsets and minimums in through the activation block sums:
+//! Σ (q − o)·a = Σ q·a − o·Σ a.
+
+// The kernels index several per-token arrays (acts[t], acc.v[t], acc.s[t])
+// in step; one index reads better than zipped iterators.
+#![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
@@ -41,10 +47,19 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
+/// The f16 at byte `at` as f32.
 #[inline(always)]
 unsafe fn f16(b: &[u8], at: usize) -> f32 {
-    let bits = u16::from_le_bytes([b[at], b[at + 1]]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    _mm256_cvtss_f32(f16x8(b, at))
+}
+
+/// The f16 at byte `at` as f32 in all eight lanes. Scales that feed vector
+/// math are converted this way: converting into lane 0 alone let LLVM emit
+/// `vpinsrw` into the accumulator's register, a false dependency that chained
+/// every block to the previous one (Q8_0 ran at a third of its speed).
+#[inline(always)]
+unsafe fn f16x8(b: &[u8], at: usize) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes([b[at], b[at + 1]])))
 }
 
 /// Asks for the weights a few blocks ahead: the rows stream from memory, and
@@ -111,32 +126,88 @@ unsafe fn halves(x0: f32, x1: f32) -> __m256 {
     _mm256_set_m128(_mm_set1_ps(x1), _mm_set1_ps(x0))
 }
 
+/// Running sums for `T` tokens: a vector of scaled integer sums and a scalar
+/// for the offset / minimum terms.
+struct Acc<const T: usize> {
+    v: [__m256; T],
+    s: [f32; T],
+}
+
+impl<const T: usize> Acc<T> {
+    #[inline(always)]
+    unsafe fn new() -> Self {
+        Acc {
+            v: [_mm256_setzero_ps(); T],
+            s: [0.0; T],
+        }
+    }
+
+    /// v[t] += (Σ q·a_t per lane) · scale.
+    #[inline(always)]
+    unsafe fn add<D: IntDot>(&mut self, t: usize, q: __m256i, a: &Q8Block, scale: __m256) {
+        self.v[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(D::dot(q, act(a))), scale, self.v[t]);
+    }
+
+    #[inline(always)]
+    unsafe fn finish(self) -> [f32; T] {
+        let mut out = [0.0; T];
+        for t in 0..T {
+            out[t] = hsum(self.v[t]) + self.s[t];
+        }
+        out
+    }
+}
+
+// Each kernel unpacks a block of weights once and dots it with the same
+// block of `T` tokens' activations: prefill reads and unpacks each weight
+// once per four tokens instead of once per token.
+
+/// Signed codes `q` (|q| ≤ 128) dotted with token `t`: |q| as the unsigned
+/// side, q's sign moved onto the activations.
 #[inline(always)]
-unsafe fn acc_scaled<D: IntDot>(acc: __m256, q: __m256i, a: &Q8Block, scale: __m256) -> __m256 {
-    _mm256_fmadd_ps(_mm256_cvtepi32_ps(D::dot(q, act(a))), scale, acc)
+unsafe fn add_signed<D: IntDot, const T: usize>(
+    acc: &mut Acc<T>,
+    t: usize,
+    q: __m256i,
+    abs_q: __m256i,
+    a: &Q8Block,
+    d: __m256,
+) {
+    let isum = D::dot(abs_q, _mm256_sign_epi8(act(a), q));
+    let scale = _mm256_mul_ps(d, _mm256_set1_ps(a.d));
+    acc.v[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc.v[t]);
+}
+
+// Q4_0 and Q5_0 subtract their offset from the codes once per block, so the
+// per-token work is the signed dot alone.
+
+#[inline(always)]
+unsafe fn q4_0<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    let mut acc = Acc::<T>::new();
+    for (i, b) in row.chunks_exact(18).enumerate() {
+        prefetch(b);
+        let q = _mm256_sub_epi8(nibbles16(&b[2..]), _mm256_set1_epi8(8));
+        let (d, abs_q) = (f16x8(b, 0), _mm256_sign_epi8(q, q));
+        for t in 0..T {
+            add_signed::<D, T>(&mut acc, t, q, abs_q, &acts[t][i], d);
+        }
+    }
+    acc.finish()
 }
 
 #[inline(always)]
-unsafe fn q4_0<D: IntDot>(row: &[u8], act: &[Q8Block]) -> f32 {
-    let (mut acc, mut offsets) = (_mm256_setzero_ps(), 0.0f32);
-    for (b, a) in row.chunks_exact(18).zip(act) {
+unsafe fn q4_1<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    let mut acc = Acc::<T>::new();
+    for (i, b) in row.chunks_exact(20).enumerate() {
         prefetch(b);
-        let dd = f16(b, 0) * a.d;
-        acc = acc_scaled::<D>(acc, nibbles16(&b[2..]), a, _mm256_set1_ps(dd));
-        offsets += dd * (-8 * a.sum()) as f32;
+        let (d, m, q) = (f16x8(b, 0), f16(b, 2), nibbles16(&b[4..]));
+        for t in 0..T {
+            let a = &acts[t][i];
+            acc.add::<D>(t, q, a, _mm256_mul_ps(d, _mm256_set1_ps(a.d)));
+            acc.s[t] += m * a.d * a.sum() as f32;
+        }
     }
-    hsum(acc) + offsets
-}
-
-#[inline(always)]
-unsafe fn q4_1<D: IntDot>(row: &[u8], act: &[Q8Block]) -> f32 {
-    let (mut acc, mut mins) = (_mm256_setzero_ps(), 0.0f32);
-    for (b, a) in row.chunks_exact(20).zip(act) {
-        prefetch(b);
-        acc = acc_scaled::<D>(acc, nibbles16(&b[4..]), a, _mm256_set1_ps(f16(b, 0) * a.d));
-        mins += f16(b, 2) * a.d * a.sum() as f32;
-    }
-    hsum(acc) + mins
+    acc.finish()
 }
 
 #[inline(always)]
@@ -148,89 +219,95 @@ unsafe fn q5_codes(qs: &[u8], qh: u32) -> __m256i {
 }
 
 #[inline(always)]
-unsafe fn q5_0<D: IntDot>(row: &[u8], act: &[Q8Block]) -> f32 {
-    let (mut acc, mut offsets) = (_mm256_setzero_ps(), 0.0f32);
-    for (b, a) in row.chunks_exact(22).zip(act) {
+unsafe fn q5_0<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    let mut acc = Acc::<T>::new();
+    for (i, b) in row.chunks_exact(22).enumerate() {
         prefetch(b);
-        let dd = f16(b, 0) * a.d;
-        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-        acc = acc_scaled::<D>(acc, q5_codes(&b[6..], qh), a, _mm256_set1_ps(dd));
-        offsets += dd * (-16 * a.sum()) as f32;
+        let codes = q5_codes(&b[6..], u32::from_le_bytes([b[2], b[3], b[4], b[5]]));
+        let q = _mm256_sub_epi8(codes, _mm256_set1_epi8(16));
+        let (d, abs_q) = (f16x8(b, 0), _mm256_sign_epi8(q, q));
+        for t in 0..T {
+            add_signed::<D, T>(&mut acc, t, q, abs_q, &acts[t][i], d);
+        }
     }
-    hsum(acc) + offsets
+    acc.finish()
 }
 
 #[inline(always)]
-unsafe fn q5_1<D: IntDot>(row: &[u8], act: &[Q8Block]) -> f32 {
-    let (mut acc, mut mins) = (_mm256_setzero_ps(), 0.0f32);
-    for (b, a) in row.chunks_exact(24).zip(act) {
+unsafe fn q5_1<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    let mut acc = Acc::<T>::new();
+    for (i, b) in row.chunks_exact(24).enumerate() {
         prefetch(b);
-        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-        acc = acc_scaled::<D>(
-            acc,
-            q5_codes(&b[8..], qh),
-            a,
-            _mm256_set1_ps(f16(b, 0) * a.d),
-        );
-        mins += f16(b, 2) * a.d * a.sum() as f32;
+        let (d, m) = (f16x8(b, 0), f16(b, 2));
+        let q = q5_codes(&b[8..], u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
+        for t in 0..T {
+            let a = &acts[t][i];
+            acc.add::<D>(t, q, a, _mm256_mul_ps(d, _mm256_set1_ps(a.d)));
+            acc.s[t] += m * a.d * a.sum() as f32;
+        }
     }
-    hsum(acc) + mins
+    acc.finish()
 }
 
 #[inline(always)]
-unsafe fn q8_0<D: IntDot>(row: &[u8], act: &[Q8Block]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (b, a) in row.chunks_exact(34).zip(act) {
+unsafe fn q8_0<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    let mut acc = Acc::<T>::new();
+    for (i, b) in row.chunks_exact(34).enumerate() {
         prefetch(b);
-        // Signed × signed: |w| as the unsigned side, the sign moved onto a.
-        let w = load32(&b[2..]);
-        let isum = D::dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(self::act(a), w));
-        acc = _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(isum),
-            _mm256_set1_ps(f16(b, 0) * a.d),
-            acc,
-        );
+        let q = load32(&b[2..]);
+        let (d, abs_q) = (f16x8(b, 0), _mm256_sign_epi8(q, q));
+        for t in 0..T {
+            add_signed::<D, T>(&mut acc, t, q, abs_q, &acts[t][i], d);
+        }
     }
-    hsum(acc)
+    acc.finish()
+}
+
+/// Bits `2·shift..2·shift + 2` of each byte.
+#[inline(always)]
+unsafe fn crumbs(qs: __m256i, shift: usize) -> __m256i {
+    _mm256_and_si256(
+        _mm256_srlv_epi64(qs, _mm256_set1_epi64x(2 * shift as i64)),
+        _mm256_set1_epi8(3),
+    )
 }
 
 #[inline(always)]
-unsafe fn q2_k<D: IntDot>(row: &[u8], act: &[Q8Block]) -> f32 {
-    let (mut acc, mut mins) = (_mm256_setzero_ps(), 0.0f32);
-    for (b, a8) in row.chunks_exact(84).zip(act.chunks_exact(8)) {
+unsafe fn q2_k<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    let mut acc = Acc::<T>::new();
+    for (i, b) in row.chunks_exact(84).enumerate() {
         prefetch(b);
-        let (d, dmin) = (f16(b, 80), f16(b, 82));
+        let (d, dmin) = (f16x8(b, 80), f16(b, 82));
         for half in 0..2 {
             let qs = load32(&b[16 + half * 32..]);
             for shift in 0..4 {
                 let j = half * 4 + shift;
-                let a = &a8[j];
                 let (s0, s1) = (b[2 * j], b[2 * j + 1]);
-                let q = _mm256_and_si256(
-                    _mm256_srlv_epi64(qs, _mm256_set1_epi64x(2 * shift as i64)),
-                    _mm256_set1_epi8(3),
-                );
-                let scale = halves(d * a.d * f32::from(s0 & 0xF), d * a.d * f32::from(s1 & 0xF));
-                acc = acc_scaled::<D>(acc, q, a, scale);
-                let m = i32::from(s0 >> 4) * i32::from(a.half_sums[0])
-                    + i32::from(s1 >> 4) * i32::from(a.half_sums[1]);
-                mins += dmin * a.d * m as f32;
+                let q = crumbs(qs, shift);
+                let (sc0, sc1) = (f32::from(s0 & 0xF), f32::from(s1 & 0xF));
+                let (m0, m1) = (i32::from(s0 >> 4), i32::from(s1 >> 4));
+                for t in 0..T {
+                    let a = &acts[t][i * 8 + j];
+                    acc.add::<D>(t, q, a, _mm256_mul_ps(d, halves(sc0 * a.d, sc1 * a.d)));
+                    let m = m0 * i32::from(a.half_sums[0]) + m1 * i32::from(a.half_sums[1]);
+                    acc.s[t] -= dmin * a.d * m as f32;
+                }
             }
         }
     }
-    hsum(acc) - mins
+    acc.finish()
 }
 
 #[inline(always)]
-unsafe fn q3_k<D: IntDot>(row: &[u8], act: &[Q8Block]) -> f32 {
-    let (mut acc, mut offsets) = (_mm256_setzero_ps(), 0.0f32);
-    for (b, a8) in row.chunks_exact(110).zip(act.chunks_exact(8)) {
+unsafe fn q3_k<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    let mut acc = Acc::<T>::new();
+    for (i, b) in row.chunks_exact(110).enumerate() {
         prefetch(b);
-        let d = f16(b, 108);
+        let d = f16x8(b, 108);
         let sc = &b[96..108];
-        let scale = |i: usize| -> i32 {
-            let low = (sc[i % 8] >> (4 * (i / 8))) & 0x0F;
-            let high = (sc[8 + i % 4] >> (2 * (i / 4))) & 0x03;
+        let scale = |k: usize| -> i32 {
+            let low = (sc[k % 8] >> (4 * (k / 8))) & 0x0F;
+            let high = (sc[8 + k % 4] >> (2 * (k / 4))) & 0x03;
             i32::from(low | (high << 4)) - 32
         };
         let hmask = load32(b);
@@ -238,70 +315,74 @@ unsafe fn q3_k<D: IntDot>(row: &[u8], act: &[Q8Block]) -> f32 {
             let qs = load32(&b[32 + half * 32..]);
             for shift in 0..4 {
                 let j = half * 4 + shift;
-                let a = &a8[j];
-                let low = _mm256_and_si256(
-                    _mm256_srlv_epi64(qs, _mm256_set1_epi64x(2 * shift as i64)),
-                    _mm256_set1_epi8(3),
-                );
                 // Unsigned codes q + 4: the high bit set adds 4.
-                let q = _mm256_or_si256(low, masked_bit(hmask, (1u8 << j) as i8, 4));
+                let q = _mm256_or_si256(crumbs(qs, shift), masked_bit(hmask, (1u8 << j) as i8, 4));
                 let (s0, s1) = (scale(2 * j), scale(2 * j + 1));
-                acc = acc_scaled::<D>(acc, q, a, halves(d * a.d * s0 as f32, d * a.d * s1 as f32));
-                let o = s0 * i32::from(a.half_sums[0]) + s1 * i32::from(a.half_sums[1]);
-                offsets += d * a.d * (-4 * o) as f32;
+                for t in 0..T {
+                    let a = &acts[t][i * 8 + j];
+                    acc.add::<D>(
+                        t,
+                        q,
+                        a,
+                        _mm256_mul_ps(d, halves(a.d * s0 as f32, a.d * s1 as f32)),
+                    );
+                    let o = s0 * i32::from(a.half_sums[0]) + s1 * i32::from(a.half_sums[1]);
+                    acc.s[t] += _mm256_cvtss_f32(d) * a.d * (-4 * o) as f32;
+                }
             }
         }
     }
-    hsum(acc) + offsets
+    acc.finish()
 }
 
 #[inline(always)]
-unsafe fn k_with_min<D: IntDot>(
+unsafe fn k_with_min<D: IntDot, const T: usize, const FIFTH_BIT: bool>(
     row: &[u8],
-    act: &[Q8Block],
-    block_bytes: usize,
-    fifth_bit: bool,
-) -> f32 {
-    let (mut acc, mut mins) = (_mm256_setzero_ps(), 0.0f32);
-    let qs_at = if fifth_bit { 48 } else { 16 };
-    for (b, a8) in row.chunks_exact(block_bytes).zip(act.chunks_exact(8)) {
+    acts: [&[Q8Block]; T],
+) -> [f32; T] {
+    let mut acc = Acc::<T>::new();
+    let (block_bytes, qs_at) = if FIFTH_BIT { (176, 48) } else { (144, 16) };
+    let m4 = _mm256_set1_epi8(0x0F);
+    for (i, b) in row.chunks_exact(block_bytes).enumerate() {
         prefetch(b);
-        let (d, dmin) = (f16(b, 0), f16(b, 2));
+        let (d, dmin) = (f16x8(b, 0), f16(b, 2));
         let (scale, min) = k_scale_min(&b[4..16]);
-        let qh = if fifth_bit {
+        let qh = if FIFTH_BIT {
             load32(&b[16..])
         } else {
             _mm256_setzero_si256()
         };
         for chunk in 0..4 {
             let bytes = load32(&b[qs_at + chunk * 32..]);
-            let m = _mm256_set1_epi8(0x0F);
             let nibbles = [
-                _mm256_and_si256(bytes, m),
-                _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m),
+                _mm256_and_si256(bytes, m4),
+                _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4),
             ];
             for (h, mut q) in nibbles.into_iter().enumerate() {
                 let j = chunk * 2 + h;
-                if fifth_bit {
+                if FIFTH_BIT {
                     q = _mm256_or_si256(q, masked_bit(qh, (1u8 << j) as i8, 0x10));
                 }
-                let a = &a8[j];
-                acc = acc_scaled::<D>(acc, q, a, _mm256_set1_ps(d * f32::from(scale[j]) * a.d));
-                mins += dmin * f32::from(min[j]) * a.d * a.sum() as f32;
+                let (sc, dm) = (f32::from(scale[j]), dmin * f32::from(min[j]));
+                for t in 0..T {
+                    let a = &acts[t][i * 8 + j];
+                    acc.add::<D>(t, q, a, _mm256_mul_ps(d, _mm256_set1_ps(sc * a.d)));
+                    acc.s[t] -= dm * a.d * a.sum() as f32;
+                }
             }
         }
     }
-    hsum(acc) - mins
+    acc.finish()
 }
 
 #[inline(always)]
-unsafe fn q4_k<D: IntDot>(row: &[u8], act: &[Q8Block]) -> f32 {
-    k_with_min::<D>(row, act, 144, false)
+unsafe fn q4_k<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    k_with_min::<D, T, false>(row, acts)
 }
 
 #[inline(always)]
-unsafe fn q5_k<D: IntDot>(row: &[u8], act: &[Q8Block]) -> f32 {
-    k_with_min::<D>(row, act, 176, true)
+unsafe fn q5_k<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    k_with_min::<D, T, true>(row, acts)
 }
 
 /// Bits `shift..shift + 2` of each byte of `qh`, moved to bits 4..6.
@@ -315,12 +396,12 @@ unsafe fn q6_high(qh: __m256i, shift: i64) -> __m256i {
 }
 
 #[inline(always)]
-unsafe fn q6_k<D: IntDot>(row: &[u8], act: &[Q8Block]) -> f32 {
-    let (mut acc, mut offsets) = (_mm256_setzero_ps(), 0.0f32);
+unsafe fn q6_k<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    let mut acc = Acc::<T>::new();
     let m4 = _mm256_set1_epi8(0x0F);
-    for (b, a8) in row.chunks_exact(210).zip(act.chunks_exact(8)) {
+    for (i, b) in row.chunks_exact(210).enumerate() {
         prefetch(b);
-        let d = f16(b, 208);
+        let d = f16x8(b, 208);
         let scales = &b[192..208];
         for half in 0..2 {
             let ql0 = load32(&b[half * 64..]);
@@ -340,44 +421,61 @@ unsafe fn q6_k<D: IntDot>(row: &[u8], act: &[Q8Block]) -> f32 {
             ];
             for (s, q) in codes.into_iter().enumerate() {
                 let j = half * 4 + s;
-                let a = &a8[j];
                 let (s0, s1) = (
                     i32::from(scales[2 * j] as i8),
                     i32::from(scales[2 * j + 1] as i8),
                 );
-                acc = acc_scaled::<D>(acc, q, a, halves(d * a.d * s0 as f32, d * a.d * s1 as f32));
-                let o = s0 * i32::from(a.half_sums[0]) + s1 * i32::from(a.half_sums[1]);
-                offsets += d * a.d * (-32 * o) as f32;
+                for t in 0..T {
+                    let a = &acts[t][i * 8 + j];
+                    acc.add::<D>(
+                        t,
+                        q,
+                        a,
+                        _mm256_mul_ps(d, halves(a.d * s0 as f32, a.d * s1 as f32)),
+                    );
+                    let o = s0 * i32::from(a.half_sums[0]) + s1 * i32::from(a.half_sums[1]);
+                    acc.s[t] += _mm256_cvtss_f32(d) * a.d * (-32 * o) as f32;
+                }
             }
         }
     }
-    hsum(acc) + offsets
+    acc.finish()
 }
+
+/// Tokens a multi-token kernel takes at once.
+pub const TOKENS: usize = 4;
 
 macro_rules! instantiate {
     ($module:ident, $dot:ty, $features:literal) => {
         pub mod $module {
             use super::*;
             macro_rules! one {
-                ($name:ident) => {
+                ($name:ident, $many:ident) => {
                     /// # Safety
                     /// The CPU supports the enabled target features.
                     #[target_feature(enable = $features)]
                     pub unsafe fn $name(row: &[u8], act: &[Q8Block]) -> f32 {
-                        super::$name::<$dot>(row, act)
+                        super::$name::<$dot, 1>(row, [act])[0]
+                    }
+
+                    /// # Safety
+                    /// The CPU supports the enabled target features.
+                    #[target_feature(enable = $features)]
+                    pub unsafe fn $many(row: &[u8], acts: [&[Q8Block]; TOKENS]) -> [f32; TOKENS] {
+                        super::$name::<$dot, TOKENS>(row, acts)
                     }
                 };
             }
-            one!(q4_0);
-            one!(q4_1);
-            one!(q5_0);
-            one!(q5_1);
-            one!(q8_0);
-            one!(q2_k);
-            one!(q3_k);
-            one!(q4_k);
-            one!(q5_k);
-            one!(q6_k);
+            one!(q4_0, q4_0_x4);
+            one!(q4_1, q4_1_x4);
+            one!(q5_0, q5_0_x4);
+            one!(q5_1, q5_1_x4);
+            one!(q8_0, q8_0_x4);
+            one!(q2_k, q2_k_x4);
+            one!(q3_k, q3_k_x4);
+            one!(q4_k, q4_k_x4);
+            one!(q5_k, q5_k_x4);
+            one!(q6_k, q6_k_x4);
         }
     };
 }

@@ -9,7 +9,7 @@
 mod float_dot;
 mod int_dot;
 
-use super::{DotKernel, GgmlType, Q8Block};
+use super::{DotKernel, GgmlType, Q8Block, DOT_TOKENS};
 
 pub fn avx2_available() -> bool {
     is_x86_feature_detected!("avx2")
@@ -32,50 +32,42 @@ pub fn avx512_available() -> bool {
 // `Kernels` whose instruction set `Isa::is_available` confirmed on this CPU.
 // The kernels read only inside the slices they are given.
 
-/// AVX2 kernels (safe wrappers; see the SAFETY note above).
-mod avx2 {
-    use super::*;
-    macro_rules! q8 {
-        ($($name:ident),*) => {$(
-            pub fn $name(row: &[u8], act: &[Q8Block]) -> f32 {
-                // SAFETY: only handed out when AVX2 is available (see above).
-                unsafe { int_dot::avx2::$name(row, act) }
-            }
-        )*};
-    }
-    macro_rules! f32dot {
-        ($($name:ident),*) => {$(
-            pub fn $name(row: &[u8], x: &[f32]) -> f32 {
-                // SAFETY: as above.
-                unsafe { float_dot::avx2::$name(row, x) }
-            }
-        )*};
-    }
-    q8!(q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k);
-    f32dot!(f32, f16, bf16);
+/// Safe wrappers of `int_dot::$int`'s kernels (see the SAFETY note above).
+macro_rules! q8_wrappers {
+    ($int:ident; $($name:ident / $many:ident),*) => {$(
+        pub fn $name(row: &[u8], act: &[Q8Block]) -> f32 {
+            // SAFETY: only handed out when the CPU has the features (see above).
+            unsafe { int_dot::$int::$name(row, act) }
+        }
+        pub fn $many(row: &[u8], acts: [&[Q8Block]; DOT_TOKENS]) -> [f32; DOT_TOKENS] {
+            // SAFETY: as above.
+            unsafe { int_dot::$int::$many(row, acts) }
+        }
+    )*};
 }
 
-/// AVX-512 kernels (safe wrappers; see the SAFETY note above).
+/// Safe wrappers of `float_dot::$float`'s kernels (see the SAFETY note above).
+macro_rules! f32_wrappers {
+    ($float:ident; $($name:ident),*) => {$(
+        pub fn $name(row: &[u8], x: &[f32]) -> f32 {
+            // SAFETY: only handed out when the CPU has the features (see above).
+            unsafe { float_dot::$float::$name(row, x) }
+        }
+    )*};
+}
+
+mod avx2 {
+    use super::*;
+    q8_wrappers!(avx2; q4_0 / q4_0_x4, q4_1 / q4_1_x4, q5_0 / q5_0_x4, q5_1 / q5_1_x4, q8_0 / q8_0_x4,
+        q2_k / q2_k_x4, q3_k / q3_k_x4, q4_k / q4_k_x4, q5_k / q5_k_x4, q6_k / q6_k_x4);
+    f32_wrappers!(avx2; f32, f16, bf16);
+}
+
 mod avx512 {
     use super::*;
-    macro_rules! q8 {
-        ($($name:ident),*) => {$(
-            pub fn $name(row: &[u8], act: &[Q8Block]) -> f32 {
-                // SAFETY: only handed out when AVX-512 VNNI is available (see above).
-                unsafe { int_dot::vnni::$name(row, act) }
-            }
-        )*};
-    }
-    macro_rules! f32dot {
-        ($($name:ident),*) => {$(
-            pub fn $name(row: &[u8], x: &[f32]) -> f32 {
-                // SAFETY: as above.
-                unsafe { float_dot::avx512::$name(row, x) }
-            }
-        )*};
-    }
-    q8!(q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k);
-    f32dot!(f32, f16, bf16);
+    q8_wrappers!(vnni; q4_0 / q4_0_x4, q4_1 / q4_1_x4, q5_0 / q5_0_x4, q5_1 / q5_1_x4, q8_0 / q8_0_x4,
+        q2_k / q2_k_x4, q3_k / q3_k_x4, q4_k / q4_k_x4, q5_k / q5_k_x4, q6_k / q6_k_x4);
+    f32_wrappers!(avx512; f32, f16, bf16);
 }
 
 macro_rules! table {
@@ -86,16 +78,16 @@ macro_rules! table {
             F32 => Float($module::f32),
             F16 => Float($module::f16),
             Bf16 => Float($module::bf16),
-            Q4_0 => Q8($module::q4_0),
-            Q4_1 => Q8($module::q4_1),
-            Q5_0 => Q8($module::q5_0),
-            Q5_1 => Q8($module::q5_1),
-            Q8_0 => Q8($module::q8_0),
-            Q2K => Q8($module::q2_k),
-            Q3K => Q8($module::q3_k),
-            Q4K => Q8($module::q4_k),
-            Q5K => Q8($module::q5_k),
-            Q6K => Q8($module::q6_k),
+            Q4_0 => Q8($module::q4_0, Some($module::q4_0_x4)),
+            Q4_1 => Q8($module::q4_1, Some($module::q4_1_x4)),
+            Q5_0 => Q8($module::q5_0, Some($module::q5_0_x4)),
+            Q5_1 => Q8($module::q5_1, Some($module::q5_1_x4)),
+            Q8_0 => Q8($module::q8_0, Some($module::q8_0_x4)),
+            Q2K => Q8($module::q2_k, Some($module::q2_k_x4)),
+            Q3K => Q8($module::q3_k, Some($module::q3_k_x4)),
+            Q4K => Q8($module::q4_k, Some($module::q4_k_x4)),
+            Q5K => Q8($module::q5_k, Some($module::q5_k_x4)),
+            Q6K => Q8($module::q6_k, Some($module::q6_k_x4)),
             _ => return None,
         })
     }};
