@@ -16,10 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/**
- * The version of the C ABI this header describes. A library whose
- * `m40_abi_version()` differs from this is not compatible.
- */
+/** The version of the C ABI this header describes. A library whose
+    m40_abi_version() differs is not compatible with it. */
 #define M40_ABI_VERSION 1
 
 /**
