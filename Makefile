@@ -2,7 +2,7 @@
 #   make run PROMPT="..."  generate text with Gemma 3 270M on the CPU (fetches the model once)
 #   make test              fetch the reference model if missing, then run every test
 #   make build             release build of libm40llm.so / libm40llm.a
-#   make examples          the C example programs, in target/release/
+#   make examples          the C programs (generate, m40-bench), in target/release/
 
 CARGO ?= cargo
 CC ?= cc
@@ -20,6 +20,7 @@ model:
 
 examples: build
 	$(CC) -O2 -std=c11 -Wall -Iinclude examples-c/generate.c -L$(LIB) -Wl,-rpath,$(abspath $(LIB)) -lm40llm -o $(LIB)/generate
+	$(CC) -O2 -std=gnu11 -Wall -Iinclude examples-c/m40-bench.c -L$(LIB) -Wl,-rpath,$(abspath $(LIB)) -lm40llm -lpthread -lm -o $(LIB)/m40-bench
 
 run: examples model
 	$(LIB)/generate "$$(tests/fetch-model.sh)" "$(PROMPT)" $(ARGS)

@@ -6,54 +6,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
+use common::c_build::{compile, library_dir, root};
 use common::tiny_model::{tiny_model, TINY};
-
-/// The directory holding libm40llm.so / libm40llm.a for this test build.
-/// `cargo test` builds the library only as an rlib, so the C libraries are
-/// built here, once, with the same profile and target directory.
-fn library_dir() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            // target/<profile>/deps/c_host-<hash> → target/<profile>
-            let exe = std::env::current_exe().unwrap();
-            let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-            let mut cargo = Command::new(env!("CARGO"));
-            cargo
-                .args(["build", "--lib", "--quiet"])
-                .current_dir(root())
-                .env("CARGO_TARGET_DIR", dir.parent().unwrap());
-            if dir.ends_with("release") {
-                cargo.arg("--release");
-            }
-            let status = cargo.status().expect("cargo runs");
-            assert!(
-                status.success(),
-                "building libm40llm for the C hosts failed"
-            );
-            dir
-        })
-        .clone()
-}
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn compile(args: &[&str]) {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    let out = Command::new(&cc)
-        .args(args)
-        .output()
-        .expect("a C compiler (cc) on PATH");
-    assert!(
-        out.status.success(),
-        "{cc} {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn host_inputs() -> (PathBuf, PathBuf) {
     let valid = common::scratch_path("host-valid.gguf");

@@ -38,6 +38,17 @@ impl Model {
         let _ = write!(j, ",\"gguf_version\":{}", gguf.version());
         let _ = write!(j, ",\"file_size\":{}", gguf.file_size());
         let _ = write!(j, ",\"parameters\":{parameters}");
+        let _ = write!(
+            j,
+            ",\"weight_bytes\":{}",
+            gguf.tensors().iter().map(|t| t.n_bytes).sum::<u64>()
+        );
+        let _ = write!(
+            j,
+            ",\"weight_bytes_per_token\":{}",
+            self.weight_bytes_per_token()
+                .map_or("null".to_string(), |b| b.to_string())
+        );
         let _ = write!(j, ",\"vocab_size\":{}", self.n_vocab());
         let _ = write!(j, ",\"context_length\":{}", self.n_ctx_train());
         let _ = write!(j, ",\"layers\":{}", num(|h| h.n_layer));
@@ -82,6 +93,20 @@ impl Model {
         }
         j.push('}');
         j
+    }
+}
+
+impl Model {
+    /// Bytes of weights one generated token reads: every matrix once, except
+    /// the embedding table, of which only one row is read (unless it is also
+    /// the output projection, which reads it whole).
+    pub fn weight_bytes_per_token(&self) -> Option<u64> {
+        let w = self.hparams().map(|_| self.weights())?;
+        let all: u64 = self.gguf().tensors().iter().map(|t| t.n_bytes).sum();
+        let embd = w.token_embd.n_bytes as u64;
+        let embd_row = w.token_embd.row_bytes() as u64;
+        let tied = w.output == w.token_embd;
+        Some(all - embd + embd_row + if tied { embd } else { 0 })
     }
 }
 

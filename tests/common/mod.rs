@@ -1,6 +1,7 @@
 //! Test utilities shared by the integration tests.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod c_build;
 pub mod gguf_writer;
 pub mod tiny_model;
 

@@ -1,0 +1,311 @@
+/*
+ * m40-bench: speed of libm40llm as a host sees it, through the public C API,
+ * reported like llama.cpp's llama-bench so the two read side by side.
+ *
+ *   m40-bench -m MODEL [-d DEVICE] [-t THREADS] [-p 512] [-n 128] [-r 5]
+ *             [-b 1,8,32] [--json]
+ *
+ *   pp N   tokens/s processing an N-token prompt in one m40_decode
+ *   tg N   tokens/s generating N tokens, one m40_decode each
+ *   tgN@B  aggregate tokens/s of B sessions stepped together N times with
+ *          m40_decode_batch (-b; B = 1 is the tg row)
+ *
+ * Each test runs once to warm up, then -r times; rows show mean ± stddev.
+ * The memory bandwidth is measured in the same run (a multi-threaded copy
+ * on the CPU), and each generation row shows the fraction of that roofline
+ * it reached: (weight bytes read per step) × steps/s ÷ bandwidth.
+ */
+#include "m40llm.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "m40-bench: %s: %s\n", what, m40_last_error());
+    exit(1);
+}
+
+/* ---- memory bandwidth: a large copy split over threads ---- */
+
+struct copy_job {
+    char *dst;
+    const char *src;
+    size_t len;
+};
+
+static void *copy_part(void *arg) {
+    struct copy_job *job = arg;
+    memcpy(job->dst, job->src, job->len);
+    return NULL;
+}
+
+/* GB/s of memory traffic (bytes read + bytes written) of the best of five
+   1 GiB copies on `threads` threads. */
+static double copy_bandwidth_here(int threads) {
+    const size_t size = (size_t)1 << 30;
+    char *src = malloc(size), *dst = malloc(size);
+    if (!src || !dst) {
+        free(src);
+        free(dst);
+        return 0;
+    }
+    memset(src, 1, size);
+    memset(dst, 2, size);
+    double best = 1e30;
+    pthread_t tid[256];
+    struct copy_job jobs[256];
+    if (threads < 1) threads = 1;
+    if (threads > 256) threads = 256;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_seconds();
+        size_t part = size / (size_t)threads;
+        for (int i = 0; i < threads; i++) {
+            jobs[i] = (struct copy_job){dst + part * i, src + part * i, part};
+            pthread_create(&tid[i], NULL, copy_part, &jobs[i]);
+        }
+        for (int i = 0; i < threads; i++) pthread_join(tid[i], NULL);
+        double t = now_seconds() - t0;
+        if (t < best) best = t;
+    }
+    free(src);
+    free(dst);
+    return 2.0 * (double)size / best / 1e9;
+}
+
+/* The copy runs in a child process, so that its 2 GiB of buffers do not
+   count in this process's peak RSS. */
+static double copy_bandwidth(int threads) {
+    int fds[2];
+    if (pipe(fds) != 0) return copy_bandwidth_here(threads);
+    pid_t child = fork();
+    if (child == 0) {
+        double gbps = copy_bandwidth_here(threads);
+        ssize_t ignored = write(fds[1], &gbps, sizeof gbps);
+        (void)ignored;
+        _exit(0);
+    }
+    double gbps = 0;
+    if (child < 0 || read(fds[0], &gbps, sizeof gbps) != (ssize_t)sizeof gbps) gbps = 0;
+    close(fds[0]);
+    close(fds[1]);
+    if (child > 0) waitpid(child, NULL, 0);
+    return gbps;
+}
+
+/* ---- small helpers ---- */
+
+/* The integer after "key": in a flat JSON object, or -1. */
+static long long json_int(const char *json, const char *key) {
+    char pattern[64];
+    snprintf(pattern, sizeof pattern, "\"%s\":", key);
+    const char *at = strstr(json, pattern);
+    return at ? strtoll(at + strlen(pattern), NULL, 10) : -1;
+}
+
+static void json_str(const char *json, const char *key, char *out, size_t cap) {
+    char pattern[64];
+    snprintf(pattern, sizeof pattern, "\"%s\":\"", key);
+    const char *at = strstr(json, pattern);
+    out[0] = '\0';
+    if (!at) return;
+    at += strlen(pattern);
+    size_t n = 0;
+    while (at[n] && at[n] != '"' && n + 1 < cap) { out[n] = at[n]; n++; }
+    out[n] = '\0';
+}
+
+static uint64_t rng_state = 0x853c49e6748fea9bULL;
+static m40_token random_token(int n_vocab) {
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (m40_token)((rng_state >> 33) % (uint64_t)n_vocab);
+}
+
+struct result {
+    char test[32];
+    int n_prompt, n_gen, batch;
+    double mean, stddev;  /* tokens/s */
+    double roofline;      /* fraction, or < 0 when not a generation test */
+};
+
+static void stats(const double *v, int n, double *mean, double *sd) {
+    double s = 0, q = 0;
+    for (int i = 0; i < n; i++) s += v[i];
+    *mean = s / n;
+    for (int i = 0; i < n; i++) q += (v[i] - *mean) * (v[i] - *mean);
+    *sd = n > 1 ? sqrt(q / (n - 1)) : 0;
+}
+
+/* ---- the tests ---- */
+
+static double run_pp(m40_model *model, int n_vocab, int n_prompt) {
+    m40_session_params sp = m40_session_default_params();
+    sp.n_ctx = (uint32_t)n_prompt;
+    sp.n_batch = (uint32_t)n_prompt;
+    m40_session *s = NULL;
+    if (m40_session_new(model, &sp, &s) != M40_OK) die("session");
+    m40_token *tokens = malloc(sizeof(m40_token) * (size_t)n_prompt);
+    for (int i = 0; i < n_prompt; i++) tokens[i] = random_token(n_vocab);
+    double t0 = now_seconds();
+    if (m40_decode(s, tokens, (size_t)n_prompt) != M40_OK) die("decode");
+    double t = now_seconds() - t0;
+    free(tokens);
+    m40_free(s);
+    return n_prompt / t;
+}
+
+/* B sessions, each given one token, then n_gen steps of one token each:
+   m40_decode for one session, m40_decode_batch for several. */
+static double run_tg(m40_model *model, int n_vocab, int n_gen, int batch) {
+    m40_session_params sp = m40_session_default_params();
+    sp.n_ctx = (uint32_t)n_gen + 1;
+    m40_session **s = calloc((size_t)batch, sizeof *s);
+    m40_token *tokens = malloc(sizeof(m40_token) * (size_t)batch);
+    for (int b = 0; b < batch; b++) {
+        if (m40_session_new(model, &sp, &s[b]) != M40_OK) die("session");
+        m40_token first = random_token(n_vocab);
+        if (m40_decode(s[b], &first, 1) != M40_OK) die("decode");
+    }
+    double t0 = now_seconds();
+    for (int i = 0; i < n_gen; i++) {
+        for (int b = 0; b < batch; b++) tokens[b] = random_token(n_vocab);
+        m40_status st = batch == 1 ? m40_decode(s[0], tokens, 1) : m40_decode_batch(s, tokens, (size_t)batch);
+        if (st != M40_OK) die("decode");
+    }
+    double t = now_seconds() - t0;
+    for (int b = 0; b < batch; b++) m40_free(s[b]);
+    free(s);
+    free(tokens);
+    return (double)n_gen * batch / t;
+}
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: m40-bench -m MODEL [-d DEVICE] [-t THREADS] [-p 512] [-n 128] [-r 5] [-b 1,8,32] [--json]\n"
+            "  -p N      prompt tokens for the pp test (0: skip)\n"
+            "  -n N      generated tokens for the tg tests (0: skip)\n"
+            "  -r N      repetitions after one warm-up\n"
+            "  -b LIST   sessions stepped together with m40_decode_batch, e.g. 1,8,32\n"
+            "  -d D      -1: CPU, 0..: CUDA device (default: CUDA 0 if usable)\n"
+            "  -t N      CPU threads (default: one per core)\n");
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    const char *path = NULL;
+    m40_model_params mp = m40_model_default_params();
+    int n_prompt = 512, n_gen = 128, reps = 5, json = 0;
+    int batches[16] = {1}, n_batches = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--json") == 0) { json = 1; continue; }
+        if (!v) usage();
+        if (strcmp(a, "-m") == 0) path = v;
+        else if (strcmp(a, "-d") == 0) mp.device = atoi(v);
+        else if (strcmp(a, "-t") == 0) mp.n_threads = (uint32_t)atoi(v);
+        else if (strcmp(a, "-p") == 0) n_prompt = atoi(v);
+        else if (strcmp(a, "-n") == 0) n_gen = atoi(v);
+        else if (strcmp(a, "-r") == 0) reps = atoi(v);
+        else if (strcmp(a, "-b") == 0) {
+            n_batches = 0;
+            for (char *tok = strtok((char *)v, ","); tok && n_batches < 16; tok = strtok(NULL, ","))
+                batches[n_batches++] = atoi(tok);
+        } else usage();
+        i++;
+    }
+    if (!path || reps < 1 || n_prompt < 0 || n_gen < 0) usage();
+    for (int b = 0; b < n_batches; b++)
+        if (batches[b] < 1) usage();
+
+    m40_model *model = NULL;
+    if (m40_model_load(path, &mp, &model) != M40_OK) die("load");
+    size_t len = 0;
+    m40_model_describe(model, NULL, 0, &len);
+    char *desc = malloc(len + 1);
+    if (m40_model_describe(model, desc, len + 1, NULL) != M40_OK) die("describe");
+    int n_vocab = m40_model_n_vocab(model);
+    long long file_size = json_int(desc, "file_size"), params = json_int(desc, "parameters");
+    long long per_token = json_int(desc, "weight_bytes_per_token");
+    long long threads = json_int(desc, "threads");
+    char arch[64], name[128], backend[32], device[128];
+    json_str(desc, "architecture", arch, sizeof arch);
+    json_str(desc, "name", name, sizeof name);
+    json_str(desc, "backend", backend, sizeof backend);
+    json_str(desc, "device", device, sizeof device);
+    double bandwidth = copy_bandwidth(threads > 0 ? (int)threads : 1);
+
+    struct result results[32];
+    int n_results = 0;
+    double *samples = malloc(sizeof(double) * (size_t)reps);
+    if (n_prompt > 0) {
+        run_pp(model, n_vocab, n_prompt); /* warm-up */
+        for (int r = 0; r < reps; r++) samples[r] = run_pp(model, n_vocab, n_prompt);
+        struct result *res = &results[n_results++];
+        snprintf(res->test, sizeof res->test, "pp%d", n_prompt);
+        res->n_prompt = n_prompt, res->n_gen = 0, res->batch = 1, res->roofline = -1;
+        stats(samples, reps, &res->mean, &res->stddev);
+    }
+    for (int b = 0; n_gen > 0 && b < n_batches; b++) {
+        int batch = batches[b];
+        run_tg(model, n_vocab, n_gen < 16 ? n_gen : 16, batch); /* warm-up */
+        for (int r = 0; r < reps; r++) samples[r] = run_tg(model, n_vocab, n_gen, batch);
+        struct result *res = &results[n_results++];
+        if (batch == 1) snprintf(res->test, sizeof res->test, "tg%d", n_gen);
+        else snprintf(res->test, sizeof res->test, "tg%d@%d", n_gen, batch);
+        res->n_prompt = 0, res->n_gen = n_gen, res->batch = batch;
+        stats(samples, reps, &res->mean, &res->stddev);
+        double steps_per_s = res->mean / batch;
+        res->roofline = per_token > 0 && bandwidth > 0 ? (double)per_token * steps_per_s / (bandwidth * 1e9) : -1;
+    }
+    struct rusage usage_now;
+    getrusage(RUSAGE_SELF, &usage_now);
+    long long peak_rss = (long long)usage_now.ru_maxrss * 1024;
+
+    if (json) {
+        printf("[\n");
+        for (int i = 0; i < n_results; i++) {
+            struct result *r = &results[i];
+            char roof[32] = "null";
+            if (r->roofline >= 0) snprintf(roof, sizeof roof, "%.4f", r->roofline);
+            printf("  {\"model\": \"%s\", \"architecture\": \"%s\", \"size\": %lld, \"params\": %lld, "
+                   "\"backend\": \"%s\", \"device\": \"%s\", \"threads\": %lld, \"test\": \"%s\", "
+                   "\"n_prompt\": %d, \"n_gen\": %d, \"batch\": %d, \"repetitions\": %d, "
+                   "\"avg_ts\": %.3f, \"stddev_ts\": %.3f, \"weight_bytes_per_token\": %lld, "
+                   "\"bandwidth_gbps\": %.2f, \"roofline\": %s, \"peak_rss_bytes\": %lld}%s\n",
+                   name, arch, file_size, params, backend, device, threads, r->test, r->n_prompt, r->n_gen,
+                   r->batch, reps, r->mean, r->stddev, per_token, bandwidth, roof, peak_rss,
+                   i + 1 < n_results ? "," : "");
+        }
+        printf("]\n");
+    } else {
+        printf("device: %s; memory bandwidth (copy, read+write): %.1f GB/s; weights read per generated token: "
+               "%.1f MiB; peak RSS: %.1f MiB\n\n",
+               device, bandwidth, per_token / 1048576.0, peak_rss / 1048576.0);
+        printf("| model | size | params | backend | threads | test | t/s | roofline |\n");
+        printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
+        for (int i = 0; i < n_results; i++) {
+            struct result *r = &results[i];
+            char roof[32] = "";
+            if (r->roofline >= 0) snprintf(roof, sizeof roof, "%.0f%%", 100 * r->roofline);
+            printf("| %s | %.2f MiB | %.2f M | %s | %lld | %s | %.2f ± %.2f | %s |\n", name, file_size / 1048576.0,
+                   params / 1e6, backend, threads, r->test, r->mean, r->stddev, roof);
+        }
+    }
+    free(samples);
+    free(desc);
+    m40_free(model);
+    return 0;
+}

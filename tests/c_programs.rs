@@ -1,0 +1,106 @@
+//! The C programs in examples-c/, built against the library as the Makefile
+//! builds them and run the way users run them.
+
+mod common;
+
+use std::process::Command;
+
+use common::c_build::{build_example, root};
+
+#[test]
+fn m40_bench_reports_prompt_generation_and_batched_rows_as_json() {
+    let model = common::scratch_path("bench-llama-q4_0.gguf");
+    let synth = root().join("../shared/tools/synth_gguf.py");
+    let status = Command::new("python3")
+        .args([
+            synth.to_str().unwrap(),
+            "--preset",
+            "tiny",
+            "--type",
+            "q4_0",
+            "--n-vocab",
+            "2000",
+            "--out",
+        ])
+        .arg(&model)
+        .status()
+        .expect("python3 with numpy");
+    assert!(status.success());
+    let bench = build_example("m40-bench");
+    let out = Command::new(&bench)
+        .arg("-m")
+        .arg(&model)
+        .args([
+            "-d", "-1", "-t", "2", "-p", "32", "-n", "8", "-r", "2", "-b", "1,4", "--json",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.contains("\"test\"")).collect();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    let field = |row: &str, key: &str| -> String {
+        let at = row
+            .find(&format!("\"{key}\": "))
+            .unwrap_or_else(|| panic!("{key} in {row}"))
+            + key.len()
+            + 4;
+        row[at..]
+            .split([',', '}'])
+            .next()
+            .unwrap()
+            .trim()
+            .trim_matches('"')
+            .to_string()
+    };
+    let size = std::fs::metadata(&model).unwrap().len().to_string();
+    for (row, test) in rows.iter().zip(["pp32", "tg8", "tg8@4"]) {
+        assert_eq!(field(row, "test"), test);
+        assert_eq!(field(row, "size"), size);
+        let tps: f64 = field(row, "avg_ts").parse().unwrap();
+        assert!(tps > 0.0, "{row}");
+        let roofline = field(row, "roofline");
+        if test.starts_with("tg") {
+            let r: f64 = roofline.parse().unwrap();
+            assert!(r > 0.0 && r < 2.0, "{row}");
+        } else {
+            assert_eq!(roofline, "null");
+        }
+        assert!(field(row, "peak_rss_bytes").parse::<u64>().unwrap() > 0);
+    }
+    // The default output is a markdown table with the same rows.
+    let table = Command::new(&bench)
+        .arg("-m")
+        .arg(&model)
+        .args(["-t", "1", "-p", "8", "-n", "2", "-r", "1"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("| model | size | params | backend | threads | test | t/s | roofline |"),
+        "{table}"
+    );
+    assert!(
+        table.contains("| pp8 |") && table.contains("| tg2 |"),
+        "{table}"
+    );
+    let _ = std::fs::remove_file(&model);
+}
+
+#[test]
+fn m40_bench_rejects_bad_arguments_with_usage() {
+    let bench = build_example("m40-bench");
+    let out = Command::new(&bench).args(["-p"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("usage"));
+    let out = Command::new(&bench)
+        .args(["-m", "/nonexistent.gguf"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.gguf"));
+}

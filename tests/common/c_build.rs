@@ -1,0 +1,78 @@
+//! Building C programs against the library the way hosts do.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+pub fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The directory holding libm40llm.so / libm40llm.a for this test build.
+/// `cargo test` builds the library only as an rlib, so the C libraries are
+/// built here, once, with the same profile and target directory.
+pub fn library_dir() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            // target/<profile>/deps/<test>-<hash> → target/<profile>
+            let exe = std::env::current_exe().unwrap();
+            let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+            let mut cargo = Command::new(env!("CARGO"));
+            cargo
+                .args(["build", "--lib", "--quiet"])
+                .current_dir(root())
+                .env("CARGO_TARGET_DIR", dir.parent().unwrap());
+            if dir.ends_with("release") {
+                cargo.arg("--release");
+            }
+            let status = cargo.status().expect("cargo runs");
+            assert!(
+                status.success(),
+                "building libm40llm for the C hosts failed"
+            );
+            dir
+        })
+        .clone()
+}
+
+pub fn compile(args: &[&str]) {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let out = Command::new(&cc)
+        .args(args)
+        .output()
+        .expect("a C compiler (cc) on PATH");
+    assert!(
+        out.status.success(),
+        "{cc} {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Compiles `examples-c/<name>.c` against the shared library, as the
+/// Makefile does, and returns the executable's path.
+pub fn build_example(name: &str) -> PathBuf {
+    let lib = library_dir();
+    let exe = super::scratch_path(name);
+    let rpath = format!("-Wl,-rpath,{}", lib.display());
+    let source = root().join(format!("examples-c/{name}.c"));
+    compile(&[
+        "-O2",
+        "-std=gnu11",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-I",
+        root().join("include").to_str().unwrap(),
+        source.to_str().unwrap(),
+        "-L",
+        lib.to_str().unwrap(),
+        &rpath,
+        "-lm40llm",
+        "-lpthread",
+        "-lm",
+        "-o",
+        exe.to_str().unwrap(),
+    ]);
+    exe
+}
