@@ -1,14 +1,40 @@
 //! A fixed pool of worker threads that run one parallel loop at a time.
 //!
 //! `run(n, f)` calls `f(0..n)` spread over the workers and the calling thread
-//! and returns when every call has finished. Idle workers sleep on a condition
-//! variable (no spinning). The closure may borrow from the caller's stack: the
-//! pool guarantees that no worker touches it after `run` returns or unwinds.
+//! and returns when every call has finished. The closure may borrow from the
+//! caller's stack: the pool guarantees that no worker touches it after `run`
+//! returns or unwinds.
+//!
+//! A decode step is a few hundred short loops back to back, so waking a
+//! sleeping thread for each would cost more than many loops take. Workers
+//! therefore spin for up to [`SPIN`] after a loop (and the caller as long
+//! while it waits for them) before they sleep on a condition variable: an
+//! idle pool costs no CPU, a busy one no wake-ups.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a thread spins for the next event before it sleeps.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// Spins until `done()` or `SPIN` has passed; true if `done()`.
+fn spin_until(done: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        for _ in 0..64 {
+            if done() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() > SPIN {
+            return done();
+        }
+    }
+}
 
 type Task = dyn Fn(usize) + Sync;
 
@@ -26,9 +52,8 @@ unsafe impl Send for Job {}
 struct State {
     generation: u64,
     job: Option<Job>,
-    /// Workers that took the current job and have not finished it.
-    busy: usize,
-    panicked: bool,
+    /// Workers asleep on `work_ready`.
+    sleepers: usize,
     shutdown: bool,
 }
 
@@ -36,7 +61,14 @@ struct Shared {
     state: Mutex<State>,
     work_ready: Condvar,
     work_done: Condvar,
+    /// `State::generation`, readable without the lock for spinning.
+    generation: AtomicU64,
+    /// The next task index to claim.
     next: AtomicUsize,
+    /// Workers that took the current job and have not finished it; taken
+    /// only under the lock while the job is published.
+    busy: AtomicUsize,
+    panicked: AtomicBool,
 }
 
 impl Shared {
@@ -76,13 +108,15 @@ impl ThreadPool {
             state: Mutex::new(State {
                 generation: 0,
                 job: None,
-                busy: 0,
-                panicked: false,
+                sleepers: 0,
                 shutdown: false,
             }),
             work_ready: Condvar::new(),
             work_done: Condvar::new(),
+            generation: AtomicU64::new(0),
             next: AtomicUsize::new(0),
+            busy: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
         });
         let workers = (1..n_threads.max(1))
             .map(|i| {
@@ -120,29 +154,32 @@ impl ThreadPool {
         let task: *const Task =
             unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static Task>(task) };
         let job = Job { task, n };
+        let shared = &*self.shared;
         {
-            let mut state = self.shared.lock();
-            self.shared.next.store(0, Ordering::Relaxed);
+            let mut state = shared.lock();
+            shared.next.store(0, Ordering::Relaxed);
+            shared.panicked.store(false, Ordering::Relaxed);
             state.job = Some(job);
             state.generation += 1;
-            state.panicked = false;
+            shared.generation.store(state.generation, Ordering::Release);
+            if state.sleepers > 0 {
+                shared.work_ready.notify_all();
+            }
         }
-        self.shared.work_ready.notify_all();
-        let caller_panicked = self.shared.drain(job);
-        // Withdraw the job so that workers still asleep never see it, then
-        // wait for those that took it.
-        let mut state = self.shared.lock();
-        state.job = None;
-        while state.busy > 0 {
-            state = self
-                .shared
-                .work_done
-                .wait(state)
-                .unwrap_or_else(|p| p.into_inner());
+        let caller_panicked = shared.drain(job);
+        // Withdraw the job so that no worker takes it any more, then wait for
+        // those that did.
+        shared.lock().job = None;
+        if !spin_until(|| shared.busy.load(Ordering::Acquire) == 0) {
+            let mut state = shared.lock();
+            while shared.busy.load(Ordering::Acquire) > 0 {
+                state = shared
+                    .work_done
+                    .wait(state)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
         }
-        let worker_panicked = state.panicked;
-        drop(state);
-        if caller_panicked || worker_panicked {
+        if caller_panicked || shared.panicked.load(Ordering::Relaxed) {
             resume_unwind(Box::new("a task of a parallel CPU loop panicked"));
         }
     }
@@ -151,30 +188,35 @@ impl ThreadPool {
 fn worker(shared: &Shared) {
     let mut seen = 0;
     loop {
-        let job = {
-            let mut state = shared.lock();
-            loop {
-                if state.shutdown {
-                    return;
-                }
-                if state.generation != seen {
-                    seen = state.generation;
-                    if let Some(job) = state.job {
-                        state.busy += 1;
-                        break job;
-                    }
-                }
+        spin_until(|| shared.generation.load(Ordering::Acquire) != seen);
+        let mut state = shared.lock();
+        if state.generation == seen && !state.shutdown {
+            state.sleepers += 1;
+            while state.generation == seen && !state.shutdown {
                 state = shared
                     .work_ready
                     .wait(state)
                     .unwrap_or_else(|p| p.into_inner());
             }
+            state.sleepers -= 1;
+        }
+        if state.shutdown {
+            return;
+        }
+        seen = state.generation;
+        let Some(job) = state.job else {
+            // Published and withdrawn while this worker was on its way.
+            continue;
         };
-        let panicked = shared.drain(job);
-        let mut state = shared.lock();
-        state.panicked |= panicked;
-        state.busy -= 1;
-        if state.busy == 0 {
+        shared.busy.fetch_add(1, Ordering::AcqRel);
+        drop(state);
+        if shared.drain(job) {
+            shared.panicked.store(true, Ordering::Relaxed);
+        }
+        if shared.busy.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Under the lock, so the caller cannot miss it between checking
+            // `busy` and starting to wait.
+            let _state = shared.lock();
             shared.work_done.notify_one();
         }
     }
