@@ -41,8 +41,9 @@ fn quantize_block(xs: &[f32]) -> Q8Block {
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut qs = [0i8; 32];
     for (q, &v) in qs.iter_mut().zip(xs) {
-        // round half away from zero, as C's roundf (and ggml) does
-        *q = (v * id).round() as i8;
+        // Round to nearest, ties to even: one vector instruction (ggml's SIMD
+        // quantizers round the same way; its scalar one rounds ties away).
+        *q = (v * id).round_ties_even() as i8;
     }
     let half = |h: &[i8]| h.iter().map(|&q| i16::from(q)).sum::<i16>();
     Q8Block {
@@ -74,7 +75,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn blocks_round_half_away_from_zero_and_keep_their_sums() {
+    fn blocks_round_ties_to_even_and_keep_their_sums() {
         let mut x = [0.0f32; 32];
         x[0] = 127.0; // d = 1
         x[1] = 2.5;
@@ -85,7 +86,7 @@ mod tests {
         quantize_row_q8(&x, &mut out);
         let b = out[0];
         assert_eq!(b.d, 1.0);
-        assert_eq!(&b.qs[..4], &[127, 3, -3, 0]);
+        assert_eq!(&b.qs[..4], &[127, 2, -2, 0]);
         assert_eq!(b.half_sums, [127, -127]);
         assert_eq!(b.sum(), 0);
     }
