@@ -330,6 +330,112 @@ enum m40_status m40_sample(struct m40_session *session,
                            const struct m40_sampler_params *params,
                            m40_token *out_token);
 
+/**
+ * Tokenizes `text_len` bytes of UTF-8 text at `text` (not necessarily
+ * NUL-terminated; NULL is allowed when `text_len` is 0) with the model's
+ * tokenizer, as llama.cpp's `llama_tokenize` does: the same ids for the
+ * same GGUF file.
+ *
+ * `add_special`: add BOS (and EOS) as the model's metadata asks
+ * (`tokenizer.ggml.add_bos_token` / `add_eos_token` and the tokenizer's
+ * defaults). `parse_special`: recognise control tokens such as
+ * `<start_of_turn>` or `<|im_end|>` written in the text as those single
+ * tokens; without it they are tokenized as plain text (user-defined tokens
+ * are recognised either way, as in llama.cpp).
+ *
+ * Writes the tokens to `out_tokens` (room for `cap`) and their number to
+ * `*out_n`. When `cap` is too small nothing is written to `out_tokens`,
+ * `*out_n` gets the number needed and the result is
+ * M40_ERR_BUFFER_TOO_SMALL; `out_tokens` may be NULL when `cap` is 0 (a
+ * size query). Text that is not valid UTF-8 gives M40_ERR_INVALID_ARGUMENT.
+ * Thread-safe: any number of threads may tokenize with one model.
+ *
+ * # Safety
+ * `text` is NULL or points to `text_len` readable bytes; `out_tokens` is
+ * NULL or points to `cap` writable tokens; `out_n` is NULL or writable.
+ */
+enum m40_status m40_tokenize(const struct m40_model *model,
+                             const char *text,
+                             size_t text_len,
+                             bool add_special,
+                             bool parse_special,
+                             m40_token *out_tokens,
+                             size_t cap,
+                             size_t *out_n);
+
+/**
+ * Writes the text of one token into `buf` as llama.cpp's
+ * `llama_token_to_piece(model, token, buf, cap, 0, true)` renders it:
+ * special tokens (`<bos>`, `<end_of_turn>`, ...) as their text, `▁` as a
+ * space, a byte token `<0xXX>` as that single byte — which may be one byte
+ * of a multi-byte UTF-8 character, so concatenate pieces before decoding
+ * them. No leading space is removed.
+ *
+ * The bytes are followed by a NUL; `*out_len` (when not NULL) gets their
+ * number without it. When `cap` is too small nothing is written to `buf`,
+ * `*out_len` gets the length and the result is M40_ERR_BUFFER_TOO_SMALL
+ * (call again with at least `*out_len + 1` bytes); `buf` may be NULL when
+ * `cap` is 0. A token outside the vocabulary gives M40_ERR_INVALID_ARGUMENT.
+ *
+ * # Safety
+ * `buf` is NULL or holds `cap` writable bytes; `out_len` is NULL or writable.
+ */
+enum m40_status m40_token_to_piece(const struct m40_model *model,
+                                   m40_token token,
+                                   char *buf,
+                                   size_t cap,
+                                   size_t *out_len);
+
+/**
+ * Writes the text of `n_tokens` tokens into `buf` as llama.cpp's
+ * `llama_detokenize(model, tokens, n_tokens, buf, cap, false, false)` does
+ * (`remove_special` and `unparse_special` false): control tokens such as
+ * BOS render as nothing; for a tokenizer that prefixes a space
+ * (SentencePiece with `add_space_prefix`), the first token loses one
+ * leading space; BPE tokenizers that ask for it get llama.cpp's clean-up of
+ * spaces before punctuation. So `m40_detokenize(m40_tokenize(s))` gives
+ * back `s` for most text. The bytes are raw (byte tokens are reassembled
+ * into UTF-8, but a model can produce invalid sequences).
+ *
+ * The text is followed by a NUL; `*out_len` (when not NULL) gets its length
+ * without it. When `cap` is too small nothing is written to `buf`,
+ * `*out_len` gets the length and the result is M40_ERR_BUFFER_TOO_SMALL;
+ * `buf` may be NULL when `cap` is 0. A token outside the vocabulary gives
+ * M40_ERR_INVALID_ARGUMENT.
+ *
+ * # Safety
+ * `tokens` is NULL (with `n_tokens` 0) or points to `n_tokens` readable
+ * tokens; `buf` is NULL or holds `cap` writable bytes; `out_len` is NULL or
+ * writable.
+ */
+enum m40_status m40_detokenize(const struct m40_model *model,
+                               const m40_token *tokens,
+                               size_t n_tokens,
+                               char *buf,
+                               size_t cap,
+                               size_t *out_len);
+
+/**
+ * The model's beginning-of-sequence token, or -1 when it has none (or
+ * `model` is not a live model handle; then `m40_last_error` says so).
+ */
+m40_token m40_token_bos(const struct m40_model *model);
+
+/**
+ * The model's end-of-sequence token, or -1 when it has none (or `model` is
+ * not a live model handle; then `m40_last_error` says so).
+ */
+m40_token m40_token_eos(const struct m40_model *model);
+
+/**
+ * Whether generating `token` should end the generation: EOS, EOT, EOM and
+ * every token llama.cpp recognises as end-of-generation by its text
+ * (`<end_of_turn>`, `<|eot_id|>`, `<|im_end|>`, `<|endoftext|>`, ...).
+ * False for other tokens, and for a token outside the vocabulary or a
+ * `model` that is not a live model handle (then `m40_last_error` says so).
+ */
+bool m40_token_is_eog(const struct m40_model *model, m40_token token);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

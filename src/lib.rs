@@ -12,3 +12,4 @@ pub mod model;
 pub mod quant;
 pub mod sampling;
 pub mod session;
+pub mod tokenizer;

@@ -13,8 +13,10 @@ mod library;
 mod model;
 mod session;
 mod status;
+mod tokenizer;
 
 pub use library::*;
 pub use model::*;
 pub use session::*;
 pub use status::m40_status;
+pub use tokenizer::*;

@@ -18,6 +18,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::Device;
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, ReadOptions};
+use crate::tokenizer::Tokenizer;
 
 /// How to load a model (the engine's view of `m40_model_params`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +50,8 @@ pub struct Model {
     architecture_name: String,
     /// What runs the model; `None` for a vocab-only load.
     engine: Option<Engine>,
+    /// The tokenizer from `tokenizer.ggml.*` (every load); `n_vocab` is its token count.
+    tokenizer: Tokenizer,
     n_vocab: u32,
     n_ctx_train: u32,
     device: Device,
@@ -94,10 +97,13 @@ impl Model {
                 .get(&format!("{architecture_name}.context_length"))
                 .and_then(|e| e.u32_in(0..=u32::MAX).ok())
                 .unwrap_or(0);
+            let tokenizer = Tokenizer::from_gguf(&gguf)?;
+            debug_assert_eq!(tokenizer.n_vocab(), n_vocab);
             return Ok(Model {
                 gguf: Arc::new(gguf),
                 architecture_name,
                 engine: None,
+                tokenizer,
                 n_vocab,
                 n_ctx_train,
                 device,
@@ -112,6 +118,8 @@ impl Model {
         })?;
         let hparams = HyperParams::from_gguf(&gguf, arch, n_vocab)?;
         arch::check_tensors(&gguf, arch, &hparams)?;
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        debug_assert_eq!(tokenizer.n_vocab(), n_vocab);
         let n_ctx_train = hparams.n_ctx_train;
         let weights = Weights::locate(&gguf, hparams.n_layer as usize);
         let gguf = Arc::new(gguf);
@@ -127,6 +135,7 @@ impl Model {
                 weights,
                 backend,
             }),
+            tokenizer,
             n_vocab,
             n_ctx_train,
             device,
@@ -169,6 +178,10 @@ impl Model {
     }
     pub fn n_vocab(&self) -> u32 {
         self.n_vocab
+    }
+    /// The model's tokenizer (loaded for every model, `vocab_only` included).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
     }
     pub fn n_ctx_train(&self) -> u32 {
         self.n_ctx_train
