@@ -16,11 +16,11 @@ build:
 	$(CARGO) build --release
 
 model:
-	tests/fetch-model.sh
+	@tests/fetch-model.sh > /dev/null
 
 examples: build
 	$(CC) -O2 -std=c11 -Wall -Iinclude examples-c/generate.c -L$(LIB) -Wl,-rpath,$(abspath $(LIB)) -lm40llm -o $(LIB)/generate
-	$(CC) -O2 -std=gnu11 -Wall -Iinclude examples-c/m40-bench.c -L$(LIB) -Wl,-rpath,$(abspath $(LIB)) -lm40llm -lpthread -lm -o $(LIB)/m40-bench
+	$(CC) -O2 -std=c11 -Wall -Iinclude examples-c/m40-bench.c -L$(LIB) -Wl,-rpath,$(abspath $(LIB)) -lm40llm -lpthread -lm -o $(LIB)/m40-bench
 
 run: examples model
 	$(LIB)/generate "$$(tests/fetch-model.sh)" "$(PROMPT)" $(ARGS)

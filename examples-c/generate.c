@@ -6,6 +6,7 @@
  * Prints the generated text as it comes, then a line with the prompt and
  * generation speeds in tokens per second.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "m40llm.h"
 
 #include <stdio.h>
@@ -107,6 +108,7 @@ int main(int argc, char **argv) {
     m40_status st = m40_generate(session, prompt, strlen(prompt), &sampler, (uint32_t)n_predict, on_piece, &p);
     double end = now_seconds();
     putchar('\n');
+    fflush(stdout);
     if (st != M40_OK)
         fprintf(stderr, "error: %s\n", m40_last_error());
     double prompt_s = (p.pieces ? p.first_piece : end) - p.start;

@@ -15,6 +15,7 @@
  * on the CPU), and each generation row shows the fraction of that roofline
  * it reached: (weight bytes read per step) × steps/s ÷ bandwidth.
  */
+#define _GNU_SOURCE
 #include "m40llm.h"
 
 #include <math.h>

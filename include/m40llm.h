@@ -153,6 +153,13 @@ typedef struct m40_sampler_params {
  */
 typedef int32_t m40_token;
 
+/**
+ * Called with each piece of generated text: `piece` holds `len` bytes of
+ * whole UTF-8 characters (NUL-terminated for convenience) and `token` is the
+ * token that completed it. Return false to stop generating.
+ */
+typedef bool (*m40_piece_fn)(void *user_data, const char *piece, size_t len, m40_token token);
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -329,6 +336,29 @@ enum m40_status m40_decode_batch(struct m40_session *const *sessions,
 enum m40_status m40_sample(struct m40_session *session,
                            const struct m40_sampler_params *params,
                            m40_token *out_token);
+
+/**
+ * Tokenizes `prompt` (`prompt_len` bytes of UTF-8; BOS is added when the
+ * session is empty and special tokens like `<start_of_turn>` are parsed),
+ * decodes it, then samples up to `max_tokens` tokens with `params` (NULL:
+ * the defaults), decoding each into the session and passing its text to
+ * `on_piece`. Stops at an end-of-generation token, after `max_tokens`, or
+ * when `on_piece` returns false. The session keeps the prompt and the
+ * generated tokens, so a later call continues the conversation.
+ * M40_ERR_CONTEXT_FULL when the session fills up (what was generated
+ * until then was delivered).
+ *
+ * # Safety
+ * `prompt` points to `prompt_len` readable bytes; `params` is NULL or valid;
+ * `on_piece` is NULL or a function that may be called with `user_data`.
+ */
+enum m40_status m40_generate(struct m40_session *session,
+                             const char *prompt,
+                             size_t prompt_len,
+                             const struct m40_sampler_params *params,
+                             uint32_t max_tokens,
+                             m40_piece_fn on_piece,
+                             void *user_data);
 
 /**
  * Tokenizes `text_len` bytes of UTF-8 text at `text` (not necessarily

@@ -250,4 +250,99 @@ impl Session {
         };
         Ok(crate::sampling::sample(logits, &self.tokens, params, rng))
     }
+
+    /// Tokenizes `prompt` (BOS added if the session is empty, special tokens
+    /// parsed), decodes it, then samples up to `max_tokens` tokens, each
+    /// decoded into the session, and hands their text to `on_piece` in whole
+    /// UTF-8 characters (bytes of a character split over tokens are held back
+    /// until it is complete). Stops at an end-of-generation token, after
+    /// `max_tokens`, or when `on_piece` returns false. Returns the number of
+    /// tokens generated.
+    pub fn generate(
+        &mut self,
+        prompt: &str,
+        params: &SamplerParams,
+        max_tokens: u32,
+        mut on_piece: impl FnMut(&[u8], u32) -> bool,
+    ) -> Result<u32> {
+        params.check()?;
+        let model = Arc::clone(&self.model);
+        let tokenizer = model.tokenizer();
+        let tokens = tokenizer.tokenize(prompt, self.tokens.is_empty(), true)?;
+        if !tokens.is_empty() {
+            self.decode(&tokens)?;
+        } else if self.logits.is_none() {
+            return Err(Error::invalid_argument(
+                "the prompt is empty and the session has no logits to continue from",
+            ));
+        }
+        let mut pending: Vec<u8> = Vec::new();
+        let mut generated = 0;
+        let mut last = 0;
+        while generated < max_tokens {
+            let token = self.sample(params)?;
+            if tokenizer.is_eog(token) {
+                break;
+            }
+            self.decode(&[token])?;
+            generated += 1;
+            last = token;
+            pending.extend_from_slice(tokenizer.token_to_piece(token, 0, false)?);
+            let complete = complete_utf8_prefix(&pending);
+            if complete > 0 {
+                let rest = pending.split_off(complete);
+                let go_on = on_piece(&pending, token);
+                pending = rest;
+                if !go_on {
+                    return Ok(generated);
+                }
+            }
+        }
+        if !pending.is_empty() {
+            on_piece(&pending, last);
+        }
+        Ok(generated)
+    }
+}
+
+/// The length of the longest prefix of `bytes` that does not end inside a
+/// UTF-8 character (bytes that are not UTF-8 at all count as complete).
+fn complete_utf8_prefix(bytes: &[u8]) -> usize {
+    // A character is at most 4 bytes: look for its first byte among the last 3.
+    for back in 1..=bytes.len().min(3) {
+        let b = bytes[bytes.len() - back];
+        if b & 0xC0 == 0x80 {
+            continue; // continuation byte
+        }
+        let needed = match b {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if needed > back {
+            bytes.len() - back
+        } else {
+            bytes.len()
+        };
+    }
+    bytes.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::complete_utf8_prefix;
+
+    #[test]
+    fn split_characters_are_held_back_until_complete() {
+        let e_acute = "é".as_bytes(); // C3 A9
+        let euro = "€".as_bytes(); // E2 82 AC
+        assert_eq!(complete_utf8_prefix(b"abc"), 3);
+        assert_eq!(complete_utf8_prefix(&[b'a', e_acute[0]]), 1);
+        assert_eq!(complete_utf8_prefix(e_acute), 2);
+        assert_eq!(complete_utf8_prefix(&euro[..2]), 0);
+        assert_eq!(complete_utf8_prefix(euro), 3);
+        assert_eq!(complete_utf8_prefix(&[0x80, 0x80, 0x80, 0x80]), 4);
+        assert_eq!(complete_utf8_prefix(&[]), 0);
+    }
 }

@@ -104,3 +104,57 @@ fn m40_bench_rejects_bad_arguments_with_usage() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.gguf"));
 }
+
+#[test]
+fn generate_streams_gemma_text_and_reports_speeds() {
+    let Some(model) = common::gemma_path() else {
+        return;
+    };
+    let generate = build_example("generate");
+    let out = Command::new(&generate)
+        .arg(&model)
+        .args([
+            "The capital of France is",
+            "-n",
+            "8",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    // llama.cpp's greedy continuation starts " the capital of the"
+    // (tests/gemma_reference.rs checks the tokens themselves).
+    assert!(
+        stdout.starts_with("The capital of France is the capital of the"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("prompt: 6 tokens,") && stderr.contains("| generation: 8 tokens,"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("tokens/s"), "{stderr}");
+}
+
+#[test]
+fn generate_reports_a_missing_model_and_bad_options() {
+    let generate = build_example("generate");
+    let out = Command::new(&generate)
+        .args(["/nonexistent.gguf", "hi"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.gguf"));
+    let out = Command::new(&generate)
+        .args(["m.gguf", "hi", "-n", "lots"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a number"));
+}

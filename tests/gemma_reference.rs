@@ -16,6 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use m40llm::model::{LoadOptions, Model};
+use m40llm::sampling::SamplerParams;
 use m40llm::session::{Session, SessionParams};
 
 struct Case {
@@ -53,6 +54,144 @@ fn parse_case(line: &str) -> Case {
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// The reference's greedy continuation of `case`: its top-1 tokens, up to
+/// the first step where llama.cpp's own top-2 margin is under 0.5 (past such
+/// a near-tie either choice is right, and the sequences may part).
+fn confident_greedy_prefix(case: &Case) -> Vec<u32> {
+    case.steps
+        .iter()
+        .take_while(|top| top[0].1 - top[1].1 > 0.5)
+        .map(|top| top[0].0)
+        .collect()
+}
+
+fn load_gemma() -> Option<Arc<Model>> {
+    let path = common::gemma_path()?;
+    let options = LoadOptions {
+        device: -1,
+        n_threads: 0,
+        use_mmap: true,
+        vocab_only: false,
+    };
+    Some(Arc::new(Model::load(&path, options).unwrap()))
+}
+
+fn cases() -> Vec<Case> {
+    let reference = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/data/reference/gemma3-270m-q4_k_m.greedy.jsonl");
+    std::fs::read_to_string(reference)
+        .unwrap()
+        .lines()
+        .map(parse_case)
+        .collect()
+}
+
+#[test]
+fn greedy_generation_reproduces_llama_cpp_greedy_tokens() {
+    let Some(model) = load_gemma() else { return };
+    let greedy = SamplerParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    for case in cases().iter().take(5) {
+        let expected = confident_greedy_prefix(case);
+        let prompt = model
+            .tokenizer()
+            .detokenize(&case.prompt_ids[1..], false, false)
+            .unwrap();
+        let prompt = String::from_utf8(prompt).unwrap();
+        let mut session = Session::new(
+            Arc::clone(&model),
+            SessionParams {
+                n_ctx: 2048,
+                n_batch: 512,
+            },
+        )
+        .unwrap();
+        let mut text = Vec::new();
+        let n = session
+            .generate(&prompt, &greedy, expected.len() as u32, |piece, _| {
+                text.extend_from_slice(piece);
+                true
+            })
+            .unwrap();
+        // The prompt tokenizes to the reference's ids, and generation
+        // continues with llama.cpp's tokens.
+        assert_eq!(
+            &session.tokens()[..case.prompt_ids.len()],
+            &case.prompt_ids[..],
+            "{prompt:?}"
+        );
+        assert_eq!(n as usize, expected.len());
+        assert_eq!(
+            &session.tokens()[case.prompt_ids.len()..],
+            &expected[..],
+            "{prompt:?}"
+        );
+        let expected_text = model
+            .tokenizer()
+            .detokenize(&expected, false, false)
+            .unwrap();
+        assert_eq!(text, expected_text, "{prompt:?}");
+        println!("{prompt:?} → {:?}", String::from_utf8_lossy(&text));
+    }
+}
+
+#[test]
+fn generation_stops_when_the_callback_says_so_and_continues_the_session_later() {
+    let Some(model) = load_gemma() else { return };
+    let params = SamplerParams {
+        temperature: 0.7,
+        seed: 7,
+        ..Default::default()
+    };
+    let run = |stop_after: usize| {
+        let mut session = Session::new(
+            Arc::clone(&model),
+            SessionParams {
+                n_ctx: 256,
+                n_batch: 64,
+            },
+        )
+        .unwrap();
+        let mut pieces = Vec::new();
+        let n = session
+            .generate("Write a story about a cat.", &params, 40, |piece, _| {
+                pieces.push(piece.to_vec());
+                pieces.len() < stop_after
+            })
+            .unwrap();
+        (n, pieces, session)
+    };
+    let (n_all, all, _) = run(usize::MAX);
+    let (n_few, few, mut session) = run(3);
+    assert_eq!(few.len(), 3);
+    assert!(
+        n_few <= n_all && all.starts_with(&few),
+        "same seed, same start"
+    );
+    for piece in &all {
+        assert!(
+            std::str::from_utf8(piece).is_ok(),
+            "pieces are whole UTF-8 characters: {piece:?}"
+        );
+    }
+    let before = session.n_past();
+    session
+        .generate(" And then", &params, 5, |_, _| true)
+        .unwrap();
+    assert!(
+        session.n_past() > before + 2,
+        "a second call continues the same session"
+    );
+    let bos = model.tokenizer().bos().unwrap();
+    assert_eq!(
+        session.tokens().iter().filter(|&&t| t == bos).count(),
+        1,
+        "BOS only at the start"
+    );
 }
 
 #[test]

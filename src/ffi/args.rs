@@ -74,6 +74,18 @@ pub(crate) unsafe fn slice<'a, T>(ptr: *const T, len: usize, name: &str) -> Resu
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
+/// A host string of `len` bytes that must be UTF-8 (not necessarily
+/// NUL-terminated; NULL is allowed when `len` is 0).
+///
+/// # Safety
+/// As `slice`.
+pub(crate) unsafe fn utf8<'a>(ptr: *const u8, len: usize, name: &str) -> Result<&'a str> {
+    // SAFETY: the caller's promise, forwarded.
+    let bytes = unsafe { slice(ptr, len, name)? };
+    std::str::from_utf8(bytes)
+        .map_err(|e| Error::invalid_argument(format!("{name} is not valid UTF-8: {e}")))
+}
+
 /// Writes `text` and a terminating NUL into the host's buffer of `cap` bytes,
 /// and its length (without the NUL) into `*out_len` when that is not NULL.
 /// A buffer too small gets nothing but the needed length.

@@ -1,4 +1,7 @@
-//! Session handles: create, decode, read logits, sample, reset, truncate.
+//! Session handles: create, decode, read logits, sample, generate, reset,
+//! truncate.
+
+use std::ffi::{c_char, c_void};
 
 use super::args;
 use super::handles;
@@ -266,5 +269,73 @@ pub unsafe extern "C" fn m40_sample(
         let token = handles::with_session(session as usize, |s| s.sample(&params.into()))?;
         *out_token = token as m40_token;
         Ok(())
+    })
+}
+
+/// Called with each piece of generated text: `piece` holds `len` bytes of
+/// whole UTF-8 characters (NUL-terminated for convenience) and `token` is the
+/// token that completed it. Return false to stop generating.
+pub type m40_piece_fn = Option<
+    unsafe extern "C" fn(
+        user_data: *mut c_void,
+        piece: *const c_char,
+        len: usize,
+        token: m40_token,
+    ) -> bool,
+>;
+
+/// Tokenizes `prompt` (`prompt_len` bytes of UTF-8; BOS is added when the
+/// session is empty and special tokens like `<start_of_turn>` are parsed),
+/// decodes it, then samples up to `max_tokens` tokens with `params` (NULL:
+/// the defaults), decoding each into the session and passing its text to
+/// `on_piece`. Stops at an end-of-generation token, after `max_tokens`, or
+/// when `on_piece` returns false. The session keeps the prompt and the
+/// generated tokens, so a later call continues the conversation.
+/// M40_ERR_CONTEXT_FULL when the session fills up (what was generated
+/// until then was delivered).
+///
+/// # Safety
+/// `prompt` points to `prompt_len` readable bytes; `params` is NULL or valid;
+/// `on_piece` is NULL or a function that may be called with `user_data`.
+#[no_mangle]
+pub unsafe extern "C" fn m40_generate(
+    session: *mut m40_session,
+    prompt: *const c_char,
+    prompt_len: usize,
+    params: *const m40_sampler_params,
+    max_tokens: u32,
+    on_piece: m40_piece_fn,
+    user_data: *mut c_void,
+) -> m40_status {
+    guard(|| {
+        // SAFETY: the caller's promises, forwarded.
+        let (prompt, params) = unsafe {
+            (
+                args::utf8(prompt.cast(), prompt_len, "prompt")?,
+                args::struct_or_default(params, || m40_sampler_default_params()),
+            )
+        };
+        handles::with_session(session as usize, |s| {
+            let mut text = Vec::new();
+            s.generate(prompt, &params.into(), max_tokens, |piece, token| {
+                let Some(callback) = on_piece else {
+                    return true;
+                };
+                text.clear();
+                text.extend_from_slice(piece);
+                text.push(0);
+                // SAFETY: the host's callback, with its own user_data and a
+                // piece that lives for the call.
+                unsafe {
+                    callback(
+                        user_data,
+                        text.as_ptr().cast(),
+                        piece.len(),
+                        token as m40_token,
+                    )
+                }
+            })?;
+            Ok(())
+        })
     })
 }

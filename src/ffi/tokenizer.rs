@@ -57,14 +57,12 @@ pub unsafe extern "C" fn m40_tokenize(
     guard(|| {
         let model = handles::model(model as usize)?;
         // SAFETY: the caller's promises, forwarded.
-        let (bytes, out_n) = unsafe {
+        let (text, out_n) = unsafe {
             (
-                args::slice(text.cast::<u8>(), text_len, "text")?,
+                args::utf8(text.cast::<u8>(), text_len, "text")?,
                 args::out(out_n, "out_n")?,
             )
         };
-        let text = std::str::from_utf8(bytes)
-            .map_err(|e| Error::invalid_argument(format!("text is not valid UTF-8: {e}")))?;
         if out_tokens.is_null() && cap > 0 {
             return Err(Error::invalid_argument(format!(
                 "out_tokens is NULL but cap is {cap}"

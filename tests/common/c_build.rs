@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 pub fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -50,15 +50,20 @@ pub fn compile(args: &[&str]) {
 }
 
 /// Compiles `examples-c/<name>.c` against the shared library, as the
-/// Makefile does, and returns the executable's path.
+/// Makefile does, once per test binary, and returns the executable's path.
 pub fn build_example(name: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, path)) = built.iter().find(|(n, _)| n == name) {
+        return path.clone();
+    }
     let lib = library_dir();
     let exe = super::scratch_path(name);
     let rpath = format!("-Wl,-rpath,{}", lib.display());
     let source = root().join(format!("examples-c/{name}.c"));
     compile(&[
         "-O2",
-        "-std=gnu11",
+        "-std=c11",
         "-Wall",
         "-Wextra",
         "-Werror",
@@ -74,5 +79,6 @@ pub fn build_example(name: &str) -> PathBuf {
         "-o",
         exe.to_str().unwrap(),
     ]);
+    built.push((name.to_string(), exe.clone()));
     exe
 }
