@@ -175,12 +175,11 @@ impl Backend for CpuBackend {
         len: usize,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let act = match glu {
-            Glu::Swiglu => ops::silu,
-            Glu::Geglu => ops::gelu_tanh,
-        };
-        for ((o, &g), &u) in out[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
-            *o = act(g) * u;
+        // One loop per activation, so each is inlined and vectorized.
+        let (out, gate, up) = (&mut out[..len], &gate[..len], &up[..len]);
+        match glu {
+            Glu::Swiglu => ops::gated(out, gate, up, ops::silu),
+            Glu::Geglu => ops::gated(out, gate, up, ops::gelu_tanh),
         }
         Ok(())
     }
