@@ -28,7 +28,7 @@ pub fn exp(x: f32) -> f32 {
     const LN2_LO: f32 = 1.428_606_8e-6;
     // Beyond these e^x is 0 or infinite in f32 anyway.
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2_E).round_ties_even();
+    let n = crate::quant::q8::round_small(x * LOG2_E);
     let r = x - n * LN2_HI - n * LN2_LO;
     // Taylor series of e^r for |r| ≤ ln 2 / 2: the next term is < 1.3e-7.
     let p = 1.0
