@@ -14,6 +14,8 @@
 #[repr(C)]
 pub struct Q8Block {
     pub d: f32,
+    /// d · Σ qs: what a weight block's minimum or offset multiplies.
+    pub d_sum: f32,
     /// Sums of `qs[0..16]` and `qs[16..32]`.
     pub half_sums: [i16; 2],
     pub qs: [i8; 32],
@@ -55,9 +57,12 @@ fn quantize_block(xs: &[f32]) -> Q8Block {
         *q = round_small(v * id) as i8;
     }
     let half = |h: &[i8]| h.iter().map(|&q| i16::from(q)).sum::<i16>();
+    let half_sums = [half(&qs[..16]), half(&qs[16..])];
+    let d_sum = d * (i32::from(half_sums[0]) + i32::from(half_sums[1])) as f32;
     Q8Block {
         d,
-        half_sums: [half(&qs[..16]), half(&qs[16..])],
+        d_sum,
+        half_sums,
         qs,
     }
 }
@@ -102,7 +107,15 @@ mod tests {
 
     #[test]
     fn round_small_rounds_to_nearest_with_ties_to_even() {
-        for (x, r) in [(0.49, 0.0), (0.5, 0.0), (1.5, 2.0), (2.5, 2.0), (-2.5, -2.0), (-2.51, -3.0), (126.7, 127.0)] {
+        for (x, r) in [
+            (0.49, 0.0),
+            (0.5, 0.0),
+            (1.5, 2.0),
+            (2.5, 2.0),
+            (-2.5, -2.0),
+            (-2.51, -3.0),
+            (126.7, 127.0),
+        ] {
             assert_eq!(round_small(x), r, "{x}");
             assert_eq!(round_small(x), x.round_ties_even());
         }
@@ -112,6 +125,7 @@ mod tests {
     fn an_all_zero_block_has_zero_scale_and_codes() {
         let mut out = [Q8Block {
             d: 9.0,
+            d_sum: 1.0,
             half_sums: [1, 1],
             qs: [1; 32],
         }];

@@ -204,7 +204,7 @@ unsafe fn q4_1<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
         for t in 0..T {
             let a = &acts[t][i];
             acc.add::<D>(t, q, a, _mm256_mul_ps(d, _mm256_set1_ps(a.d)));
-            acc.s[t] += m * a.d * a.sum() as f32;
+            acc.s[t] += m * a.d_sum;
         }
     }
     acc.finish()
@@ -243,7 +243,7 @@ unsafe fn q5_1<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
         for t in 0..T {
             let a = &acts[t][i];
             acc.add::<D>(t, q, a, _mm256_mul_ps(d, _mm256_set1_ps(a.d)));
-            acc.s[t] += m * a.d * a.sum() as f32;
+            acc.s[t] += m * a.d_sum;
         }
     }
     acc.finish()
@@ -367,7 +367,7 @@ unsafe fn k_with_min<D: IntDot, const T: usize, const FIFTH_BIT: bool>(
                 for t in 0..T {
                     let a = &acts[t][i * 8 + j];
                     acc.add::<D>(t, q, a, _mm256_mul_ps(d, _mm256_set1_ps(sc * a.d)));
-                    acc.s[t] -= dm * a.d * a.sum() as f32;
+                    acc.s[t] -= dm * a.d_sum;
                 }
             }
         }
