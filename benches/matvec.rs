@@ -20,21 +20,7 @@ use m40llm::quant::{GgmlType, Isa, Kernels};
 /// Weights cycled through in the cold runs: well past any L3 cache.
 const COLD_BYTES: usize = 1 << 30;
 
-const TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::Bf16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2K,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
+const TYPES: [GgmlType; 13] = GgmlType::SUPPORTED;
 
 /// Weights with valid, small f16 scales in every block (the values do not
 /// change the speed, but NaNs and infinities could).

@@ -10,21 +10,7 @@ use m40llm::backend::cpu::{matmul, ThreadPool, WeightMatrix};
 use m40llm::quant::q8::dot_error_bound;
 use m40llm::quant::{dequantize_row, quantize_row_q8, DotKernel, GgmlType, Isa, Kernels, Q8Block};
 
-const TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::Bf16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2K,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
+const TYPES: [GgmlType; 13] = GgmlType::SUPPORTED;
 
 /// A fixture written by tests/fixtures/make_quant_fixtures.py (gguf-py).
 struct Fixture {

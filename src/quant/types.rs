@@ -116,12 +116,25 @@ impl GgmlType {
     /// Whether this build's backends compute with tensors of this type. The
     /// others are valid GGUF but rejected as unsupported at load time.
     pub fn is_supported(self) -> bool {
-        use GgmlType::*;
-        matches!(
-            self,
-            F32 | F16 | Bf16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K
-        )
+        Self::SUPPORTED.contains(&self)
     }
+
+    /// The types this build computes with.
+    pub const SUPPORTED: [GgmlType; 13] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Bf16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2K,
+        GgmlType::Q3K,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+    ];
 
     /// Bytes of a row of `elements` values, or `None` when `elements` is not a
     /// whole number of blocks or the size overflows.
