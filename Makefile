@@ -2,6 +2,7 @@
 #   make run PROMPT="..."  generate text with Gemma 3 270M on the CPU (fetches the model once)
 #   make test              fetch the reference model if missing, then run every test
 #   make build             release build of libm40llm.so / libm40llm.a
+#   FEATURES=cuda          adds the CUDA backend to any of these (needs nvcc 11.8: .ci/install-cuda.sh)
 #   make examples          the C programs (generate, m40-bench), in target/release/
 
 CARGO ?= cargo
@@ -9,11 +10,13 @@ CC ?= cc
 PROMPT ?= The capital of France is
 ARGS ?= -n 64
 LIB := target/release
+FEATURES ?=
+CARGO_FEATURES := $(if $(FEATURES),--features $(FEATURES))
 
 .PHONY: build test model examples run
 
 build:
-	$(CARGO) build --release
+	$(CARGO) build --release $(CARGO_FEATURES)
 
 model:
 	@tests/fetch-model.sh > /dev/null
@@ -26,4 +29,4 @@ run: examples model
 	$(LIB)/generate "$$(tests/fetch-model.sh)" "$(PROMPT)" $(ARGS)
 
 test: model
-	M40_REQUIRE_MODEL=1 $(CARGO) test --release
+	M40_REQUIRE_MODEL=1 $(CARGO) test --release $(CARGO_FEATURES)

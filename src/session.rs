@@ -3,10 +3,9 @@
 
 use std::sync::Arc;
 
-use crate::backend::SeqPos;
+use crate::backend::{SeqPos, SequenceCache};
 use crate::error::{Error, ErrorKind, Result};
-use crate::kv_cache::KvCache;
-use crate::model::transformer::forward;
+use crate::model::transformer::run;
 use crate::model::Model;
 use crate::sampling::{Rng, SamplerParams};
 
@@ -21,7 +20,9 @@ pub struct SessionParams {
 
 pub struct Session {
     model: Arc<Model>,
-    kv: KvCache,
+    kv: SequenceCache,
+    /// Positions the cache holds.
+    n_ctx: usize,
     n_batch: usize,
     /// The tokens whose keys and values the cache holds, in order.
     tokens: Vec<u32>,
@@ -51,10 +52,13 @@ impl Session {
         };
         let k_width = (hp.n_head_kv * hp.head_dim_k) as usize;
         let v_width = (hp.n_head_kv * hp.head_dim_v) as usize;
-        let kv = KvCache::new(n_ctx, hp.n_layer as usize, k_width, v_width)?;
+        let kv = model
+            .backend()
+            .kv_cache(n_ctx, hp.n_layer as usize, k_width, v_width)?;
         Ok(Session {
             model,
             kv,
+            n_ctx,
             n_batch,
             tokens: Vec::new(),
             logits: None,
@@ -69,7 +73,7 @@ impl Session {
         self.tokens.len()
     }
     pub fn n_ctx(&self) -> usize {
-        self.kv.n_ctx()
+        self.n_ctx
     }
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
@@ -162,14 +166,7 @@ impl Session {
             } else {
                 &[]
             };
-            let out = forward(
-                model.cpu_backend(),
-                &model,
-                &mut [&mut self.kv],
-                chunk,
-                &rows,
-                wanted,
-            )?;
+            let out = run(&model, &mut [&mut self.kv], chunk, &rows, wanted)?;
             self.tokens.extend_from_slice(chunk);
             if !out.is_empty() {
                 logits = Some(out);
@@ -215,15 +212,9 @@ impl Session {
             .collect();
         let wanted: Vec<usize> = (0..sessions.len()).collect();
         let logits = {
-            let mut caches: Vec<&mut KvCache> = sessions.iter_mut().map(|s| &mut s.kv).collect();
-            forward(
-                model.cpu_backend(),
-                &model,
-                &mut caches,
-                tokens,
-                &rows,
-                &wanted,
-            )?
+            let mut caches: Vec<&mut SequenceCache> =
+                sessions.iter_mut().map(|s| &mut s.kv).collect();
+            run(&model, &mut caches, tokens, &rows, &wanted)?
         };
         let n_vocab = model.n_vocab() as usize;
         for ((s, &t), l) in sessions

@@ -9,10 +9,11 @@
 //! top-1 equal wherever the reference's top-2 margin exceeds 0.5; relative
 //! error |ours − ref| / max(1, |ref|) of the reference's top-1 logit with
 //! median ≤ 1.5% and 95th percentile ≤ 4%.
+//!
+//! `M40_TEST_DEVICE=0` runs the same checks on CUDA device 0.
 
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use m40llm::model::{LoadOptions, Model};
@@ -70,7 +71,7 @@ fn confident_greedy_prefix(case: &Case) -> Vec<u32> {
 fn load_gemma() -> Option<Arc<Model>> {
     let path = common::gemma_path()?;
     let options = LoadOptions {
-        device: -1,
+        device: common::test_device(),
         n_threads: 0,
         use_mmap: true,
         vocab_only: false,
@@ -79,8 +80,7 @@ fn load_gemma() -> Option<Arc<Model>> {
 }
 
 fn cases() -> Vec<Case> {
-    let reference = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/data/reference/gemma3-270m-q4_k_m.greedy.jsonl");
+    let reference = common::shared_dir().join("data/reference/gemma3-270m-q4_k_m.greedy.jsonl");
     std::fs::read_to_string(reference)
         .unwrap()
         .lines()
@@ -199,15 +199,14 @@ fn gemma_matches_llama_cpp_teacher_forced() {
     let Some(path) = common::gemma_path() else {
         return;
     };
-    let reference = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/data/reference/gemma3-270m-q4_k_m.greedy.jsonl");
+    let reference = common::shared_dir().join("data/reference/gemma3-270m-q4_k_m.greedy.jsonl");
     let cases: Vec<Case> = std::fs::read_to_string(reference)
         .unwrap()
         .lines()
         .map(parse_case)
         .collect();
     let options = LoadOptions {
-        device: -1,
+        device: common::test_device(),
         n_threads: 0,
         use_mmap: true,
         vocab_only: false,

@@ -1,13 +1,17 @@
-//! Compute backends. The CPU backend runs everywhere; the device index a host
-//! passes picks one.
+//! Compute backends. The CPU backend runs everywhere; with the `cuda`
+//! feature, the CUDA backend runs on NVIDIA GPUs from the Tesla M40 (sm_52)
+//! up. The device index a host passes picks one.
 //!
 //! [`Backend`] is the interface between the model code and a device: the
 //! transformer forward pass (`model::transformer`) is written once against it,
 //! and each backend implements the operations on its own buffers.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
 use crate::model::Weight;
 
 /// How RoPE pairs the dimensions of a head.
@@ -73,6 +77,8 @@ pub trait Backend {
     fn buffer(&self, len: usize) -> Result<Self::Buffer>;
     /// Copies a buffer's values to the host.
     fn read(&self, buffer: &Self::Buffer, out: &mut [f32]) -> Result<()>;
+    /// Copies host values into the start of a buffer.
+    fn write(&self, buffer: &mut Self::Buffer, values: &[f32]) -> Result<()>;
 
     /// A cache for `n_ctx` positions of `n_layer` layers of the given widths.
     fn kv_cache(
@@ -158,11 +164,16 @@ pub trait Backend {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Device {
     Cpu { threads: usize },
+    Cuda { index: usize },
 }
 
 /// The device index `m40_model_default_params` proposes: the first CUDA device
-/// when one is usable, else the CPU (-1). This build has no CUDA backend.
+/// when one is usable, else the CPU (-1).
 pub fn default_device_index() -> i32 {
+    #[cfg(feature = "cuda")]
+    if cuda::device_count() > 0 {
+        return 0;
+    }
     -1
 }
 
@@ -177,19 +188,37 @@ impl Device {
                 };
                 Ok(Device::Cpu { threads })
             }
-            i if i >= 0 => Err(Error::unsupported(format!(
-                "device {i} requested, but this build of libm40llm has no CUDA backend; use device -1 (CPU)"
-            ))),
+            i if i >= 0 => Self::select_cuda(i as usize),
             i => Err(Error::invalid_argument(format!(
                 "device index {i} is invalid (-1 for the CPU, 0..N-1 for a CUDA device)"
             ))),
         }
     }
 
+    #[cfg(feature = "cuda")]
+    fn select_cuda(index: usize) -> Result<Device> {
+        let count = cuda::runtime::device_count()
+            .map_err(|e| e.context(format!("device {index} requested")))?;
+        if index >= count {
+            return Err(Error::invalid_argument(format!(
+                "device {index} requested, but the driver reports {count} CUDA device(s) (use 0..{count} or -1 for the CPU)"
+            )));
+        }
+        Ok(Device::Cuda { index })
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn select_cuda(index: usize) -> Result<Device> {
+        Err(Error::unsupported(format!(
+            "device {index} requested, but this build of libm40llm has no CUDA backend (build with --features cuda); use device -1 (CPU)"
+        )))
+    }
+
     /// The backend's short name, as `m40_model_describe` reports it.
     pub fn backend_name(&self) -> &'static str {
         match self {
             Device::Cpu { .. } => "cpu",
+            Device::Cuda { .. } => "cuda",
         }
     }
 
@@ -199,7 +228,46 @@ impl Device {
             Device::Cpu { .. } => {
                 cpu_model_name().unwrap_or_else(|| std::env::consts::ARCH.to_string())
             }
+            #[cfg(feature = "cuda")]
+            Device::Cuda { index } => cuda::runtime::device_info(*index)
+                .map_or_else(|_| format!("CUDA device {index}"), |i| i.name),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda { index } => format!("CUDA device {index}"),
         }
+    }
+}
+
+/// The backend a model computes with.
+pub enum ModelBackend {
+    Cpu(cpu::CpuBackend),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<cuda::CudaBackend>),
+}
+
+/// One sequence's KV cache, on its model's backend.
+pub enum SequenceCache {
+    Cpu(KvCache),
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::CudaKvCache),
+}
+
+impl ModelBackend {
+    pub fn kv_cache(
+        &self,
+        n_ctx: usize,
+        n_layer: usize,
+        k_width: usize,
+        v_width: usize,
+    ) -> Result<SequenceCache> {
+        Ok(match self {
+            ModelBackend::Cpu(b) => {
+                SequenceCache::Cpu(b.kv_cache(n_ctx, n_layer, k_width, v_width)?)
+            }
+            #[cfg(feature = "cuda")]
+            ModelBackend::Cuda(b) => {
+                SequenceCache::Cuda(b.kv_cache(n_ctx, n_layer, k_width, v_width)?)
+            }
+        })
     }
 }
 
@@ -219,7 +287,9 @@ mod tests {
 
     #[test]
     fn cpu_is_device_minus_one_and_zero_threads_means_all_cores() {
-        let Device::Cpu { threads } = Device::select(-1, 0).unwrap();
+        let Device::Cpu { threads } = Device::select(-1, 0).unwrap() else {
+            panic!("-1 is the CPU")
+        };
         assert!(threads >= 1);
         assert_eq!(Device::select(-1, 3).unwrap(), Device::Cpu { threads: 3 });
     }
@@ -230,8 +300,16 @@ mod tests {
             Device::select(-2, 1).unwrap_err().kind(),
             ErrorKind::InvalidArgument
         );
-        let err = Device::select(0, 1).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Unsupported);
-        assert!(err.message().contains("no CUDA backend"), "{err}");
+        #[cfg(not(feature = "cuda"))]
+        {
+            let err = Device::select(0, 1).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Unsupported);
+            assert!(err.message().contains("no CUDA backend"), "{err}");
+        }
+        #[cfg(feature = "cuda")]
+        {
+            let err = Device::select(1000, 1).unwrap_err();
+            assert!(err.message().contains("device 1000 requested"), "{err}");
+        }
     }
 }

@@ -90,6 +90,15 @@ impl Model {
             Device::Cpu { threads } => {
                 let _ = write!(j, ",\"threads\":{threads}");
             }
+            Device::Cuda { index } => {
+                let _ = write!(j, ",\"device_index\":{index}");
+                #[cfg(feature = "cuda")]
+                if let Some(crate::backend::ModelBackend::Cuda(b)) =
+                    self.engine.as_ref().map(|e| &e.backend)
+                {
+                    self.describe_cuda(b, &mut j);
+                }
+            }
         }
         j.push('}');
         j
@@ -97,6 +106,33 @@ impl Model {
 }
 
 impl Model {
+    /// The CUDA device and its memory as the backend uses it.
+    #[cfg(feature = "cuda")]
+    fn describe_cuda(&self, b: &crate::backend::cuda::CudaBackend, j: &mut String) {
+        let info = b.info();
+        let (major, minor) = info.compute_capability;
+        let _ = write!(j, ",\"compute_capability\":\"{major}.{minor}\"");
+        let _ = write!(j, ",\"multiprocessors\":{}", info.multiprocessors);
+        let _ = write!(j, ",\"driver_version\":{}", info.driver_version);
+        let _ = write!(
+            j,
+            ",\"cublas\":{}",
+            b.cublas_library().map_or("null".to_string(), json_string)
+        );
+        let m = b.memory_stats();
+        let _ = write!(
+            j,
+            ",\"device_memory\":{{\"total\":{},\"weights\":{},\"in_use\":{},\"peak\":{},\"cached\":{},\"cache_hits\":{},\"device_allocations\":{}}}",
+            info.total_memory,
+            b.weight_bytes(),
+            m.in_use,
+            m.peak,
+            m.cached,
+            m.cache_hits,
+            m.device_allocations
+        );
+    }
+
     /// Bytes of weights one generated token reads: every matrix once, except
     /// the embedding table, of which only one row is read (unless it is also
     /// the output projection, which reads it whole).

@@ -15,7 +15,7 @@ pub use hparams::HyperParams;
 pub use weights::{LayerWeights, Weight, Weights};
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::Device;
+use crate::backend::{Device, ModelBackend};
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, ReadOptions};
 use crate::tokenizer::Tokenizer;
@@ -63,7 +63,7 @@ struct Engine {
     arch: Architecture,
     hparams: HyperParams,
     weights: Weights,
-    backend: CpuBackend,
+    backend: ModelBackend,
 }
 
 impl Model {
@@ -124,7 +124,25 @@ impl Model {
         let weights = Weights::locate(&gguf, hparams.n_layer as usize);
         let gguf = Arc::new(gguf);
         let backend = match device {
-            Device::Cpu { threads } => CpuBackend::new(Arc::clone(&gguf), threads)?,
+            Device::Cpu { threads } => {
+                ModelBackend::Cpu(CpuBackend::new(Arc::clone(&gguf), threads)?)
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda { index } => {
+                use crate::backend::cuda::{CudaBackend, CudaOptions};
+                let options = CudaOptions {
+                    use_cublas: std::env::var("M40_CUBLAS").map_or(true, |v| v != "0"),
+                };
+                ModelBackend::Cuda(Box::new(CudaBackend::new(
+                    Arc::clone(&gguf),
+                    index,
+                    options,
+                )?))
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda { .. } => {
+                unreachable!("Device::select refuses CUDA devices in this build")
+            }
         };
         Ok(Model {
             gguf,
@@ -173,7 +191,7 @@ impl Model {
     pub fn weights(&self) -> &Weights {
         &self.engine().weights
     }
-    pub fn cpu_backend(&self) -> &CpuBackend {
+    pub fn backend(&self) -> &ModelBackend {
         &self.engine().backend
     }
     pub fn n_vocab(&self) -> u32 {

@@ -10,8 +10,43 @@
 //! over its sequence's positions up to its own".
 
 use super::{ArchTraits, HyperParams, Model, Weights};
-use crate::backend::{AttentionShape, Backend, Rope, SeqPos};
-use crate::error::Result;
+use crate::backend::{AttentionShape, Backend, ModelBackend, Rope, SeqPos, SequenceCache};
+use crate::error::{Error, Result};
+
+/// [`forward`] on the model's own backend, over caches made by it.
+pub fn run(
+    model: &Model,
+    caches: &mut [&mut SequenceCache],
+    tokens: &[u32],
+    rows: &[SeqPos],
+    logit_rows: &[usize],
+) -> Result<Vec<f32>> {
+    let mismatch = || Error::internal("a session's KV cache is not on its model's backend");
+    match model.backend() {
+        ModelBackend::Cpu(b) => {
+            let mut own = caches
+                .iter_mut()
+                .map(|c| match &mut **c {
+                    SequenceCache::Cpu(kv) => Ok(kv),
+                    #[allow(unreachable_patterns)]
+                    _ => Err(mismatch()),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            forward(b, model, &mut own, tokens, rows, logit_rows)
+        }
+        #[cfg(feature = "cuda")]
+        ModelBackend::Cuda(b) => {
+            let mut own = caches
+                .iter_mut()
+                .map(|c| match &mut **c {
+                    SequenceCache::Cuda(kv) => Ok(kv),
+                    _ => Err(mismatch()),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            forward(&**b, model, &mut own, tokens, rows, logit_rows)
+        }
+    }
+}
 
 /// Logits for `logit_rows` of the batch (`logit_rows.len() × n_vocab`).
 pub fn forward<B: Backend>(

@@ -7,11 +7,32 @@ pub mod tiny_model;
 
 use std::path::PathBuf;
 
-/// A fresh file path under cargo's per-target scratch directory.
+/// A fresh file path under cargo's per-target scratch directory (or
+/// `$M40_TEST_TMPDIR`, for test binaries run on another machine).
 pub fn scratch_path(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("m40llm-tests");
+    let base = std::env::var_os("M40_TEST_TMPDIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")), PathBuf::from);
+    let dir = base.join("m40llm-tests");
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(format!("{}-{name}", std::process::id()))
+}
+
+/// The workplace's shared folder (reference data, tools): `$M40_SHARED_DIR`,
+/// else `../shared` beside the repository.
+pub fn shared_dir() -> PathBuf {
+    std::env::var_os("M40_SHARED_DIR").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"),
+        PathBuf::from,
+    )
+}
+
+/// The device the model tests run on: `$M40_TEST_DEVICE` (a CUDA index),
+/// else the CPU (-1).
+pub fn test_device() -> i32 {
+    std::env::var("M40_TEST_DEVICE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1)
 }
 
 /// The real Gemma 3 270M Q4_K_M file: `$M40_GEMMA_GGUF`, else the cache path

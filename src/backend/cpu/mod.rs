@@ -71,6 +71,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn write(&self, buffer: &mut Vec<f32>, values: &[f32]) -> Result<()> {
+        buffer[..values.len()].copy_from_slice(values);
+        Ok(())
+    }
+
     fn kv_cache(
         &self,
         n_ctx: usize,

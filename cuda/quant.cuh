@@ -1,0 +1,257 @@
+// The GGUF tensor formats on the device: each format decodes any 16
+// consecutive values of one of its blocks to f32. Every kernel that reads
+// weights (matrix × vector, dequantization, embedding lookup) is written once
+// over this interface and instantiated per format. The layouts are ggml's
+// (ggml-common.h); src/quant/ holds the CPU definitions they are tested against.
+#pragma once
+
+#include "common.cuh"
+
+// GGUF type ids.
+enum M40Type {
+    M40_F32 = 0, M40_F16 = 1, M40_Q4_0 = 2, M40_Q4_1 = 3, M40_Q5_0 = 6, M40_Q5_1 = 7,
+    M40_Q8_0 = 8, M40_Q2_K = 10, M40_Q3_K = 11, M40_Q4_K = 12, M40_Q5_K = 13, M40_Q6_K = 14,
+    M40_BF16 = 30,
+};
+
+// A format: VALUES per block, BYTES per block, and decode16(block, part, out)
+// writing values part*16 .. part*16+15 of the block.
+template <int TYPE> struct Format;
+
+// The float formats count 16 values as one "block".
+template <> struct Format<M40_F32> {
+    static constexpr int VALUES = 16, BYTES = 64;
+    __device__ static void decode16(const uint8_t *b, int, float *v) {
+        const float4 *p = reinterpret_cast<const float4 *>(b);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float4 f = p[i];
+            v[4 * i] = f.x; v[4 * i + 1] = f.y; v[4 * i + 2] = f.z; v[4 * i + 3] = f.w;
+        }
+    }
+};
+
+template <> struct Format<M40_F16> {
+    static constexpr int VALUES = 16, BYTES = 32;
+    __device__ static void decode16(const uint8_t *b, int, float *v) {
+        const uint4 *p = reinterpret_cast<const uint4 *>(b);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            uint4 w = p[i];
+            uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                v[8 * i + 2 * j] = m40_half_bits(uint16_t(words[j] & 0xffff));
+                v[8 * i + 2 * j + 1] = m40_half_bits(uint16_t(words[j] >> 16));
+            }
+        }
+    }
+};
+
+template <> struct Format<M40_BF16> {
+    static constexpr int VALUES = 16, BYTES = 32;
+    __device__ static void decode16(const uint8_t *b, int, float *v) {
+        const uint4 *p = reinterpret_cast<const uint4 *>(b);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            uint4 w = p[i];
+            uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                v[8 * i + 2 * j] = __uint_as_float(words[j] << 16);
+                v[8 * i + 2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
+            }
+        }
+    }
+};
+
+// Q4_0: d, then 16 bytes whose low nibbles are values 0..15 and high nibbles 16..31.
+template <> struct Format<M40_Q4_0> {
+    static constexpr int VALUES = 32, BYTES = 18;
+    __device__ static void decode16(const uint8_t *b, int part, float *v) {
+        const float d = m40_f16(b);
+        const int shift = 4 * part;
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = float(int((b[2 + j] >> shift) & 0xF) - 8) * d;
+    }
+};
+
+template <> struct Format<M40_Q4_1> {
+    static constexpr int VALUES = 32, BYTES = 20;
+    __device__ static void decode16(const uint8_t *b, int part, float *v) {
+        const float d = m40_f16(b), m = m40_f16(b + 2);
+        const int shift = 4 * part;
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = float((b[4 + j] >> shift) & 0xF) * d + m;
+    }
+};
+
+// Q5_0: d, a 32-bit word of fifth bits (bit i for value i), then nibbles as Q4_0.
+__device__ __forceinline__ uint32_t m40_q5_high_bits(const uint8_t *p) {
+    // Only 2-byte aligned inside a block.
+    const uint16_t *h = reinterpret_cast<const uint16_t *>(p);
+    return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+}
+
+template <> struct Format<M40_Q5_0> {
+    static constexpr int VALUES = 32, BYTES = 22;
+    __device__ static void decode16(const uint8_t *b, int part, float *v) {
+        const float d = m40_f16(b);
+        const uint32_t qh = m40_q5_high_bits(b + 2) >> (16 * part);
+        const int shift = 4 * part;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = ((b[6 + j] >> shift) & 0xF) | (((qh >> j) & 1) << 4);
+            v[j] = float(q - 16) * d;
+        }
+    }
+};
+
+template <> struct Format<M40_Q5_1> {
+    static constexpr int VALUES = 32, BYTES = 24;
+    __device__ static void decode16(const uint8_t *b, int part, float *v) {
+        const float d = m40_f16(b), m = m40_f16(b + 2);
+        const uint32_t qh = m40_q5_high_bits(b + 4) >> (16 * part);
+        const int shift = 4 * part;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = ((b[8 + j] >> shift) & 0xF) | (((qh >> j) & 1) << 4);
+            v[j] = float(q) * d + m;
+        }
+    }
+};
+
+template <> struct Format<M40_Q8_0> {
+    static constexpr int VALUES = 32, BYTES = 34;
+    __device__ static void decode16(const uint8_t *b, int part, float *v) {
+        const float d = m40_f16(b);
+        const int8_t *q = reinterpret_cast<const int8_t *>(b + 2 + 16 * part);
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = float(q[j]) * d;
+    }
+};
+
+// The super-block formats hold 256 values as 16 parts of 16 (Q2_K, Q3_K,
+// Q6_K: one scale per part) or 8 sub-blocks of 32 (Q4_K, Q5_K). Values are
+// laid out in two halves of 128; within a half, 2-bit codes take four shifts
+// of the same 32 bytes.
+
+// Q2_K: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin.
+template <> struct Format<M40_Q2_K> {
+    static constexpr int VALUES = 256, BYTES = 84;
+    __device__ static void decode16(const uint8_t *b, int part, float *v) {
+        const float d = m40_f16(b + 80), dmin = m40_f16(b + 82);
+        const int half = part / 8, shift = 2 * ((part % 8) / 2), l0 = 16 * (part % 2);
+        const uint8_t sc = b[part];
+        const float dl = d * float(sc & 0xF), ml = dmin * float(sc >> 4);
+        const uint8_t *qs = b + 16 + 32 * half + l0;
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = dl * float((qs[j] >> shift) & 3) - ml;
+    }
+};
+
+// Q3_K: hmask[32], qs[64], 12 bytes of 6-bit scales, d. A value's code is its
+// 2 low bits minus 4 when its hmask bit is clear.
+template <> struct Format<M40_Q3_K> {
+    static constexpr int VALUES = 256, BYTES = 110;
+    __device__ static void decode16(const uint8_t *b, int part, float *v) {
+        const float d = m40_f16(b + 108);
+        const uint8_t *sc = b + 96;
+        const int low = (sc[part % 8] >> (4 * (part / 8))) & 0xF;
+        const int high = (sc[8 + part % 4] >> (2 * (part / 4))) & 3;
+        const float dl = d * float((low | (high << 4)) - 32);
+        const int half = part / 8, shift_index = (part % 8) / 2, l0 = 16 * (part % 2);
+        const int mask_bit = 4 * half + shift_index;  // value index / 32
+        const uint8_t *hmask = b + l0, *qs = b + 32 + 32 * half + l0;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = (qs[j] >> (2 * shift_index)) & 3;
+            if (!((hmask[j] >> mask_bit) & 1)) q -= 4;
+            v[j] = dl * float(q);
+        }
+    }
+};
+
+// The 6-bit scale and min of sub-block j of Q4_K/Q5_K from their 12 bytes.
+__device__ __forceinline__ void m40_k_scale_min(const uint8_t *sc, int j, int &scale, int &min) {
+    if (j < 4) {
+        scale = sc[j] & 63;
+        min = sc[j + 4] & 63;
+    } else {
+        scale = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 2) & 0x30);
+        min = (sc[j + 4] >> 4) | ((sc[j] >> 2) & 0x30);
+    }
+}
+
+// Q4_K: d, dmin, scales[12], qs[128]; sub-block 2c holds the low nibbles of
+// bytes 32c..32c+31 and sub-block 2c+1 their high nibbles.
+template <> struct Format<M40_Q4_K> {
+    static constexpr int VALUES = 256, BYTES = 144;
+    __device__ static void decode16(const uint8_t *b, int part, float *v) {
+        const int sub = part / 2, l0 = 16 * (part % 2);
+        int scale, min;
+        m40_k_scale_min(b + 4, sub, scale, min);
+        const float dl = m40_f16(b) * float(scale), ml = m40_f16(b + 2) * float(min);
+        const uint8_t *qs = b + 16 + 32 * (sub / 2) + l0;
+        const int shift = 4 * (sub % 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = dl * float((qs[j] >> shift) & 0xF) - ml;
+    }
+};
+
+// Q5_K: Q4_K plus qh[32], bit `sub` of qh[l] being value l of sub-block `sub`'s fifth bit.
+template <> struct Format<M40_Q5_K> {
+    static constexpr int VALUES = 256, BYTES = 176;
+    __device__ static void decode16(const uint8_t *b, int part, float *v) {
+        const int sub = part / 2, l0 = 16 * (part % 2);
+        int scale, min;
+        m40_k_scale_min(b + 4, sub, scale, min);
+        const float dl = m40_f16(b) * float(scale), ml = m40_f16(b + 2) * float(min);
+        const uint8_t *qh = b + 16 + l0, *qs = b + 48 + 32 * (sub / 2) + l0;
+        const int shift = 4 * (sub % 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = ((qs[j] >> shift) & 0xF) | (((qh[j] >> sub) & 1) << 4);
+            v[j] = dl * float(q) - ml;
+        }
+    }
+};
+
+// Q6_K: ql[128] (low nibbles), qh[64] (2 high bits each), scales[16] (i8), d.
+template <> struct Format<M40_Q6_K> {
+    static constexpr int VALUES = 256, BYTES = 210;
+    __device__ static void decode16(const uint8_t *b, int part, float *v) {
+        const float dl = m40_f16(b + 208) * float(int8_t(b[192 + part]));
+        const int half = part / 8, quarter = (part % 8) / 2, l0 = 16 * (part % 2);
+        const uint8_t *ql = b + 64 * half + 32 * (quarter & 1) + l0;
+        const uint8_t *qh = b + 128 + 32 * half + l0;
+        const int low_shift = 4 * (quarter >> 1), high_shift = 2 * quarter;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = ((ql[j] >> low_shift) & 0xF) | (((qh[j] >> high_shift) & 3) << 4);
+            v[j] = dl * float(q - 32);
+        }
+    }
+};
+
+// Calls F.template operator()<Format<T>>() for the format with GGUF id
+// `type`; returns cudaErrorInvalidValue for any other id.
+template <class F> cudaError_t m40_with_format(int type, F &&f) {
+    switch (type) {
+        case M40_F32: f(Format<M40_F32>{}); break;
+        case M40_F16: f(Format<M40_F16>{}); break;
+        case M40_BF16: f(Format<M40_BF16>{}); break;
+        case M40_Q4_0: f(Format<M40_Q4_0>{}); break;
+        case M40_Q4_1: f(Format<M40_Q4_1>{}); break;
+        case M40_Q5_0: f(Format<M40_Q5_0>{}); break;
+        case M40_Q5_1: f(Format<M40_Q5_1>{}); break;
+        case M40_Q8_0: f(Format<M40_Q8_0>{}); break;
+        case M40_Q2_K: f(Format<M40_Q2_K>{}); break;
+        case M40_Q3_K: f(Format<M40_Q3_K>{}); break;
+        case M40_Q4_K: f(Format<M40_Q4_K>{}); break;
+        case M40_Q5_K: f(Format<M40_Q5_K>{}); break;
+        case M40_Q6_K: f(Format<M40_Q6_K>{}); break;
+        default: return cudaErrorInvalidValue;
+    }
+    return m40_launch_status();
+}

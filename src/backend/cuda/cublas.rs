@@ -1,0 +1,194 @@
+//! cuBLAS, loaded at run time: the library links no CUDA library but the
+//! static runtime, so one build runs with whichever cuBLAS the machine has
+//! (CUDA 13, 12 or 11), or without one (the backend's own kernels then do
+//! every matrix product).
+
+use std::ffi::{c_int, c_void};
+use std::sync::OnceLock;
+
+use super::runtime::Stream;
+use crate::error::{Error, Result};
+
+type Handle = *mut c_void;
+const CUBLAS_STATUS_SUCCESS: c_int = 0;
+const CUBLAS_OP_N: c_int = 0;
+const CUBLAS_OP_T: c_int = 1;
+
+/// cublasSgemm_v2(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc).
+type SgemmFn = unsafe extern "C" fn(
+    Handle,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    *const f32,
+    *const f32,
+    c_int,
+    *const f32,
+    c_int,
+    *const f32,
+    *mut f32,
+    c_int,
+) -> c_int;
+
+struct Api {
+    /// Which library was found.
+    name: &'static str,
+    create: unsafe extern "C" fn(*mut Handle) -> c_int,
+    destroy: unsafe extern "C" fn(Handle) -> c_int,
+    set_stream: unsafe extern "C" fn(Handle, Stream) -> c_int,
+    sgemm: SgemmFn,
+}
+
+const LIBRARIES: [&str; 4] = [
+    "libcublas.so.13",
+    "libcublas.so.12",
+    "libcublas.so.11",
+    "libcublas.so",
+];
+
+fn api() -> Option<&'static Api> {
+    static API: OnceLock<Option<Api>> = OnceLock::new();
+    API.get_or_init(load).as_ref()
+}
+
+fn load() -> Option<Api> {
+    for name in LIBRARIES {
+        let c_name = format!("{name}\0");
+        // SAFETY: a NUL-terminated name; the handle is kept for the process's
+        // life (the symbols below point into it).
+        let lib =
+            unsafe { libc::dlopen(c_name.as_ptr().cast(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if lib.is_null() {
+            continue;
+        }
+        let symbol = |s: &str| {
+            let c = format!("{s}\0");
+            // SAFETY: a NUL-terminated symbol name in a live handle.
+            let p = unsafe { libc::dlsym(lib, c.as_ptr().cast()) };
+            (!p.is_null()).then_some(p)
+        };
+        let (Some(create), Some(destroy), Some(set_stream), Some(sgemm)) = (
+            symbol("cublasCreate_v2"),
+            symbol("cublasDestroy_v2"),
+            symbol("cublasSetStream_v2"),
+            symbol("cublasSgemm_v2"),
+        ) else {
+            continue;
+        };
+        // SAFETY: these are the documented signatures of the cuBLAS v2 API,
+        // unchanged from CUDA 11 to 13.
+        return Some(unsafe {
+            Api {
+                name,
+                create: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(*mut Handle) -> c_int,
+                >(create),
+                destroy: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(Handle) -> c_int>(
+                    destroy,
+                ),
+                set_stream: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(Handle, Stream) -> c_int,
+                >(set_stream),
+                sgemm: std::mem::transmute::<*mut c_void, SgemmFn>(sgemm),
+            }
+        });
+    }
+    None
+}
+
+fn check(status: c_int, what: &str) -> Result<()> {
+    if status == CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::new(
+            crate::error::ErrorKind::Backend,
+            format!("cuBLAS {what} failed with status {status}"),
+        ))
+    }
+}
+
+/// A cuBLAS handle bound to one stream of the current device.
+pub struct Cublas {
+    api: &'static Api,
+    handle: Handle,
+}
+
+// SAFETY: a handle may move between host threads; the backend uses it behind
+// its mutex, one thread at a time.
+unsafe impl Send for Cublas {}
+
+impl Cublas {
+    /// A handle on `stream`, or None when no cuBLAS library can be loaded.
+    pub fn new(stream: Stream) -> Result<Option<Cublas>> {
+        let Some(api) = api() else {
+            return Ok(None);
+        };
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        check(unsafe { (api.create)(&mut handle) }, "initialization")?;
+        let cublas = Cublas { api, handle };
+        // SAFETY: a live handle and stream.
+        check(unsafe { (api.set_stream)(handle, stream) }, "stream setup")?;
+        Ok(Some(cublas))
+    }
+
+    pub fn library(&self) -> &'static str {
+        self.api.name
+    }
+
+    /// out (n × m, row-major, row stride `ldo`) = x (n × k) · wᵀ, with w
+    /// m × k, all row-major f32 in device memory.
+    ///
+    /// # Safety
+    /// The pointers are device memory of the sizes stated, on the handle's device.
+    #[allow(clippy::too_many_arguments)] // BLAS's own shape: three matrices and their dimensions
+    pub unsafe fn gemm_xwt(
+        &self,
+        w: *const f32,
+        m: usize,
+        k: usize,
+        x: *const f32,
+        n: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) -> Result<()> {
+        // Column-major, out is the (m × n, leading dimension ldo) product of
+        // wᵀ-as-stored (k × m, transposed) and x-as-stored (k × n).
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let dim = |v: usize| {
+            c_int::try_from(v).map_err(|_| Error::unsupported(format!("a matrix dimension of {v}")))
+        };
+        check(
+            unsafe {
+                (self.api.sgemm)(
+                    self.handle,
+                    CUBLAS_OP_T,
+                    CUBLAS_OP_N,
+                    dim(m)?,
+                    dim(n)?,
+                    dim(k)?,
+                    &alpha,
+                    w,
+                    dim(k)?,
+                    x,
+                    dim(k)?,
+                    &beta,
+                    out,
+                    dim(ldo)?,
+                )
+            },
+            "SGEMM",
+        )
+    }
+}
+
+impl Drop for Cublas {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasCreate_v2, destroyed once.
+        unsafe { (self.api.destroy)(self.handle) };
+    }
+}

@@ -1,0 +1,759 @@
+//! The CUDA backend against the CPU backend, kernel by kernel and for whole
+//! forward passes, on random-weight models of every tensor type written by
+//! ../shared/tools/synth_gguf.py (python3 with numpy). Built with
+//! `--features cuda`; on a machine without a CUDA device every test says so
+//! and checks nothing, so CI compiles this file and a GPU machine runs it
+//! (`tests/gpu/run.sh`, see the README).
+//!
+//! Bounds, as a fraction of the largest reference magnitude of each output:
+//! - matrix products (matvec kernel and dequantize + cuBLAS), against f64
+//!   products of the CPU's bit-exact dequantization: 2e-5;
+//! - embedding lookup: 1e-6; RMSNorm, adds, gated activations, row gathers,
+//!   RoPE: 1e-5; attention over the f16 cache: 1e-4 (the CPU backend is the
+//!   reference for all of these);
+//! - whole forward passes, GPU logits against CPU logits: 1.5% of the logit
+//!   scale (the CPU quantizes activations to 8 bits for quantized weights, as
+//!   llama.cpp does; the GPU multiplies f32 activations), and the same top-1
+//!   token wherever the CPU's top-2 margin exceeds 2% of the scale.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use m40llm::backend::cpu::CpuBackend;
+use m40llm::backend::cuda::{self, CudaBackend, CudaOptions};
+use m40llm::backend::{AttentionShape, Backend, Glu, Rope, RopeMode, SeqPos};
+use m40llm::error::ErrorKind;
+use m40llm::gguf::{GgufFile, ReadOptions};
+use m40llm::model::{LoadOptions, Model, Weight, Weights};
+use m40llm::quant::dequantize_row;
+use m40llm::sampling::argmax;
+use m40llm::session::{Session, SessionParams};
+
+const TYPES: [&str; 13] = [
+    "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k",
+    "q6_k",
+];
+const N_VOCAB: u32 = 1000;
+
+/// Whether a CUDA device is here; says so when not.
+fn have_gpu() -> bool {
+    let n = cuda::device_count();
+    if n == 0 {
+        eprintln!("no CUDA device: nothing checked");
+    }
+    n > 0
+}
+
+fn synth_script() -> PathBuf {
+    common::shared_dir().join("tools/synth_gguf.py")
+}
+
+/// A random-weight model of `arch` with all matrices of type `ty`.
+fn synth(arch: &str, ty: &str) -> PathBuf {
+    let path = common::scratch_path(&format!("cuda-{arch}-{ty}.gguf"));
+    if path.exists() {
+        return path;
+    }
+    // Written under a name of its own, then renamed: tests running in
+    // parallel may ask for the same model.
+    let partial = path.with_extension(format!("{:?}.partial", std::thread::current().id()));
+    let out = Command::new("python3")
+        .arg(synth_script())
+        .args(["--arch", arch, "--preset", "tiny", "--type", ty])
+        .args(["--n-vocab", &N_VOCAB.to_string()])
+        .arg("--out")
+        .arg(&partial)
+        .output()
+        .expect("python3 on PATH");
+    assert!(
+        out.status.success(),
+        "synth_gguf.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::rename(&partial, &path).unwrap();
+    path
+}
+
+/// Both backends over one file.
+struct Pair {
+    weights: Weights,
+    file: Arc<GgufFile>,
+    cpu: CpuBackend,
+    gpu: CudaBackend,
+}
+
+fn pair(arch: &str, ty: &str, use_cublas: bool) -> Pair {
+    let path = synth(arch, ty);
+    let file = Arc::new(
+        GgufFile::open(
+            &path,
+            ReadOptions {
+                use_mmap: true,
+                load_data: true,
+            },
+        )
+        .unwrap(),
+    );
+    let n_layer = file
+        .require(&format!("{arch}.block_count"))
+        .unwrap()
+        .u32_in(1..=1000)
+        .unwrap();
+    Pair {
+        weights: Weights::locate(&file, n_layer as usize),
+        cpu: CpuBackend::new(Arc::clone(&file), 2).unwrap(),
+        gpu: CudaBackend::new(Arc::clone(&file), 0, CudaOptions { use_cublas }).unwrap(),
+        file,
+    }
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn upload<B: Backend>(b: &B, values: &[f32]) -> B::Buffer {
+    let mut buf = b.buffer(values.len()).unwrap();
+    b.write(&mut buf, values).unwrap();
+    buf
+}
+
+fn download<B: Backend>(b: &B, buf: &B::Buffer, n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    b.read(buf, &mut out).unwrap();
+    out
+}
+
+/// Largest difference as a fraction of the largest reference magnitude.
+fn relative_error(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let scale = want
+        .iter()
+        .fold(0f64, |m, &v| m.max(f64::from(v).abs()))
+        .max(1e-30);
+    let err = got.iter().zip(want).fold(0f64, |m, (&a, &b)| {
+        m.max((f64::from(a) - f64::from(b)).abs())
+    });
+    if got.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    err / scale
+}
+
+fn dequantized(file: &GgufFile, w: &Weight) -> Vec<f32> {
+    let data = &file.data().unwrap().bytes()[w.offset..w.offset + w.n_bytes];
+    let mut out = vec![0f32; w.rows * w.cols];
+    for (row, o) in data
+        .chunks_exact(w.row_bytes())
+        .zip(out.chunks_exact_mut(w.cols))
+    {
+        dequantize_row(w.ty, row, o);
+    }
+    out
+}
+
+#[test]
+fn matrix_products_match_f64_products_for_every_type_with_and_without_cublas() {
+    if !have_gpu() {
+        return;
+    }
+    let mut report = Vec::new();
+    for ty in TYPES {
+        let mut worst = 0f64;
+        for use_cublas in [true, false] {
+            let p = pair("llama", ty, use_cublas);
+            let l = &p.weights.layers[0];
+            for w in [&l.ffn_up, &l.ffn_down, &p.weights.output] {
+                let dense = dequantized(&p.file, w);
+                for rows in [1usize, 3, 8, 9, 20, 40] {
+                    let x = random(rows * w.cols, (rows * 31 + w.rows) as u64);
+                    let want: Vec<f32> = (0..rows)
+                        .flat_map(|r| {
+                            let xr = &x[r * w.cols..(r + 1) * w.cols];
+                            (0..w.rows)
+                                .map(|o| {
+                                    dense[o * w.cols..(o + 1) * w.cols]
+                                        .iter()
+                                        .zip(xr)
+                                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                                        .sum::<f64>() as f32
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                        .collect();
+                    let xd = upload(&p.gpu, &x);
+                    let mut out = p.gpu.buffer(rows * w.rows).unwrap();
+                    p.gpu.matmul(w, &xd, rows, &mut out).unwrap();
+                    let got = download(&p.gpu, &out, rows * w.rows);
+                    let err = relative_error(&got, &want);
+                    assert!(
+                        err < 2e-5,
+                        "{ty} {}×{} × {rows} rows (cuBLAS {use_cublas}): error {err:e}",
+                        w.rows,
+                        w.cols
+                    );
+                    worst = worst.max(err);
+                }
+            }
+        }
+        report.push(format!("{ty} {worst:.1e}"));
+    }
+    println!(
+        "matmul, largest relative error per type: {}",
+        report.join(", ")
+    );
+}
+
+#[test]
+fn embedding_rows_are_the_dequantized_table_rows_scaled() {
+    if !have_gpu() {
+        return;
+    }
+    let mut worst = 0f64;
+    for ty in TYPES {
+        let p = pair("gemma3", ty, true);
+        let table = &p.weights.token_embd;
+        let tokens = [0u32, 7, 999, 7, 500];
+        let scale = 16.0;
+        let mut out = p.gpu.buffer(tokens.len() * table.cols).unwrap();
+        p.gpu.embed(table, &tokens, scale, &mut out).unwrap();
+        let got = download(&p.gpu, &out, tokens.len() * table.cols);
+        let mut want = vec![0f32; got.len()];
+        p.cpu.embed(table, &tokens, scale, &mut want).unwrap();
+        let err = relative_error(&got, &want);
+        assert!(err < 1e-6, "{ty}: embedding error {err:e}");
+        worst = worst.max(err);
+    }
+    println!("embedding, largest relative error: {worst:.1e}");
+}
+
+#[test]
+fn norms_adds_activations_and_gathers_match_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let p = pair("qwen2", "f32", true);
+    let l = &p.weights.layers[0];
+    let d = l.attn_norm.cols;
+    let rows = 5;
+    let mut errors = Vec::new();
+
+    // RMSNorm over rows, and over heads (a per-head weight).
+    for (weight, len) in [(&l.attn_norm, rows * d), (&l.ffn_norm, 2 * d)] {
+        let x = random(len, 3);
+        let (mut c, mut g) = (x.clone(), upload(&p.gpu, &x));
+        p.cpu.rms_norm(&mut c, weight, 1e-6, len).unwrap();
+        p.gpu.rms_norm(&mut g, weight, 1e-6, len).unwrap();
+        errors.push(("rms_norm", relative_error(&download(&p.gpu, &g, len), &c)));
+    }
+    // Bias add (qwen2 has q/k/v biases).
+    let bias = l.bq.as_ref().expect("qwen2 has biases");
+    let x = random(rows * bias.cols, 4);
+    let (mut c, mut g) = (x.clone(), upload(&p.gpu, &x));
+    p.cpu.add_bias(&mut c, bias, rows).unwrap();
+    p.gpu.add_bias(&mut g, bias, rows).unwrap();
+    errors.push((
+        "add_bias",
+        relative_error(&download(&p.gpu, &g, x.len()), &c),
+    ));
+    // Residual add.
+    let y = random(x.len(), 5);
+    let (mut c, mut g) = (x.clone(), upload(&p.gpu, &x));
+    p.cpu.add(&mut c, &y, x.len()).unwrap();
+    p.gpu.add(&mut g, &upload(&p.gpu, &y), x.len()).unwrap();
+    errors.push(("add", relative_error(&download(&p.gpu, &g, x.len()), &c)));
+    // Gated activations, on values large enough to reach both tails.
+    for glu in [Glu::Swiglu, Glu::Geglu] {
+        let gate: Vec<f32> = random(4096, 6).iter().map(|v| v * 12.0).collect();
+        let up = random(4096, 7);
+        let mut c = vec![0f32; 4096];
+        p.cpu.glu(glu, &gate, &up, 4096, &mut c).unwrap();
+        let mut g = p.gpu.buffer(4096).unwrap();
+        p.gpu
+            .glu(
+                glu,
+                &upload(&p.gpu, &gate),
+                &upload(&p.gpu, &up),
+                4096,
+                &mut g,
+            )
+            .unwrap();
+        errors.push(("glu", relative_error(&download(&p.gpu, &g, 4096), &c)));
+    }
+    // Row gathers: the identity and a selection.
+    for pick in [vec![0usize, 1, 2, 3, 4], vec![4, 0, 4]] {
+        let src = random(rows * d, 8);
+        let mut c = vec![0f32; pick.len() * d];
+        p.cpu.gather_rows(&src, d, &pick, &mut c).unwrap();
+        let mut g = p.gpu.buffer(pick.len() * d).unwrap();
+        p.gpu
+            .gather_rows(&upload(&p.gpu, &src), d, &pick, &mut g)
+            .unwrap();
+        errors.push((
+            "gather_rows",
+            relative_error(&download(&p.gpu, &g, c.len()), &c),
+        ));
+    }
+    for (what, err) in &errors {
+        assert!(*err < 1e-5, "{what}: error {err:e}");
+    }
+    println!("element-wise kernels, relative errors: {errors:?}");
+}
+
+#[test]
+fn rope_matches_the_cpu_in_both_pairings_at_large_positions() {
+    if !have_gpu() {
+        return;
+    }
+    let p = pair("llama", "f32", true);
+    let (n_heads, head_dim) = (4, 64);
+    let positions: Vec<SeqPos> = [0usize, 1, 17, 511, 4000, 100_000]
+        .iter()
+        .map(|&pos| SeqPos { seq: 0, pos })
+        .collect();
+    let mut worst = 0f64;
+    for mode in [RopeMode::Normal, RopeMode::Neox] {
+        for (dims, base, scale) in [(64, 10000.0, 1.0), (32, 1_000_000.0, 0.25)] {
+            let rope = Rope {
+                mode,
+                dims,
+                freq_base: base,
+                freq_scale: scale,
+                freq_factors: None,
+            };
+            let x = random(positions.len() * n_heads * head_dim, 9);
+            let (mut c, mut g) = (x.clone(), upload(&p.gpu, &x));
+            p.cpu
+                .rope(&mut c, n_heads, head_dim, &positions, &rope)
+                .unwrap();
+            p.gpu
+                .rope(&mut g, n_heads, head_dim, &positions, &rope)
+                .unwrap();
+            let err = relative_error(&download(&p.gpu, &g, x.len()), &c);
+            assert!(err < 1e-5, "{mode:?} dims {dims}: error {err:e}");
+            worst = worst.max(err);
+        }
+    }
+    println!("rope, largest relative error: {worst:.1e}");
+}
+
+/// Fills `n_seq` caches of each backend with the same random keys and values
+/// for positions 0..len[s], then compares attention for `rows`.
+fn check_attention(shape: AttentionShape, lens: &[usize], rows: &[SeqPos]) -> f64 {
+    let p = pair("llama", "f32", true);
+    let (kw, vw) = (
+        shape.n_head_kv * shape.head_dim_k,
+        shape.n_head_kv * shape.head_dim_v,
+    );
+    let n_ctx = 1024;
+    let mut cpu_caches: Vec<_> = lens
+        .iter()
+        .map(|_| p.cpu.kv_cache(n_ctx, 2, kw, vw).unwrap())
+        .collect();
+    let mut gpu_caches: Vec<_> = lens
+        .iter()
+        .map(|_| p.gpu.kv_cache(n_ctx, 2, kw, vw).unwrap())
+        .collect();
+    let layer = 1;
+    for (s, &len) in lens.iter().enumerate() {
+        let fill: Vec<SeqPos> = (0..len).map(|pos| SeqPos { seq: s, pos }).collect();
+        let k: Vec<f32> = random(len * kw, 10 + s as u64)
+            .iter()
+            .map(|v| v * 3.0)
+            .collect();
+        let v = random(len * vw, 20 + s as u64);
+        p.cpu
+            .store_kv(
+                &mut cpu_caches.iter_mut().collect::<Vec<_>>(),
+                layer,
+                &k,
+                &v,
+                &fill,
+            )
+            .unwrap();
+        p.gpu
+            .store_kv(
+                &mut gpu_caches.iter_mut().collect::<Vec<_>>(),
+                layer,
+                &upload(&p.gpu, &k),
+                &upload(&p.gpu, &v),
+                &fill,
+            )
+            .unwrap();
+    }
+    let q = random(rows.len() * shape.n_head * shape.head_dim_k, 30);
+    let o_len = rows.len() * shape.n_head * shape.head_dim_v;
+    let mut c = vec![0f32; o_len];
+    p.cpu
+        .attention(
+            &cpu_caches.iter_mut().collect::<Vec<_>>(),
+            layer,
+            &q,
+            rows,
+            &shape,
+            &mut c,
+        )
+        .unwrap();
+    let mut g = p.gpu.buffer(o_len).unwrap();
+    p.gpu
+        .attention(
+            &gpu_caches.iter_mut().collect::<Vec<_>>(),
+            layer,
+            &upload(&p.gpu, &q),
+            rows,
+            &shape,
+            &mut g,
+        )
+        .unwrap();
+    relative_error(&download(&p.gpu, &g, o_len), &c)
+}
+
+#[test]
+fn attention_matches_the_cpu_for_prefill_decode_gqa_windows_and_long_histories() {
+    if !have_gpu() {
+        return;
+    }
+    let shape = |n_head, n_head_kv, head_dim, window| AttentionShape {
+        n_head,
+        n_head_kv,
+        head_dim_k: head_dim,
+        head_dim_v: head_dim,
+        window,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+    };
+    let prefill: Vec<SeqPos> = (0..40).map(|pos| SeqPos { seq: 0, pos }).collect();
+    let decode_long = [SeqPos { seq: 0, pos: 899 }];
+    let batch = [
+        SeqPos { seq: 0, pos: 39 },
+        SeqPos { seq: 1, pos: 700 },
+        SeqPos { seq: 2, pos: 0 },
+    ];
+    let cases: Vec<(&str, AttentionShape, Vec<usize>, Vec<SeqPos>)> = vec![
+        (
+            "prefill, GQA 4/2, d64",
+            shape(4, 2, 64, None),
+            vec![40],
+            prefill.clone(),
+        ),
+        (
+            "prefill, window 8",
+            shape(4, 2, 64, Some(8)),
+            vec![40],
+            prefill.clone(),
+        ),
+        (
+            "decode at 900, MHA d128",
+            shape(8, 8, 128, None),
+            vec![900],
+            decode_long.to_vec(),
+        ),
+        (
+            "decode at 900, gemma d256 1 kv head, window 512",
+            shape(4, 1, 256, Some(512)),
+            vec![900],
+            decode_long.to_vec(),
+        ),
+        (
+            "batched rows of 3 sequences",
+            shape(8, 2, 64, None),
+            vec![40, 701, 1],
+            batch.to_vec(),
+        ),
+    ];
+    let mut report = Vec::new();
+    for (name, s, lens, rows) in cases {
+        let err = check_attention(s, &lens, &rows);
+        assert!(err < 1e-4, "{name}: error {err:e}");
+        report.push(format!("{name}: {err:.1e}"));
+    }
+    println!("attention, relative errors: {}", report.join("; "));
+}
+
+fn load(path: &Path, device: i32) -> Arc<Model> {
+    let options = LoadOptions {
+        device,
+        n_threads: 2,
+        use_mmap: true,
+        vocab_only: false,
+    };
+    Arc::new(Model::load(path, options).unwrap())
+}
+
+fn tokens(n: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            3 + (s >> 33) as u32 % (N_VOCAB - 3)
+        })
+        .collect()
+}
+
+/// Checks the GPU's logits against the CPU's; returns the error.
+fn compare_logits(what: &str, gpu: &[f32], cpu: &[f32]) -> f64 {
+    let err = relative_error(gpu, cpu);
+    assert!(
+        err <= 0.015,
+        "{what}: logit error {:.3}% of the logit scale",
+        err * 100.0
+    );
+    let mut sorted = cpu.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let scale = cpu.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if sorted[0] - sorted[1] > 0.02 * scale {
+        assert_eq!(argmax(gpu), argmax(cpu), "{what}: top-1 differs");
+    }
+    err
+}
+
+/// A prompt in chunks of `n_batch`, then `extra` single tokens, on both
+/// devices; the largest logit error over the steps.
+fn forward_error(path: &Path, prompt_len: usize, n_batch: u32, extra: usize, what: &str) -> f64 {
+    let all = tokens(prompt_len + extra, prompt_len as u64 + 1);
+    let params = SessionParams {
+        n_ctx: 1024,
+        n_batch,
+    };
+    let mut cpu = Session::new(load(path, -1), params).unwrap();
+    let mut gpu = Session::new(load(path, 0), params).unwrap();
+    cpu.decode(&all[..prompt_len]).unwrap();
+    gpu.decode(&all[..prompt_len]).unwrap();
+    let mut worst = compare_logits(
+        &format!("{what} prompt"),
+        gpu.logits().unwrap(),
+        cpu.logits().unwrap(),
+    );
+    for i in prompt_len..prompt_len + extra {
+        cpu.decode(&all[i..i + 1]).unwrap();
+        gpu.decode(&all[i..i + 1]).unwrap();
+        let err = compare_logits(
+            &format!("{what} token {i}"),
+            gpu.logits().unwrap(),
+            cpu.logits().unwrap(),
+        );
+        worst = worst.max(err);
+    }
+    worst
+}
+
+fn forward_every_type(arch: &str) {
+    if !have_gpu() {
+        return;
+    }
+    let mut report = Vec::new();
+    for ty in TYPES {
+        let path = synth(arch, ty);
+        // Chunks of 16 (cuBLAS) and 8 (matvec), then single tokens.
+        let err = forward_error(&path, 40, 16, 3, &format!("{arch} {ty}"));
+        report.push(format!("{ty} {:.3}%", err * 100.0));
+    }
+    println!(
+        "{arch} forward, largest GPU-vs-CPU logit error: {}",
+        report.join(", ")
+    );
+}
+
+#[test]
+fn llama_forward_matches_the_cpu_for_every_type() {
+    forward_every_type("llama");
+}
+
+#[test]
+fn qwen2_forward_matches_the_cpu_for_every_type() {
+    forward_every_type("qwen2");
+}
+
+#[test]
+fn gemma3_forward_matches_the_cpu_for_every_type() {
+    forward_every_type("gemma3");
+}
+
+#[test]
+fn prompts_past_600_tokens_match_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let mut report = Vec::new();
+    for (arch, ty, len) in [
+        ("llama", "q4_0", 700),
+        ("gemma3", "q4_k", 640),
+        ("qwen2", "q8_0", 620),
+    ] {
+        let path = synth(arch, ty);
+        let err = forward_error(&path, len, 256, 4, &format!("{arch} {ty} {len} tokens"));
+        report.push(format!("{arch} {ty} {len} tokens: {:.3}%", err * 100.0));
+    }
+    println!("long prompts, largest logit error: {}", report.join(", "));
+}
+
+#[test]
+fn batched_decode_across_sessions_matches_single_cpu_sessions() {
+    if !have_gpu() {
+        return;
+    }
+    let path = synth("llama", "q4_k");
+    let (cpu_model, gpu_model) = (load(&path, -1), load(&path, 0));
+    let params = SessionParams {
+        n_ctx: 256,
+        n_batch: 32,
+    };
+    let prompts = [tokens(5, 1), tokens(30, 2), tokens(12, 3)];
+    let mut gpu_sessions: Vec<Session> = prompts
+        .iter()
+        .map(|p| {
+            let mut s = Session::new(Arc::clone(&gpu_model), params).unwrap();
+            s.decode(p).unwrap();
+            s
+        })
+        .collect();
+    let next = [10u32, 20, 30];
+    Session::decode_batch(&mut gpu_sessions.iter_mut().collect::<Vec<_>>(), &next).unwrap();
+    let mut worst = 0f64;
+    for (i, p) in prompts.iter().enumerate() {
+        let mut cpu = Session::new(Arc::clone(&cpu_model), params).unwrap();
+        cpu.decode(p).unwrap();
+        cpu.decode(&next[i..i + 1]).unwrap();
+        worst = worst.max(compare_logits(
+            &format!("session {i}"),
+            gpu_sessions[i].logits().unwrap(),
+            cpu.logits().unwrap(),
+        ));
+    }
+    println!("batched decode, largest logit error: {:.3}%", worst * 100.0);
+}
+
+#[test]
+fn errors_are_statuses_and_the_backend_stays_usable() {
+    if !have_gpu() {
+        return;
+    }
+    let path = synth("llama", "q8_0");
+    // A device index past the last.
+    let bad = Model::load(
+        &path,
+        LoadOptions {
+            device: 64,
+            n_threads: 1,
+            use_mmap: true,
+            vocab_only: false,
+        },
+    )
+    .unwrap_err();
+    assert_eq!(bad.kind(), ErrorKind::InvalidArgument, "{bad}");
+    assert!(bad.message().contains("device 64"), "{bad}");
+
+    let model = load(&path, 0);
+    let stats_before = match model.backend() {
+        m40llm::backend::ModelBackend::Cuda(b) => b.memory_stats(),
+        _ => panic!("device 0 is the CUDA backend"),
+    };
+    // A KV cache larger than any GPU: OUT_OF_MEMORY, with the CUDA text.
+    let huge = Session::new(
+        Arc::clone(&model),
+        SessionParams {
+            n_ctx: 2_000_000_000,
+            n_batch: 0,
+        },
+    )
+    .err()
+    .expect("a 2e9-position cache cannot fit");
+    assert_eq!(huge.kind(), ErrorKind::OutOfMemory, "{huge}");
+    assert!(huge.message().contains("out of memory"), "{huge}");
+    // Nothing leaked, and the model still runs.
+    let stats_after = match model.backend() {
+        m40llm::backend::ModelBackend::Cuda(b) => b.memory_stats(),
+        _ => unreachable!(),
+    };
+    assert_eq!(stats_after.in_use, stats_before.in_use);
+    let mut s = Session::new(
+        Arc::clone(&model),
+        SessionParams {
+            n_ctx: 64,
+            n_batch: 0,
+        },
+    )
+    .unwrap();
+    s.decode(&tokens(10, 4)).unwrap();
+    assert!(s.logits().unwrap().iter().all(|v| v.is_finite()));
+
+    // The describe JSON reports the device and its memory.
+    let json = model.describe_json();
+    for key in [
+        "\"backend\":\"cuda\"",
+        "\"device_memory\":{",
+        "\"cache_hits\":",
+        "\"compute_capability\":",
+    ] {
+        assert!(json.contains(key), "{key} missing from {json}");
+    }
+    println!("describe: {json}");
+}
+
+#[test]
+fn the_decode_loop_allocates_no_device_memory() {
+    if !have_gpu() {
+        return;
+    }
+    let path = synth("gemma3", "q4_0");
+    let model = load(&path, 0);
+    let mut s = Session::new(
+        Arc::clone(&model),
+        SessionParams {
+            n_ctx: 256,
+            n_batch: 0,
+        },
+    )
+    .unwrap();
+    s.decode(&tokens(20, 5)).unwrap();
+    s.decode(&[7]).unwrap();
+    let stats = || match model.backend() {
+        m40llm::backend::ModelBackend::Cuda(b) => b.memory_stats(),
+        _ => unreachable!(),
+    };
+    let before = stats();
+    for t in 0..20 {
+        s.decode(&[10 + t]).unwrap();
+    }
+    let after = stats();
+    assert_eq!(
+        after.device_allocations, before.device_allocations,
+        "decode steps called cudaMalloc: {before:?} → {after:?}"
+    );
+    assert!(after.cache_hits > before.cache_hits);
+    println!(
+        "20 decode steps: {} pool hits, no cudaMalloc",
+        after.cache_hits - before.cache_hits
+    );
+}
+
+/// The weights' device copy is the file's data section, not an f32 expansion.
+#[test]
+fn device_memory_is_about_the_file_size() {
+    if !have_gpu() {
+        return;
+    }
+    let path = synth("llama", "q4_0");
+    let file_size = std::fs::metadata(&path).unwrap().len() as usize;
+    let model = load(&path, 0);
+    let m40llm::backend::ModelBackend::Cuda(b) = model.backend() else {
+        panic!("device 0 is the CUDA backend")
+    };
+    let weights = b.weight_bytes();
+    assert!(
+        weights <= file_size + file_size / 20,
+        "weights take {weights} bytes of a {file_size}-byte file"
+    );
+}

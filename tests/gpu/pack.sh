@@ -1,0 +1,28 @@
+#!/bin/bash
+# Builds the GPU test suite here (nvcc 11.8, see .ci/install-cuda.sh) and packs what a
+# GPU machine without a Rust toolchain needs into .device/ (listed in .git/info/exclude):
+#   cuda_backend_fat   the CUDA tests, SASS for sm_52..sm_90 plus compute_52 PTX
+#   cuda_backend_ptx   the same tests built with compute_52 PTX only: the M40's code,
+#                      run on a newer GPU through the driver's JIT
+#   gemma_reference    the Gemma 3 270M reference test (run with M40_TEST_DEVICE=0)
+#   libm40llm.so, m40-bench, shared/ (synth_gguf.py and the reference data), run.sh
+# Then, on the GPU machine: .device/run.sh [tests|bench|gemma].
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+executable() { # the test binary cargo reports for tests/$1.rs
+  grep -o "tests/$1.rs (\([^)]*\))" | sed 's/.*(\(.*\))/\1/'
+}
+fat=$(cargo test --release --features cuda --no-run --test cuda_backend --test gemma_reference 2>&1)
+ptx=$(M40_CUDA_ARCHS=ptx CARGO_TARGET_DIR=target/ptx cargo test --release --features cuda --no-run --test cuda_backend 2>&1)
+cargo build --release --features cuda
+rm -rf .device && mkdir -p .device/shared/tools .device/shared/data/reference
+cp "$(echo "$fat" | executable cuda_backend)" .device/cuda_backend_fat
+cp "$(echo "$ptx" | executable cuda_backend)" .device/cuda_backend_ptx
+cp "$(echo "$fat" | executable gemma_reference)" .device/gemma_reference
+cp target/release/libm40llm.so .device/
+${CC:-cc} -O2 -std=c11 -Iinclude examples-c/m40-bench.c -L.device -Wl,-rpath,'$ORIGIN' -lm40llm -lpthread -lm -o .device/m40-bench
+cp ../shared/tools/synth_gguf.py .device/shared/tools/
+cp ../shared/data/reference/*.jsonl .device/shared/data/reference/
+cp tests/gpu/run.sh .device/
+strip .device/cuda_backend_fat .device/cuda_backend_ptx .device/gemma_reference .device/libm40llm.so .device/m40-bench
+du -sh .device

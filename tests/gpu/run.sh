@@ -1,0 +1,34 @@
+#!/bin/bash
+# Runs on the GPU machine, from the folder tests/gpu/pack.sh filled (see there).
+#   run.sh tests   the CUDA test suite twice: fat binary, then compute_52 PTX only
+#   run.sh bench   m40-bench on synthetic Llama-2-7B shapes, Q4_0 and Q8_0
+#   run.sh gemma   the Gemma 3 270M reference on CUDA device 0 ($M40_GEMMA_GGUF)
+# Logs go to $OUT (or /tmp) and a summary to stdout.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-/tmp}
+export M40_SHARED_DIR=$here/shared M40_TEST_TMPDIR=${M40_TEST_TMPDIR:-/tmp/m40-gpu-tests}
+mkdir -p "$M40_TEST_TMPDIR"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+status=0
+case "${1:-tests}" in
+tests)
+  for build in fat ptx; do
+    "$here/cuda_backend_$build" --nocapture --test-threads=4 > "$out/cuda_backend_$build.log" 2>&1 || status=1
+    echo "== cuda_backend ($build build)"
+    grep -E "^test |test result|largest|error|relative|describe|panicked|decode steps" "$out/cuda_backend_$build.log" | cut -c1-600
+  done
+  ;;
+bench)
+  for ty in q4_0 q8_0; do
+    model=$M40_TEST_TMPDIR/llama-7b-$ty.gguf
+    [ -f "$model" ] || python3 "$here/shared/tools/synth_gguf.py" --preset llama-7b --type "$ty" --out "$model" > /dev/null
+    "$here/m40-bench" -m "$model" -d 0 -p 512 -n 128 -r 3 -b 1,8 2>&1 | tee "$out/bench-$ty.log" || status=1
+  done
+  ;;
+gemma)
+  M40_TEST_DEVICE=0 M40_REQUIRE_MODEL=1 "$here/gemma_reference" --nocapture --test-threads=1 > "$out/gemma.log" 2>&1 || status=1
+  grep -E "^test |test result|median|p95|steps|panicked" "$out/gemma.log" | cut -c1-600
+  ;;
+esac
+exit $status
