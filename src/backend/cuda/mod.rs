@@ -60,14 +60,16 @@ pub struct CudaBackend {
 }
 
 /// What one operation at a time uses.
+/// Fields drop in order: the cuBLAS handle bound to the stream goes first,
+/// the stream last.
 struct State {
-    stream: OwnedStream,
-    arena: Arena,
     cublas: Option<cublas::Cublas>,
+    arena: Arena,
     /// The row table of the rows RoPE was last given (positions only).
     positions: RowTable,
     /// The row table of the rows the KV kernels were last given.
     cache_rows: RowTable,
+    stream: OwnedStream,
 }
 
 /// A host table of batch rows and its device copy, uploaded again only when
