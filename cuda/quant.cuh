@@ -31,37 +31,33 @@ template <> struct Format<M40_F32> {
     }
 };
 
+// The 16-bit float formats: 16 values in two 16-byte loads, each 16-bit
+// word widened by `widen` (its bits in the low half of a u32) to f32.
+template <class Widen> __device__ __forceinline__ void m40_decode16_words(const uint8_t *b, float *v, Widen widen) {
+    const uint4 *p = reinterpret_cast<const uint4 *>(b);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        uint4 w = p[i];
+        uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            v[8 * i + 2 * j] = widen(words[j] & 0xffffu);
+            v[8 * i + 2 * j + 1] = widen(words[j] >> 16);
+        }
+    }
+}
+
 template <> struct Format<M40_F16> {
     static constexpr int VALUES = 16, BYTES = 32;
     __device__ static void decode16(const uint8_t *b, int, float *v) {
-        const uint4 *p = reinterpret_cast<const uint4 *>(b);
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            uint4 w = p[i];
-            uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                v[8 * i + 2 * j] = m40_half_bits(uint16_t(words[j] & 0xffff));
-                v[8 * i + 2 * j + 1] = m40_half_bits(uint16_t(words[j] >> 16));
-            }
-        }
+        m40_decode16_words(b, v, [](uint32_t bits) { return m40_half_bits(uint16_t(bits)); });
     }
 };
 
 template <> struct Format<M40_BF16> {
     static constexpr int VALUES = 16, BYTES = 32;
     __device__ static void decode16(const uint8_t *b, int, float *v) {
-        const uint4 *p = reinterpret_cast<const uint4 *>(b);
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            uint4 w = p[i];
-            uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                v[8 * i + 2 * j] = __uint_as_float(words[j] << 16);
-                v[8 * i + 2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
-            }
-        }
+        m40_decode16_words(b, v, [](uint32_t bits) { return __uint_as_float(bits << 16); });
     }
 };
 

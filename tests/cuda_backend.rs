@@ -491,15 +491,7 @@ fn load(path: &Path, device: i32) -> Arc<Model> {
 }
 
 fn tokens(n: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            3 + (s >> 33) as u32 % (N_VOCAB - 3)
-        })
-        .collect()
+    common::random_tokens(n, seed, N_VOCAB)
 }
 
 /// Checks the GPU's logits against the CPU's; returns the error.

@@ -86,15 +86,7 @@ fn reference(model: &Path, tokens: &[u32], positions: &[usize]) -> Vec<Vec<f32>>
 }
 
 fn tokens(n: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            3 + (s >> 33) as u32 % (N_VOCAB - 3)
-        })
-        .collect()
+    common::random_tokens(n, seed, N_VOCAB)
 }
 
 /// Largest error as a fraction of the largest reference magnitude.

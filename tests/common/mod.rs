@@ -17,6 +17,20 @@ pub fn scratch_path(name: &str) -> PathBuf {
     dir.join(format!("{}-{name}", std::process::id()))
 }
 
+/// `n` pseudo-random token ids in 3..n_vocab (past the usual special
+/// tokens), the same for the same seed.
+pub fn random_tokens(n: usize, seed: u64, n_vocab: u32) -> Vec<u32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            3 + (s >> 33) as u32 % (n_vocab - 3)
+        })
+        .collect()
+}
+
 /// The workplace's shared folder (reference data, tools): `$M40_SHARED_DIR`,
 /// else `../shared` beside the repository.
 pub fn shared_dir() -> PathBuf {

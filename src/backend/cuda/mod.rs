@@ -72,6 +72,31 @@ struct State {
     stream: OwnedStream,
 }
 
+impl State {
+    /// Copies a list of indices (token ids, row numbers) into this
+    /// operation's scratch.
+    fn upload_indices(
+        &mut self,
+        allocator: &Arc<DeviceAllocator>,
+        ids: &[c_int],
+    ) -> Result<*const c_int> {
+        let bytes = std::mem::size_of_val(ids);
+        self.arena.begin(allocator, Arena::footprint(&[bytes]))?;
+        let device_ids = self.arena.take::<c_int>(ids.len());
+        // SAFETY: the arena piece holds ids.len() ints; the host slice is
+        // staged before the call returns.
+        unsafe {
+            runtime::copy_to_device(
+                device_ids.cast(),
+                ids.as_ptr().cast(),
+                bytes,
+                self.stream.raw(),
+            )?
+        };
+        Ok(device_ids)
+    }
+}
+
 /// A host table of batch rows and its device copy, uploaded again only when
 /// the rows change (every layer of a forward pass uses the same rows).
 struct RowTable {
@@ -156,7 +181,7 @@ impl CudaBackend {
 
         let mut vectors = HashMap::new();
         for t in file.tensors() {
-            if t.dims.iter().skip(1).all(|&d| d == 1) {
+            if is_vector(t) {
                 let n = t.n_elements() as usize;
                 let mut v = allocator.alloc::<f32>(n)?;
                 // SAFETY: the tensor's bytes lie inside the uploaded data
@@ -266,6 +291,11 @@ fn upload(data: &[u8], dst: &mut DevicePtr<u8>) -> Result<()> {
     runtime::synchronize(&stream)
 }
 
+/// One-row weights (norms, biases, RoPE factors), which the backend keeps as f32.
+fn is_vector(t: &crate::gguf::TensorInfo) -> bool {
+    t.dims.iter().skip(1).all(|&d| d == 1)
+}
+
 /// The kernels read matrices 16 values at a time with vector loads: every
 /// matrix row must be a multiple of 32 values and float matrices 16-byte
 /// aligned (GGUF's default alignment of 32 gives that).
@@ -275,7 +305,7 @@ fn check_tensor_layouts(file: &GgufFile) -> Result<()> {
         if !ty.is_supported() {
             continue;
         }
-        if t.dims.iter().skip(1).all(|&d| d == 1) {
+        if is_vector(t) {
             continue;
         }
         if t.dims[0] % 32 != 0 {
@@ -384,18 +414,10 @@ impl Backend for CudaBackend {
         let mut state = self.lock();
         let st = &mut *state;
         let ids: Vec<c_int> = tokens.iter().map(|&t| t as c_int).collect();
-        st.arena
-            .begin(&self.allocator, Arena::footprint(&[ids.len() * 4]))?;
-        let device_ids = st.arena.take::<c_int>(ids.len());
-        // SAFETY: the arena piece holds ids.len() ints; `out` holds one row
-        // per token; the table is a located weight.
+        let device_ids = st.upload_indices(&self.allocator, &ids)?;
+        // SAFETY: `device_ids` holds the ids; `out` holds one row per token;
+        // the table is a located weight.
         unsafe {
-            runtime::copy_to_device(
-                device_ids.cast(),
-                ids.as_ptr().cast(),
-                ids.len() * 4,
-                st.stream.raw(),
-            )?;
             check(
                 m40_embed(
                     table.ty.id() as c_int,
@@ -543,17 +565,9 @@ impl Backend for CudaBackend {
             };
         }
         let ids: Vec<c_int> = rows.iter().map(|&r| r as c_int).collect();
-        st.arena
-            .begin(&self.allocator, Arena::footprint(&[ids.len() * 4]))?;
-        let device_ids = st.arena.take::<c_int>(ids.len());
-        // SAFETY: the arena piece holds the ids; src holds every named row.
+        let device_ids = st.upload_indices(&self.allocator, &ids)?;
+        // SAFETY: `device_ids` holds the ids; src holds every named row.
         unsafe {
-            runtime::copy_to_device(
-                device_ids.cast(),
-                ids.as_ptr().cast(),
-                ids.len() * 4,
-                st.stream.raw(),
-            )?;
             check(
                 m40_gather_rows(
                     src.as_ptr(),
