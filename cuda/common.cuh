@@ -44,6 +44,14 @@ __device__ __forceinline__ float m40_warp_max(float v) {
     return v;
 }
 
+// The gate activation of SwiGLU (SiLU) or GeGLU (tanh-GELU, written as
+// x / (1 + e^{−2y}), as the CPU backend computes it).
+__device__ __forceinline__ float m40_activation(bool gelu, float g) {
+    if (!gelu) return g / (1.0f + expf(-g));
+    const float y = 0.7978845608f * g * (1.0f + 0.044715f * g * g);
+    return g / (1.0f + expf(-2.0f * y));
+}
+
 static inline unsigned m40_blocks(size_t n, unsigned threads) {
     return unsigned((n + threads - 1) / threads);
 }

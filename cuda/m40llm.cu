@@ -4,6 +4,7 @@
 // the SASS targets; the cc crate would otherwise compile several files with
 // --device-c, whose PTX the runtime cannot load.
 #include "matmul.cu"
+#include "gemv.cu"
 #include "ops.cu"
 #include "attention.cu"
 #include "device.cu"

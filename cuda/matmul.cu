@@ -1,69 +1,7 @@
-// Weight-reading kernels: quantized matrix × a few activation rows (decode),
-// dequantization of row bands to f32 (prefill through cuBLAS, one-row
-// weights at load), and the embedding lookup.
+// Weight-reading kernels besides decode's products (gemv.cu): dequantization
+// of row bands to f32 (prefill through cuBLAS, one-row weights at load) and
+// the embedding lookup.
 #include "quant.cuh"
-
-// Activation rows one matvec launch multiplies at once; more rows run as
-// several launches (or through the GEMM path).
-#define M40_MATVEC_MAX_ROWS 8
-#define M40_MATVEC_WARPS 4
-
-// y[t][r] = Σ_k W[r][k] · x[t][k] for t < n_x: one warp per weight row, each
-// lane decoding 16-value parts of the row in turn, so a weight byte is read
-// once for all n_x activation rows.
-template <class F>
-__global__ void __launch_bounds__(32 * M40_MATVEC_WARPS)
-    matvec_kernel(const uint8_t *__restrict__ w, int rows, int cols, const float *__restrict__ x, int n_x,
-                  float *__restrict__ y) {
-    const int row = blockIdx.x * M40_MATVEC_WARPS + threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    constexpr int PARTS = F::VALUES / 16;
-    const size_t row_bytes = size_t(cols / F::VALUES) * F::BYTES;
-    const uint8_t *w_row = w + size_t(row) * row_bytes;
-    const int n_parts = cols / 16;
-
-    float acc[M40_MATVEC_MAX_ROWS];
-#pragma unroll
-    for (int t = 0; t < M40_MATVEC_MAX_ROWS; t++) acc[t] = 0.0f;
-
-    for (int p = lane; p < n_parts; p += 32) {
-        float v[16];
-        F::decode16(w_row + size_t(p / PARTS) * F::BYTES, p % PARTS, v);
-#pragma unroll
-        for (int t = 0; t < M40_MATVEC_MAX_ROWS; t++) {
-            if (t < n_x) {
-                const float4 *xp = reinterpret_cast<const float4 *>(x + size_t(t) * cols + 16 * p);
-                float s = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float4 a = xp[i];
-                    s += v[4 * i] * a.x + v[4 * i + 1] * a.y + v[4 * i + 2] * a.z + v[4 * i + 3] * a.w;
-                }
-                acc[t] += s;
-            }
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < M40_MATVEC_MAX_ROWS; t++) {
-        if (t < n_x) {
-            float s = m40_warp_sum(acc[t]);
-            if (lane == 0) y[size_t(t) * rows + row] = s;
-        }
-    }
-}
-
-// y (n_x × rows) = x (n_x × cols) · Wᵀ, for n_x ≤ M40_MATVEC_MAX_ROWS.
-M40_EXPORT cudaError_t m40_matvec(int type, const uint8_t *w, int rows, int cols, const float *x, int n_x,
-                                  float *y, cudaStream_t stream) {
-    if (n_x < 1 || n_x > M40_MATVEC_MAX_ROWS || cols % 32 != 0) return cudaErrorInvalidValue;
-    if (rows == 0) return cudaSuccess;
-    const unsigned blocks = m40_blocks(rows, M40_MATVEC_WARPS);
-    return m40_with_format(type, [&](auto f) {
-        using F = decltype(f);
-        matvec_kernel<F><<<blocks, 32 * M40_MATVEC_WARPS, 0, stream>>>(w, rows, cols, x, n_x, y);
-    });
-}
 
 // out[i][·] = row src_rows[i] (or i when src_rows is null) of W as f32, times scale.
 template <class F>

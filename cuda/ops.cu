@@ -5,30 +5,56 @@
 
 #define M40_NORM_THREADS 256
 
-// Each of n_groups groups of `group` values: x ← x / rms(x) · w.
-__global__ void __launch_bounds__(M40_NORM_THREADS)
-    rms_norm_kernel(float *__restrict__ x, const float *__restrict__ w, int group, float eps) {
-    float *g = x + size_t(blockIdx.x) * group;
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < group; i += M40_NORM_THREADS) sum += g[i] * g[i];
+// The sum of v over a block of M40_NORM_THREADS threads, returned to all.
+__device__ float m40_block_sum(float v) {
     __shared__ float partial[M40_NORM_THREADS / 32];
-    sum = m40_warp_sum(sum);
-    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
+    v = m40_warp_sum(v);
+    __syncthreads();  // a previous call's readers are done with `partial`
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
     __syncthreads();
-    if (threadIdx.x < 32) {
-        sum = threadIdx.x < M40_NORM_THREADS / 32 ? partial[threadIdx.x] : 0.0f;
-        sum = m40_warp_sum(sum);
-        if (threadIdx.x == 0) partial[0] = sum;
-    }
-    __syncthreads();
-    const float scale = 1.0f / sqrtf(partial[0] / float(group) + eps);
-    for (int i = threadIdx.x; i < group; i += M40_NORM_THREADS) g[i] = g[i] * scale * w[i];
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < M40_NORM_THREADS / 32; w++) sum += partial[w];
+    return sum;
 }
 
-M40_EXPORT cudaError_t m40_rms_norm(float *x, const float *w, int group, int n_groups, float eps,
+// 1 / rms of a group of values.
+__device__ float m40_inverse_rms(const float *g, int group, float eps) {
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < group; i += M40_NORM_THREADS) sum += g[i] * g[i];
+    return 1.0f / sqrtf(m40_block_sum(sum) / float(group) + eps);
+}
+
+// Each of n_groups groups of `group` values: out ← x / rms(x) · w (out may be x).
+__global__ void __launch_bounds__(M40_NORM_THREADS)
+    rms_norm_kernel(const float *x, const float *__restrict__ w, int group, float eps, float *out) {
+    const float *g = x + size_t(blockIdx.x) * group;
+    float *o = out + size_t(blockIdx.x) * group;
+    const float scale = m40_inverse_rms(g, group, eps);
+    for (int i = threadIdx.x; i < group; i += M40_NORM_THREADS) o[i] = g[i] * scale * w[i];
+}
+
+M40_EXPORT cudaError_t m40_rms_norm(const float *x, const float *w, int group, int n_groups, float eps, float *out,
                                     cudaStream_t stream) {
     if (n_groups == 0) return cudaSuccess;
-    rms_norm_kernel<<<n_groups, M40_NORM_THREADS, 0, stream>>>(x, w, group, eps);
+    rms_norm_kernel<<<n_groups, M40_NORM_THREADS, 0, stream>>>(x, w, group, eps, out);
+    return m40_launch_status();
+}
+
+// Each row: x += y / rms(y) · w (Gemma's normalized residual branches).
+__global__ void __launch_bounds__(M40_NORM_THREADS)
+    norm_add_kernel(float *__restrict__ x, const float *__restrict__ y, const float *__restrict__ w, int width,
+                    float eps) {
+    const float *g = y + size_t(blockIdx.x) * width;
+    float *o = x + size_t(blockIdx.x) * width;
+    const float scale = m40_inverse_rms(g, width, eps);
+    for (int i = threadIdx.x; i < width; i += M40_NORM_THREADS) o[i] += g[i] * scale * w[i];
+}
+
+M40_EXPORT cudaError_t m40_norm_add(float *x, const float *y, const float *w, int width, int n_rows, float eps,
+                                    cudaStream_t stream) {
+    if (n_rows == 0) return cudaSuccess;
+    norm_add_kernel<<<n_rows, M40_NORM_THREADS, 0, stream>>>(x, y, w, width, eps);
     return m40_launch_status();
 }
 
@@ -60,9 +86,19 @@ M40_EXPORT cudaError_t m40_gather_rows(const float *src, int width, const int *r
     return m40_launch_status();
 }
 
-// One thread per (row, head, pair). The angle is computed in double, as the
-// CPU backend does: positions reach 10^5 and the f32 product would lose the
-// phase.
+// RoPE's cos and sin of pair i of a head at `pos`. The angle is computed in
+// double, as the CPU backend does: positions reach 10^5 and the f32 product
+// would lose the phase.
+__device__ void m40_rope_angle(int pos, int i, int dims, double freq_base, double freq_scale,
+                               const float *factors, float &c, float &s) {
+    double inv_freq = pow(freq_base, -2.0 * i / dims);
+    if (factors) inv_freq /= double(factors[i]);
+    const double theta = double(pos) * freq_scale * inv_freq;
+    c = float(cos(theta));
+    s = float(sin(theta));
+}
+
+// One thread per (row, head, pair).
 __global__ void rope_kernel(float *__restrict__ x, int n_rows, int n_heads, int head_dim,
                             const M40Row *__restrict__ rows, int neox, int dims, double freq_base,
                             double freq_scale, const float *__restrict__ factors) {
@@ -73,10 +109,8 @@ __global__ void rope_kernel(float *__restrict__ x, int n_rows, int n_heads, int 
     const size_t head = index / half;
     const int row = int(head / n_heads);
     float *h = x + head * head_dim;
-    double inv_freq = pow(freq_base, -2.0 * i / dims);
-    if (factors) inv_freq /= double(factors[i]);
-    const double theta = double(rows[row].pos) * freq_scale * inv_freq;
-    const float c = float(cos(theta)), s = float(sin(theta));
+    float c, s;
+    m40_rope_angle(rows[row].pos, i, dims, freq_base, freq_scale, factors, c, s);
     const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
     const float x0 = h[a], x1 = h[b];
     h[a] = x0 * c - x1 * s;
@@ -93,20 +127,11 @@ M40_EXPORT cudaError_t m40_rope(float *x, int n_rows, int n_heads, int head_dim,
     return m40_launch_status();
 }
 
-// out = act(gate) · up; act 0: SiLU, 1: tanh-GELU written as x / (1 + e^{−2y}).
+// out = act(gate) · up; act 0: SiLU, 1: tanh-GELU.
 __global__ void glu_kernel(int act, const float *__restrict__ gate, const float *__restrict__ up, size_t n,
                            float *__restrict__ out) {
     const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float g = gate[i];
-    float a;
-    if (act == 0) {
-        a = g / (1.0f + expf(-g));
-    } else {
-        const float y = 0.7978845608f * g * (1.0f + 0.044715f * g * g);
-        a = g / (1.0f + expf(-2.0f * y));
-    }
-    out[i] = a * up[i];
+    if (i < n) out[i] = m40_activation(act == 1, gate[i]) * up[i];
 }
 
 M40_EXPORT cudaError_t m40_glu(int act, const float *gate, const float *up, size_t n, float *out,
@@ -138,5 +163,65 @@ M40_EXPORT cudaError_t m40_store_kv(const float *k, const float *v, int n_rows, 
     const size_t n = size_t(n_rows) * (k_width + v_width);
     if (n == 0) return cudaSuccess;
     store_kv_kernel<<<m40_blocks(n, 256), 256, 0, stream>>>(k, v, n_rows, k_width, v_width, rows, layer);
+    return m40_launch_status();
+}
+
+// Attention's inputs for one layer, in one launch: one block per (row,
+// head) of q, k and v. Query and key heads get their per-head RMSNorm (when
+// given) and RoPE, queries in place; keys and values go to their sequences'
+// caches as f16.
+__global__ void __launch_bounds__(M40_NORM_THREADS)
+    attention_inputs_kernel(float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,
+                            M40AttentionInputs a) {
+    __shared__ float head[M40_MAX_HEAD_DIM];
+    const int r = blockIdx.x, h = blockIdx.y;
+    const M40Row row = a.rows[r];
+    const int n_q = a.n_head, n_k = a.n_head_kv;
+    const bool is_q = h < n_q, is_k = !is_q && h < n_q + n_k;
+    const int dim = is_q || is_k ? a.head_dim_k : a.head_dim_v;
+    const float *src = is_q ? q + (size_t(r) * n_q + h) * dim
+                       : is_k ? k + (size_t(r) * n_k + (h - n_q)) * dim
+                              : v + (size_t(r) * n_k + (h - n_q - n_k)) * dim;
+    const size_t slot = size_t(a.layer) * row.n_ctx + row.pos;
+    if (!is_q && !is_k) {
+        __half *cache = reinterpret_cast<__half *>(row.values) + slot * n_k * dim + size_t(h - n_q - n_k) * dim;
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) cache[i] = __float2half_rn(src[i]);
+        return;
+    }
+    const float *norm = is_q ? a.q_norm : a.k_norm;
+    const float scale = norm ? m40_inverse_rms(src, dim, a.eps) : 1.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) head[i] = norm ? src[i] * scale * norm[i] : src[i];
+    __syncthreads();
+    float *q_out = q + (size_t(r) * n_q + h) * dim;
+    __half *k_out = reinterpret_cast<__half *>(row.keys) + slot * n_k * dim + size_t(h - n_q) * dim;
+    const auto put = [&](int i, float value) {
+        if (is_q)
+            q_out[i] = value;
+        else
+            k_out[i] = __float2half_rn(value);
+    };
+    const int half = a.rope_dims / 2;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        if (i < half) {
+            float c, s;
+            m40_rope_angle(row.pos, i, a.rope_dims, a.freq_base, a.freq_scale, a.factors, c, s);
+            const int ia = a.neox ? i : 2 * i, ib = a.neox ? i + half : 2 * i + 1;
+            const float x0 = head[ia], x1 = head[ib];
+            put(ia, x0 * c - x1 * s);
+            put(ib, x0 * s + x1 * c);
+        } else if (i >= a.rope_dims) {
+            put(i, head[i]);
+        }
+    }
+}
+
+M40_EXPORT cudaError_t m40_attention_inputs(float *q, const float *k, const float *v, int n_rows,
+                                            const M40AttentionInputs *inputs, cudaStream_t stream) {
+    const M40AttentionInputs &a = *inputs;
+    if (a.head_dim_k > M40_MAX_HEAD_DIM || a.head_dim_v > M40_MAX_HEAD_DIM || a.rope_dims > a.head_dim_k ||
+        a.rope_dims % 2 != 0 || a.n_head + 2 * a.n_head_kv > 65535)
+        return cudaErrorInvalidValue;
+    if (n_rows == 0) return cudaSuccess;
+    attention_inputs_kernel<<<dim3(n_rows, a.n_head + 2 * a.n_head_kv), M40_NORM_THREADS, 0, stream>>>(q, k, v, a);
     return m40_launch_status();
 }

@@ -14,3 +14,25 @@ struct M40Row {
     int pos;
     int n_ctx;
 };
+
+// Head sizes the attention kernels handle.
+#define M40_MAX_HEAD_DIM 256
+
+// One layer's attention-input step (per-head norms, RoPE, KV store).
+// Mirrors `AttentionInputs` in src/backend/cuda/kernels.rs.
+struct M40AttentionInputs {
+    const M40Row *rows;
+    const float *q_norm;   // head_dim_k f32, or null
+    const float *k_norm;
+    const float *factors;  // rope_dims / 2 frequency divisors, or null
+    double freq_base;
+    double freq_scale;
+    float eps;
+    int layer;
+    int n_head;
+    int n_head_kv;
+    int head_dim_k;
+    int head_dim_v;
+    int neox;
+    int rope_dims;
+};

@@ -230,6 +230,12 @@ template <> struct Format<M40_Q6_K> {
     }
 };
 
+// The GGUF id of a Format type.
+template <class F> struct FormatType;
+template <int T> struct FormatType<Format<T>> {
+    static constexpr int value = T;
+};
+
 // Calls F.template operator()<Format<T>>() for the format with GGUF id
 // `type`; returns cudaErrorInvalidValue for any other id.
 template <class F> cudaError_t m40_with_format(int type, F &&f) {

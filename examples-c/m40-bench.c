@@ -11,9 +11,11 @@
  *          m40_decode_batch (-b; B = 1 is the tg row)
  *
  * Each test runs once to warm up, then -r times; rows show mean ± stddev.
- * The memory bandwidth is measured in the same run (a multi-threaded copy
- * on the CPU), and each generation row shows the fraction of that roofline
- * it reached: (weight bytes read per step) × steps/s ÷ bandwidth.
+ * The memory bandwidth is measured in the same run (on a CUDA device, the
+ * library's device-to-device copy that m40_model_describe reports; on the
+ * CPU, a multi-threaded copy here), and each generation row shows the
+ * fraction of that roofline it reached:
+ * (weight bytes read per step) × steps/s ÷ bandwidth.
  */
 #define _GNU_SOURCE
 #include "m40llm.h"
@@ -115,6 +117,14 @@ static long long json_int(const char *json, const char *key) {
     snprintf(pattern, sizeof pattern, "\"%s\":", key);
     const char *at = strstr(json, pattern);
     return at ? strtoll(at + strlen(pattern), NULL, 10) : -1;
+}
+
+/* The number after "key": in a flat JSON object, or -1. */
+static double json_double(const char *json, const char *key) {
+    char pattern[64];
+    snprintf(pattern, sizeof pattern, "\"%s\":", key);
+    const char *at = strstr(json, pattern);
+    return at ? strtod(at + strlen(pattern), NULL) : -1;
 }
 
 static void json_str(const char *json, const char *key, char *out, size_t cap) {
@@ -246,7 +256,12 @@ int main(int argc, char **argv) {
     json_str(desc, "name", name, sizeof name);
     json_str(desc, "backend", backend, sizeof backend);
     json_str(desc, "device", device, sizeof device);
-    double bandwidth = copy_bandwidth(threads > 0 ? (int)threads : 1);
+    double bandwidth = json_double(desc, "memory_bandwidth_gbps");
+    const char *bandwidth_kind = "device copy, read+write";
+    if (bandwidth <= 0) {
+        bandwidth = copy_bandwidth(threads > 0 ? (int)threads : 1);
+        bandwidth_kind = "CPU copy, read+write";
+    }
 
     struct result results[32];
     int n_results = 0;
@@ -292,9 +307,9 @@ int main(int argc, char **argv) {
         }
         printf("]\n");
     } else {
-        printf("device: %s; memory bandwidth (copy, read+write): %.1f GB/s; weights read per generated token: "
+        printf("device: %s; memory bandwidth (%s): %.1f GB/s; weights read per generated token: "
                "%.1f MiB; peak RSS: %.1f MiB\n\n",
-               device, bandwidth, per_token / 1048576.0, peak_rss / 1048576.0);
+               device, bandwidth_kind, bandwidth, per_token / 1048576.0, peak_rss / 1048576.0);
         printf("| model | size | params | backend | threads | test | t/s | roofline |\n");
         printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
         for (int i = 0; i < n_results; i++) {

@@ -9,10 +9,12 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod fused;
 
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::model::Weight;
+pub use fused::{GatedFfn, Heads, Norm, Product, Scratch};
 
 /// How RoPE pairs the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +75,7 @@ pub trait Backend {
     /// One sequence's key/value cache for every layer.
     type KvCache: Send;
 
-    /// A zeroed buffer of `len` values.
+    /// A buffer of `len` values (its contents are unspecified until written).
     fn buffer(&self, len: usize) -> Result<Self::Buffer>;
     /// Copies a buffer's values to the host.
     fn read(&self, buffer: &Self::Buffer, out: &mut [f32]) -> Result<()>;
@@ -158,6 +160,64 @@ pub trait Backend {
         shape: &AttentionShape,
         out: &mut Self::Buffer,
     ) -> Result<()>;
+
+    // The fused steps of a layer (see `fused`): by default composed of the
+    // operations above; a backend overrides them with fewer, fused kernels.
+
+    /// Every product reads norm(x) (`rows` rows); `normed` is scratch.
+    fn norm_matmuls(
+        &self,
+        x: &Self::Buffer,
+        norm: Norm,
+        rows: usize,
+        normed: &mut Self::Buffer,
+        products: &mut [Product<Self::Buffer>],
+    ) -> Result<()> {
+        fused::norm_matmuls(self, x, norm, rows, normed, products)
+    }
+
+    /// out = act(norm(x) · gateᵀ) · (norm(x) · upᵀ).
+    fn norm_gated_ffn(
+        &self,
+        x: &Self::Buffer,
+        norm: Norm,
+        rows: usize,
+        ffn: GatedFfn,
+        scratch: Scratch<Self::Buffer>,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        fused::norm_gated_ffn(self, x, norm, rows, ffn, scratch, out)
+    }
+
+    /// x += post_norm(a · Wᵀ); `product` is scratch.
+    fn matmul_residual(
+        &self,
+        w: &Weight,
+        a: &Self::Buffer,
+        rows: usize,
+        post_norm: Option<Norm>,
+        product: &mut Self::Buffer,
+        x: &mut Self::Buffer,
+    ) -> Result<()> {
+        fused::matmul_residual(self, w, a, rows, post_norm, product, x)
+    }
+
+    /// Per-head norms and RoPE of q and k, then k and v into the caches.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_inputs(
+        &self,
+        caches: &mut [&mut Self::KvCache],
+        layer: usize,
+        rows: &[SeqPos],
+        heads: Heads,
+        qk_norm: Option<(Norm, Norm)>,
+        rope: &Rope,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        v: &Self::Buffer,
+    ) -> Result<()> {
+        fused::attention_inputs(self, caches, layer, rows, heads, qk_norm, rope, q, k, v)
+    }
 }
 
 /// The device a model runs on.

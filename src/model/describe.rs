@@ -119,6 +119,9 @@ impl Model {
             ",\"cublas\":{}",
             b.cublas_library().map_or("null".to_string(), json_string)
         );
+        if let Ok(gbps) = b.memory_bandwidth_gbps() {
+            let _ = write!(j, ",\"memory_bandwidth_gbps\":{gbps:.1}");
+        }
         let m = b.memory_stats();
         let _ = write!(
             j,

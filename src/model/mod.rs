@@ -132,6 +132,9 @@ impl Model {
                 use crate::backend::cuda::{CudaBackend, CudaOptions};
                 let options = CudaOptions {
                     use_cublas: std::env::var("M40_CUBLAS").map_or(true, |v| v != "0"),
+                    gemv_rows_per_warp: std::env::var("M40_GEMV_ROWS_PER_WARP")
+                        .ok()
+                        .and_then(|v| v.parse().ok()),
                 };
                 ModelBackend::Cuda(Box::new(CudaBackend::new(
                     Arc::clone(&gguf),

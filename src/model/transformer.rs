@@ -10,7 +10,10 @@
 //! over its sequence's positions up to its own".
 
 use super::{ArchTraits, HyperParams, Model, Weights};
-use crate::backend::{AttentionShape, Backend, ModelBackend, Rope, SeqPos, SequenceCache};
+use crate::backend::{
+    AttentionShape, Backend, GatedFfn, Heads, ModelBackend, Norm, Product, Rope, Scratch, SeqPos,
+    SequenceCache,
+};
 use crate::error::{Error, Result};
 
 /// [`forward`] on the model's own backend, over caches made by it.
@@ -78,7 +81,16 @@ pub fn forward<B: Backend>(
     let mut gate = b.buffer(n * ff)?;
     let mut up = b.buffer(n * ff)?;
     let mut act = b.buffer(n * ff)?;
-    let all_rows: Vec<usize> = (0..n).collect();
+    let heads = Heads {
+        n_head,
+        n_head_kv,
+        head_dim_k: hd_k,
+        head_dim_v: hd_v,
+    };
+    let norm = |weight| Norm {
+        weight,
+        eps: hp.rms_eps,
+    };
 
     let embedding_scale = if t.embedding_scaled {
         (d as f32).sqrt()
@@ -98,42 +110,49 @@ pub fn forward<B: Backend>(
             scale: 1.0 / (hd_k as f32).sqrt(),
         };
 
-        // Attention block: h = norm(x); q, k, v; rotate; attend; x += out.
-        b.gather_rows(&x, d, &all_rows, &mut h)?;
-        b.rms_norm(&mut h, &lw.attn_norm, hp.rms_eps, n * d)?;
-        b.matmul(&lw.wq, &h, n, &mut q)?;
-        b.matmul(&lw.wk, &h, n, &mut k)?;
-        b.matmul(&lw.wv, &h, n, &mut v)?;
-        if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
-            b.add_bias(&mut q, bq, n)?;
-            b.add_bias(&mut k, bk, n)?;
-            b.add_bias(&mut v, bv, n)?;
-        }
-        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-            b.rms_norm(&mut q, qn, hp.rms_eps, n * q_width)?;
-            b.rms_norm(&mut k, kn, hp.rms_eps, n * kv_width_k)?;
-        }
-        b.rope(&mut q, n_head, hd_k, rows, &rope)?;
-        b.rope(&mut k, n_head_kv, hd_k, rows, &rope)?;
-        b.store_kv(caches, il, &k, &v, rows)?;
+        // Attention block: q, k, v of norm(x); rotate and cache; attend;
+        // x += (post-norm of) the output projection.
+        let projections = [
+            (&lw.wq, &lw.bq, &mut q),
+            (&lw.wk, &lw.bk, &mut k),
+            (&lw.wv, &lw.bv, &mut v),
+        ];
+        let mut products = projections.map(|(w, bias, out)| Product {
+            w,
+            bias: bias.as_ref(),
+            out,
+        });
+        b.norm_matmuls(&x, norm(&lw.attn_norm), n, &mut h, &mut products)?;
+        let qk_norm = lw.q_norm.as_ref().zip(lw.k_norm.as_ref());
+        b.attention_inputs(
+            caches,
+            il,
+            rows,
+            heads,
+            qk_norm.map(|(qn, kn)| (norm(qn), norm(kn))),
+            &rope,
+            &mut q,
+            &mut k,
+            &v,
+        )?;
         b.attention(caches, il, &q, rows, &shape, &mut attn)?;
-        b.matmul(&lw.wo, &attn, n, &mut o)?;
-        if let Some(post) = &lw.post_attn_norm {
-            b.rms_norm(&mut o, post, hp.rms_eps, n * d)?;
-        }
-        b.add(&mut x, &o, n * d)?;
+        let post_attn = lw.post_attn_norm.as_ref().map(norm);
+        b.matmul_residual(&lw.wo, &attn, n, post_attn, &mut o, &mut x)?;
 
-        // Feed-forward block: h = norm(x); act(gate(h)) · up(h); x += down(..).
-        b.gather_rows(&x, d, &all_rows, &mut h)?;
-        b.rms_norm(&mut h, &lw.ffn_norm, hp.rms_eps, n * d)?;
-        b.matmul(&lw.ffn_gate, &h, n, &mut gate)?;
-        b.matmul(&lw.ffn_up, &h, n, &mut up)?;
-        b.glu(t.glu, &gate, &up, n * ff, &mut act)?;
-        b.matmul(&lw.ffn_down, &act, n, &mut o)?;
-        if let Some(post) = &lw.post_ffn_norm {
-            b.rms_norm(&mut o, post, hp.rms_eps, n * d)?;
-        }
-        b.add(&mut x, &o, n * d)?;
+        // Feed-forward block: x += (post-norm of) down(act(gate(h)) · up(h)), h = norm(x).
+        let ffn = GatedFfn {
+            gate: &lw.ffn_gate,
+            up: &lw.ffn_up,
+            glu: t.glu,
+        };
+        let scratch = Scratch {
+            normed: &mut h,
+            product: &mut gate,
+            product2: &mut up,
+        };
+        b.norm_gated_ffn(&x, norm(&lw.ffn_norm), n, ffn, scratch, &mut act)?;
+        let post_ffn = lw.post_ffn_norm.as_ref().map(norm);
+        b.matmul_residual(&lw.ffn_down, &act, n, post_ffn, &mut o, &mut x)?;
     }
 
     // Output: only the rows whose next-token logits are wanted.
@@ -141,9 +160,13 @@ pub fn forward<B: Backend>(
     let n_vocab = hp.n_vocab as usize;
     let mut last = b.buffer(n_out * d)?;
     b.gather_rows(&x, d, logit_rows, &mut last)?;
-    b.rms_norm(&mut last, &w.output_norm, hp.rms_eps, n_out * d)?;
     let mut logits_dev = b.buffer(n_out * n_vocab)?;
-    b.matmul(&w.output, &last, n_out, &mut logits_dev)?;
+    let mut output = [Product {
+        w: &w.output,
+        bias: None,
+        out: &mut logits_dev,
+    }];
+    b.norm_matmuls(&last, norm(&w.output_norm), n_out, &mut h, &mut output)?;
     let mut logits = vec![0f32; n_out * n_vocab];
     b.read(&logits_dev, &mut logits)?;
     Ok(logits)

@@ -6,7 +6,11 @@
 #                      run on a newer GPU through the driver's JIT
 #   gemma_reference    the Gemma 3 270M reference test (run with M40_TEST_DEVICE=0)
 #   libm40llm.so, m40-bench, shared/ (synth_gguf.py and the reference data), run.sh
-# Then, on the GPU machine: .device/run.sh [tests|bench|gemma].
+#   ptx/               libm40llm.so and m40-bench built with compute_52 PTX only
+# The folder is also packed into .devpack/device.tar.xz (the binaries are ~100 MB,
+# the archive ~20 MB: small enough for the device tool's carry limit).
+# Then, on the GPU machine: tar -C /tmp/d -xJf .devpack/device.tar.xz and
+# /tmp/d/run.sh [tests|bench|gemma].
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 executable() { # the test binary cargo reports for tests/$1.rs
@@ -15,14 +19,20 @@ executable() { # the test binary cargo reports for tests/$1.rs
 fat=$(cargo test --release --features cuda --no-run --test cuda_backend --test gemma_reference 2>&1)
 ptx=$(M40_CUDA_ARCHS=ptx CARGO_TARGET_DIR=target/ptx cargo test --release --features cuda --no-run --test cuda_backend 2>&1)
 cargo build --release --features cuda
-rm -rf .device && mkdir -p .device/shared/tools .device/shared/data/reference
+M40_CUDA_ARCHS=ptx CARGO_TARGET_DIR=target/ptx cargo build --release --features cuda
+rm -rf .device && mkdir -p .device/shared/tools .device/shared/data/reference .device/ptx
 cp "$(echo "$fat" | executable cuda_backend)" .device/cuda_backend_fat
 cp "$(echo "$ptx" | executable cuda_backend)" .device/cuda_backend_ptx
 cp "$(echo "$fat" | executable gemma_reference)" .device/gemma_reference
 cp target/release/libm40llm.so .device/
-${CC:-cc} -O2 -std=c11 -Iinclude examples-c/m40-bench.c -L.device -Wl,-rpath,'$ORIGIN' -lm40llm -lpthread -lm -o .device/m40-bench
+cp target/ptx/release/libm40llm.so .device/ptx/
+for dir in .device .device/ptx; do
+  ${CC:-cc} -O2 -std=c11 -Iinclude examples-c/m40-bench.c -L$dir -Wl,-rpath,'$ORIGIN' -lm40llm -lpthread -lm -o $dir/m40-bench
+done
 cp ../shared/tools/synth_gguf.py .device/shared/tools/
 cp ../shared/data/reference/*.jsonl .device/shared/data/reference/
 cp tests/gpu/run.sh .device/
-strip .device/cuda_backend_fat .device/cuda_backend_ptx .device/gemma_reference .device/libm40llm.so .device/m40-bench
+strip .device/cuda_backend_fat .device/cuda_backend_ptx .device/gemma_reference .device/{,ptx/}libm40llm.so .device/{,ptx/}m40-bench
 du -sh .device
+mkdir -p .devpack && tar -C .device -cf - . | xz -T0 -4 > .devpack/device.tar.xz
+du -sh .devpack/device.tar.xz

@@ -1,7 +1,10 @@
 #!/bin/bash
 # Runs on the GPU machine, from the folder tests/gpu/pack.sh filled (see there).
 #   run.sh tests   the CUDA test suite twice: fat binary, then compute_52 PTX only
-#   run.sh bench   m40-bench on synthetic Llama-2-7B shapes, Q4_0 and Q8_0
+#   run.sh bench [PRESET:TYPE ...]
+#                  m40-bench on synthetic models (default llama-7b:q4_0 llama-7b:q8_0),
+#                  with $BENCH_ARGS (default -p 512 -n 128 -r 3 -b 1,8) and the
+#                  library in $BENCH_LIB (default: the fat build; ptx for compute_52 PTX)
 #   run.sh gemma   the Gemma 3 270M reference on CUDA device 0 ($M40_GEMMA_GGUF)
 # Logs go to $OUT (or /tmp) and a summary to stdout.
 set -u
@@ -20,10 +23,15 @@ tests)
   done
   ;;
 bench)
-  for ty in q4_0 q8_0; do
-    model=$M40_TEST_TMPDIR/llama-7b-$ty.gguf
-    [ -f "$model" ] || python3 "$here/shared/tools/synth_gguf.py" --preset llama-7b --type "$ty" --out "$model" > /dev/null
-    "$here/m40-bench" -m "$model" -d 0 -p 512 -n 128 -r 3 -b 1,8 2>&1 | tee "$out/bench-$ty.log" || status=1
+  shift
+  models=${*:-llama-7b:q4_0 llama-7b:q8_0}
+  bench=$here/${BENCH_LIB:+$BENCH_LIB/}m40-bench
+  for spec in $models; do
+    preset=${spec%%:*} ty=${spec##*:}
+    model=$M40_TEST_TMPDIR/$preset-$ty.gguf
+    [ -f "$model" ] || python3 "$here/shared/tools/synth_gguf.py" --preset "$preset" --type "$ty" --out "$model" > /dev/null
+    # shellcheck disable=SC2086
+    "$bench" -m "$model" -d 0 ${BENCH_ARGS:--p 512 -n 128 -r 3 -b 1,8} 2>&1 | tee "$out/bench-$preset-$ty${BENCH_LIB:+-$BENCH_LIB}.log" || status=1
   done
   ;;
 gemma)

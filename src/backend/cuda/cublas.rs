@@ -13,6 +13,9 @@ type Handle = *mut c_void;
 const CUBLAS_STATUS_SUCCESS: c_int = 0;
 const CUBLAS_OP_N: c_int = 0;
 const CUBLAS_OP_T: c_int = 1;
+/// cublasMath_t: FP32 products on TF32 tensor cores (Ampere and newer; other
+/// GPUs keep plain FP32).
+const CUBLAS_TF32_TENSOR_OP_MATH: c_int = 3;
 
 /// cublasSgemm_v2(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc).
 type SgemmFn = unsafe extern "C" fn(
@@ -38,6 +41,7 @@ struct Api {
     create: unsafe extern "C" fn(*mut Handle) -> c_int,
     destroy: unsafe extern "C" fn(Handle) -> c_int,
     set_stream: unsafe extern "C" fn(Handle, Stream) -> c_int,
+    set_math_mode: unsafe extern "C" fn(Handle, c_int) -> c_int,
     sgemm: SgemmFn,
 }
 
@@ -69,10 +73,11 @@ fn load() -> Option<Api> {
             let p = unsafe { libc::dlsym(lib, c.as_ptr().cast()) };
             (!p.is_null()).then_some(p)
         };
-        let (Some(create), Some(destroy), Some(set_stream), Some(sgemm)) = (
+        let (Some(create), Some(destroy), Some(set_stream), Some(set_math_mode), Some(sgemm)) = (
             symbol("cublasCreate_v2"),
             symbol("cublasDestroy_v2"),
             symbol("cublasSetStream_v2"),
+            symbol("cublasSetMathMode"),
             symbol("cublasSgemm_v2"),
         ) else {
             continue;
@@ -93,6 +98,10 @@ fn load() -> Option<Api> {
                     *mut c_void,
                     unsafe extern "C" fn(Handle, Stream) -> c_int,
                 >(set_stream),
+                set_math_mode: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(Handle, c_int) -> c_int,
+                >(set_math_mode),
                 sgemm: std::mem::transmute::<*mut c_void, SgemmFn>(sgemm),
             }
         });
@@ -123,6 +132,9 @@ unsafe impl Send for Cublas {}
 
 impl Cublas {
     /// A handle on `stream`, or None when no cuBLAS library can be loaded.
+    /// Prefill's products run on TF32 tensor cores where the GPU has them:
+    /// inputs rounded to 10-bit mantissas (as llama.cpp's f16 products
+    /// round them), sums in FP32.
     pub fn new(stream: Stream) -> Result<Option<Cublas>> {
         let Some(api) = api() else {
             return Ok(None);
@@ -133,6 +145,11 @@ impl Cublas {
         let cublas = Cublas { api, handle };
         // SAFETY: a live handle and stream.
         check(unsafe { (api.set_stream)(handle, stream) }, "stream setup")?;
+        // SAFETY: a live handle.
+        check(
+            unsafe { (api.set_math_mode)(handle, CUBLAS_TF32_TENSOR_OP_MATH) },
+            "math mode setup",
+        )?;
         Ok(Some(cublas))
     }
 

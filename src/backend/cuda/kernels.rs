@@ -17,8 +17,82 @@ pub struct DeviceRow {
     pub n_ctx: i32,
 }
 
-/// Activation rows one `m40_matvec` call multiplies (M40_MATVEC_MAX_ROWS).
-pub const MATVEC_MAX_ROWS: usize = 8;
+/// Activation rows one `m40_gemv` launch multiplies (M40_GEMV_MAX_X).
+pub const GEMV_MAX_X: usize = 8;
+
+/// What a `m40_gemv` launch does with each result (M40GemvEpilogue).
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvEpilogue {
+    Store = 0,
+    /// y += result: the residual add.
+    Accumulate = 1,
+    /// Matrices 0 and 1 are gate and up; y₀ = silu(gate) · up.
+    GluSilu = 2,
+    /// y₀ = gelu_tanh(gate) · up.
+    GluGelu = 3,
+}
+
+/// One weight matrix of a `m40_gemv` launch (M40GemvMatrix).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GemvMatrix {
+    pub w: *const u8,
+    /// `rows` f32, or null.
+    pub bias: *const f32,
+    /// n_x rows of `rows` values.
+    pub y: *mut f32,
+    pub rows: c_int,
+    pub pad: c_int,
+}
+
+impl GemvMatrix {
+    pub const NONE: GemvMatrix = GemvMatrix {
+        w: std::ptr::null(),
+        bias: std::ptr::null(),
+        y: std::ptr::null_mut(),
+        rows: 0,
+        pad: 0,
+    };
+}
+
+/// A `m40_gemv` launch (M40Gemv in cuda/gemv.cu): one to three matrices of
+/// one type and width times the same n_x activation rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GemvLaunch {
+    pub m: [GemvMatrix; 3],
+    pub n_matrices: c_int,
+    pub cols: c_int,
+    pub x: *const f32,
+    pub n_x: c_int,
+    pub epilogue: GemvEpilogue,
+    /// RMSNorm weights (cols f32) applied to x first, or null.
+    pub norm: *const f32,
+    pub eps: f32,
+    /// Multiprocessors of the device (the grid fills them).
+    pub sm_count: c_int,
+}
+
+/// One layer's attention-input step (M40AttentionInputs in cuda/ops.cuh).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionInputs {
+    pub rows: *const DeviceRow,
+    pub q_norm: *const f32,
+    pub k_norm: *const f32,
+    pub factors: *const f32,
+    pub freq_base: f64,
+    pub freq_scale: f64,
+    pub eps: f32,
+    pub layer: c_int,
+    pub n_head: c_int,
+    pub n_head_kv: c_int,
+    pub head_dim_k: c_int,
+    pub head_dim_v: c_int,
+    pub neox: c_int,
+    pub rope_dims: c_int,
+}
 
 /// Head sizes the attention kernel handles (32 lanes × M40_ATTN_MAX_PER_LANE).
 pub const ATTENTION_MAX_HEAD_DIM: usize = 256;
@@ -28,14 +102,10 @@ pub const GLU_SILU: c_int = 0;
 pub const GLU_GELU_TANH: c_int = 1;
 
 extern "C" {
-    pub fn m40_matvec(
+    pub fn m40_gemv(
         ty: c_int,
-        w: *const u8,
-        rows: c_int,
-        cols: c_int,
-        x: *const f32,
-        n_x: c_int,
-        y: *mut f32,
+        launch: *const GemvLaunch,
+        rows_per_warp: c_int,
         stream: Stream,
     ) -> c_int;
     pub fn m40_dequantize_rows(
@@ -65,11 +135,29 @@ extern "C" {
         stream: Stream,
     ) -> c_int;
     pub fn m40_rms_norm(
-        x: *mut f32,
+        x: *const f32,
         w: *const f32,
         group: c_int,
         n_groups: c_int,
         eps: f32,
+        out: *mut f32,
+        stream: Stream,
+    ) -> c_int;
+    pub fn m40_norm_add(
+        x: *mut f32,
+        y: *const f32,
+        w: *const f32,
+        width: c_int,
+        n_rows: c_int,
+        eps: f32,
+        stream: Stream,
+    ) -> c_int;
+    pub fn m40_attention_inputs(
+        q: *mut f32,
+        k: *const f32,
+        v: *const f32,
+        n_rows: c_int,
+        inputs: *const AttentionInputs,
         stream: Stream,
     ) -> c_int;
     pub fn m40_add(x: *mut f32, y: *const f32, n: usize, period: usize, stream: Stream) -> c_int;

@@ -15,7 +15,10 @@ use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{AttentionShape, Backend, Glu, Rope, RopeMode, SeqPos};
+use super::{
+    fused, AttentionShape, Backend, GatedFfn, Glu, Heads, Norm, Product, Rope, RopeMode, Scratch,
+    SeqPos,
+};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::model::Weight;
@@ -26,10 +29,12 @@ pub use memory::{DeviceAllocator, DevicePtr, MemoryStats};
 use runtime::{check, DeviceInfo, OwnedEvent, OwnedStream, PinnedBuffer};
 
 /// Prefill matrix products of at least this many rows go through cuBLAS
-/// (when present); fewer rows are a few passes of the matvec kernel.
+/// (when present); fewer rows are a few passes of the decode kernel.
 const GEMM_MIN_ROWS: usize = 16;
 /// Largest f32 band of a dequantized weight matrix fed to one GEMM.
 const GEMM_BAND_BYTES: usize = 64 << 20;
+/// Bytes allocated past the weights (see `m40_gemv`'s staged reads).
+const WEIGHT_TAIL: usize = 16;
 /// Size of each of the two pinned staging buffers of the weight upload.
 const UPLOAD_CHUNK: usize = 16 << 20;
 /// Device memory a model leaves free for activations, KV caches and scratch
@@ -47,6 +52,10 @@ pub fn device_count() -> usize {
 pub struct CudaOptions {
     /// Large matrix products through cuBLAS when it can be loaded.
     pub use_cublas: bool,
+    /// Weight rows per warp of the one-session decode kernel, 2 or 4 (None:
+    /// the default, 2, the faster on the H100; hosts tune it per GPU with
+    /// `M40_GEMV_ROWS_PER_WARP`).
+    pub gemv_rows_per_warp: Option<u32>,
 }
 
 pub struct CudaBackend {
@@ -56,6 +65,9 @@ pub struct CudaBackend {
     weights: DevicePtr<u8>,
     /// One-row weights (norms, biases, RoPE factors) as f32, by data offset.
     vectors: HashMap<usize, DevicePtr<f32>>,
+    /// Weight rows per warp of the one-session decode kernel (2 or 4).
+    gemv_rows_per_warp: c_int,
+    bandwidth: std::sync::OnceLock<f64>,
     state: Mutex<State>,
 }
 
@@ -65,6 +77,7 @@ pub struct CudaBackend {
 struct State {
     cublas: Option<cublas::Cublas>,
     arena: Arena,
+    staging: Staging,
     /// The row table of the rows RoPE was last given (positions only).
     positions: RowTable,
     /// The row table of the rows the KV kernels were last given.
@@ -83,18 +96,72 @@ impl State {
         let bytes = std::mem::size_of_val(ids);
         self.arena.begin(allocator, Arena::footprint(&[bytes]))?;
         let device_ids = self.arena.take::<c_int>(ids.len());
-        // SAFETY: the arena piece holds ids.len() ints; the host slice is
-        // staged before the call returns.
+        // SAFETY: the arena piece holds ids.len() ints.
         unsafe {
-            runtime::copy_to_device(
-                device_ids.cast(),
-                ids.as_ptr().cast(),
-                bytes,
-                self.stream.raw(),
-            )?
+            self.staging
+                .copy_to_device(device_ids.cast(), as_bytes(ids), &self.stream)?
         };
         Ok(device_ids)
     }
+}
+
+/// Pinned host memory that small uploads (token ids, row tables, host
+/// values) are copied through: a copy from pageable memory would make the
+/// host wait for the device, and the host must run ahead of the device for
+/// the launches of a step to overlap its kernels. Pieces are handed out in
+/// order and reused after the stream has been waited for.
+struct Staging {
+    buffer: PinnedBuffer,
+    used: usize,
+}
+
+impl Staging {
+    const INITIAL: usize = 1 << 20;
+
+    fn new() -> Result<Staging> {
+        Ok(Staging {
+            buffer: PinnedBuffer::new(Self::INITIAL)?,
+            used: 0,
+        })
+    }
+
+    /// Enqueues a copy of `data` to `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `dst` is device memory of at least `data.len()` bytes.
+    unsafe fn copy_to_device(
+        &mut self,
+        dst: *mut std::ffi::c_void,
+        data: &[u8],
+        stream: &OwnedStream,
+    ) -> Result<()> {
+        let mut start = self.used.next_multiple_of(64);
+        if start + data.len() > self.buffer.capacity() {
+            // Earlier copies out of the buffer must be done before it is reused.
+            runtime::synchronize(stream)?;
+            if data.len() > self.buffer.capacity() {
+                self.buffer = PinnedBuffer::new(data.len().next_power_of_two())?;
+            }
+            start = 0;
+        }
+        let piece = &mut self.buffer.as_mut_slice()[start..start + data.len()];
+        piece.copy_from_slice(data);
+        self.used = start + data.len();
+        // SAFETY: the piece stays untouched until the stream has been waited
+        // for (`reset` or the synchronization above).
+        unsafe { runtime::copy_to_device(dst, piece.as_ptr().cast(), data.len(), stream.raw()) }
+    }
+
+    /// The stream has been waited for: every piece may be reused.
+    fn reset(&mut self) {
+        self.used = 0;
+    }
+}
+
+/// The bytes of a slice of plain values.
+fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {
+    // SAFETY: the slice's memory, read as bytes; T is Copy plain data.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast(), std::mem::size_of_val(values)) }
 }
 
 /// A host table of batch rows and its device copy, uploaded again only when
@@ -116,20 +183,13 @@ impl RowTable {
         &mut self,
         allocator: &Arc<DeviceAllocator>,
         rows: Vec<DeviceRow>,
-        stream: runtime::Stream,
+        staging: &mut Staging,
+        stream: &OwnedStream,
     ) -> Result<*const DeviceRow> {
         if self.device.is_none() || rows != self.host {
             let mut device = allocator.alloc::<DeviceRow>(rows.len())?;
-            // SAFETY: `device` holds rows.len() entries; the host vector is
-            // staged before the call returns.
-            unsafe {
-                runtime::copy_to_device(
-                    device.as_mut_ptr().cast(),
-                    rows.as_ptr().cast(),
-                    std::mem::size_of_val(rows.as_slice()),
-                    stream,
-                )?
-            };
+            // SAFETY: `device` holds rows.len() entries.
+            unsafe { staging.copy_to_device(device.as_mut_ptr().cast(), as_bytes(&rows), stream)? };
             self.device = Some(device);
             self.host = rows;
         }
@@ -176,7 +236,9 @@ impl CudaBackend {
         }
         let allocator = DeviceAllocator::new(index);
         let stream = OwnedStream::new()?;
-        let mut weights = allocator.alloc::<u8>(data.len())?;
+        // The decode kernel reads rows in 16-byte-aligned pieces, up to 15
+        // bytes past the end of the last row.
+        let mut weights = allocator.alloc::<u8>(data.len() + WEIGHT_TAIL)?;
         upload(data, &mut weights)?;
 
         let mut vectors = HashMap::new();
@@ -207,14 +269,26 @@ impl CudaBackend {
         } else {
             None
         };
+        let gemv_rows_per_warp = match options.gemv_rows_per_warp {
+            None | Some(2) => 2,
+            Some(4) => 4,
+            Some(n) => {
+                return Err(Error::invalid_argument(format!(
+                    "{n} weight rows per warp requested for the decode kernel; it takes 2 or 4"
+                )))
+            }
+        };
         Ok(CudaBackend {
             info,
             allocator,
             weights,
             vectors,
+            gemv_rows_per_warp,
+            bandwidth: std::sync::OnceLock::new(),
             state: Mutex::new(State {
                 stream,
                 arena: Arena::default(),
+                staging: Staging::new()?,
                 cublas,
                 positions: RowTable::new(),
                 cache_rows: RowTable::new(),
@@ -232,7 +306,49 @@ impl CudaBackend {
 
     /// Bytes of device memory the weights take.
     pub fn weight_bytes(&self) -> usize {
-        self.weights.len() + self.vectors.values().map(|v| v.len() * 4).sum::<usize>()
+        self.weights.len() - WEIGHT_TAIL + self.vectors.values().map(|v| v.len() * 4).sum::<usize>()
+    }
+
+    /// Device memory bandwidth in GB/s (bytes read + bytes written per
+    /// second by a device-to-device copy of 256 MiB, best of five), measured
+    /// once on first use: the roofline decode speed is held against.
+    pub fn memory_bandwidth_gbps(&self) -> Result<f64> {
+        if let Some(&gbps) = self.bandwidth.get() {
+            return Ok(gbps);
+        }
+        const BYTES: usize = 256 << 20;
+        let state = self.lock();
+        let (mut src, mut dst) = (
+            self.allocator.alloc::<u8>(BYTES)?,
+            self.allocator.alloc::<u8>(BYTES)?,
+        );
+        let (start, end) = (OwnedEvent::timed()?, OwnedEvent::timed()?);
+        let mut best_ms = f32::INFINITY;
+        // SAFETY: both blocks hold BYTES bytes.
+        unsafe { runtime::zero(src.as_mut_ptr().cast(), BYTES, state.stream.raw())? };
+        for round in 0..6 {
+            start.record(&state.stream)?;
+            // SAFETY: as above.
+            unsafe {
+                runtime::copy_on_device(
+                    dst.as_mut_ptr().cast(),
+                    src.as_ptr().cast(),
+                    BYTES,
+                    state.stream.raw(),
+                )?
+            };
+            end.record(&state.stream)?;
+            end.wait()?;
+            // The first copy warms the clocks up.
+            if round > 0 {
+                best_ms = best_ms.min(end.elapsed_since(&start)?);
+            }
+        }
+        let gbps = 2.0 * BYTES as f64 / (f64::from(best_ms) * 1e-3) / 1e9;
+        drop((src, dst));
+        // The two blocks are no use to the model: give them back to the driver.
+        self.allocator.release_cache();
+        Ok(*self.bandwidth.get_or_init(|| gbps))
     }
 
     /// The cuBLAS library in use, if any.
@@ -245,7 +361,7 @@ impl CudaBackend {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         // The device was usable at load; a failure here resurfaces as the
         // next operation's error.
-        let _ = runtime::set_device(self.info.index);
+        let _ = runtime::ensure_device(self.info.index);
         state
     }
 
@@ -261,6 +377,198 @@ impl CudaBackend {
             .map(|v| v.as_ptr())
             .ok_or_else(|| Error::internal("a one-row weight was not converted at load"))
     }
+}
+
+impl CudaBackend {
+    /// out (rows × w.rows) = x · Wᵀ: the decode kernel for a few rows,
+    /// cuBLAS over dequantized bands for many.
+    fn matmul_locked(
+        &self,
+        st: &mut State,
+        w: &Weight,
+        x: *const f32,
+        rows: usize,
+        out: *mut f32,
+    ) -> Result<()> {
+        let stream = st.stream.raw();
+        if let (Some(cublas), true) = (&st.cublas, rows >= GEMM_MIN_ROWS) {
+            let (ty, cols) = (w.ty.id() as c_int, dim(w.cols, "a matrix width")?);
+            let band_rows = (GEMM_BAND_BYTES / (w.cols * 4)).clamp(1, w.rows);
+            st.arena
+                .begin(&self.allocator, Arena::footprint(&[band_rows * w.cols * 4]))?;
+            let band = st.arena.take::<f32>(band_rows * w.cols);
+            for first in (0..w.rows).step_by(band_rows) {
+                let n = band_rows.min(w.rows - first);
+                // SAFETY: rows first..first+n of the weight into the band
+                // (n × cols); the product writes columns first..first+n of
+                // `out`'s rows (row stride w.rows).
+                unsafe {
+                    check(
+                        m40_dequantize_rows(
+                            ty,
+                            self.weight_ptr(w),
+                            cols,
+                            first as c_int,
+                            n as c_int,
+                            band,
+                            stream,
+                        ),
+                        || format!("dequantizing a {} band", w.ty.name()),
+                    )?;
+                    cublas.gemm_xwt(band, n, w.cols, x, rows, out.add(first), w.rows)?;
+                }
+            }
+            return Ok(());
+        }
+        let matrix = self.gemv_matrix(w, None, out)?;
+        // SAFETY: the caller's x holds rows × w.cols values and out rows × w.rows.
+        unsafe { self.gemv(st, w, x, rows, &[matrix], GemvEpilogue::Store, None) }
+    }
+
+    fn gemv_matrix(&self, w: &Weight, bias: Option<&Weight>, y: *mut f32) -> Result<GemvMatrix> {
+        Ok(GemvMatrix {
+            w: self.weight_ptr(w),
+            bias: match bias {
+                Some(b) => self.vector(b)?,
+                None => std::ptr::null(),
+            },
+            y,
+            rows: dim(w.rows, "a matrix height")?,
+            pad: 0,
+        })
+    }
+
+    /// The decode kernel: `matrices` (all of `like`'s type and width) times
+    /// `n_x` rows of x, GEMV_MAX_X rows per launch, each launch normalizing
+    /// its rows first when `norm` (weights, eps) is given.
+    ///
+    /// # Safety
+    /// x holds n_x × like.cols values; each matrix's y holds n_x of its rows
+    /// (for GLU epilogues: matrix 0's); a norm's weights hold like.cols values.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemv(
+        &self,
+        st: &State,
+        like: &Weight,
+        x: *const f32,
+        n_x: usize,
+        matrices: &[GemvMatrix],
+        epilogue: GemvEpilogue,
+        norm: Option<(*const f32, f32)>,
+    ) -> Result<()> {
+        for first in (0..n_x).step_by(GEMV_MAX_X) {
+            let mut m = [GemvMatrix::NONE; 3];
+            for (slot, matrix) in m.iter_mut().zip(matrices) {
+                *slot = GemvMatrix {
+                    // SAFETY: row `first` of the matrix's output.
+                    y: unsafe { matrix.y.add(first * matrix.rows as usize) },
+                    ..*matrix
+                };
+            }
+            let launch = GemvLaunch {
+                m,
+                n_matrices: matrices.len() as c_int,
+                cols: dim(like.cols, "a matrix width")?,
+                // SAFETY: row `first` of x.
+                x: unsafe { x.add(first * like.cols) },
+                n_x: GEMV_MAX_X.min(n_x - first) as c_int,
+                epilogue,
+                norm: norm.map_or(std::ptr::null(), |n| n.0),
+                eps: norm.map_or(0.0, |n| n.1),
+                sm_count: self.info.multiprocessors as c_int,
+            };
+            // SAFETY: the launch names live device memory (see above); the
+            // struct is read before the call returns.
+            check(
+                unsafe {
+                    m40_gemv(
+                        like.ty.id() as c_int,
+                        &launch,
+                        self.gemv_rows_per_warp,
+                        st.stream.raw(),
+                    )
+                },
+                || format!("{} matrix × vector", like.ty.name()),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// out = x / rms(x) · weight for `n_groups` groups of the weight's width.
+    ///
+    /// # Safety
+    /// x and out hold n_groups groups (they may be the same memory).
+    unsafe fn rms_norm_into(
+        &self,
+        st: &State,
+        x: *const f32,
+        weight: &Weight,
+        eps: f32,
+        n_groups: usize,
+        out: *mut f32,
+    ) -> Result<()> {
+        let group = weight.cols * weight.rows;
+        check(
+            // SAFETY: as the caller promises.
+            unsafe {
+                m40_rms_norm(
+                    x,
+                    self.vector(weight)?,
+                    dim(group, "a norm width")?,
+                    dim(n_groups, "a row count")?,
+                    eps,
+                    out,
+                    st.stream.raw(),
+                )
+            },
+            || "RMS norm".to_string(),
+        )
+    }
+
+    /// The input of a fused step's products: x itself when the decode kernel
+    /// normalizes it (the returned norm), else norm(x) written to `normed`.
+    fn normalized_input(
+        &self,
+        st: &State,
+        x: &DeviceBuffer,
+        norm: Norm,
+        rows: usize,
+        normed: &mut DeviceBuffer,
+    ) -> Result<(*const f32, Option<(*const f32, f32)>)> {
+        let width = norm.weight.cols * norm.weight.rows;
+        if fuses_norm(rows) {
+            return Ok((x.as_ptr(), Some((self.vector(norm.weight)?, norm.eps))));
+        }
+        assert!(x.len() >= rows * width && normed.len() >= rows * width);
+        // SAFETY: both hold rows × width values.
+        unsafe {
+            self.rms_norm_into(
+                st,
+                x.as_ptr(),
+                norm.weight,
+                norm.eps,
+                rows,
+                normed.as_mut_ptr(),
+            )?
+        };
+        Ok((normed.as_ptr(), None))
+    }
+
+    /// x[r] += bias for `rows` rows.
+    fn add_bias_locked(&self, st: &State, x: *mut f32, bias: &Weight, rows: usize) -> Result<()> {
+        let width = bias.cols * bias.rows;
+        // SAFETY: the caller's x holds rows × width values.
+        check(
+            unsafe { m40_add(x, self.vector(bias)?, rows * width, width, st.stream.raw()) },
+            || "bias add".to_string(),
+        )
+    }
+}
+
+/// Whether the decode kernel normalizes `rows` activation rows itself
+/// (decode batches; prefill normalizes first and multiplies through cuBLAS).
+fn fuses_norm(rows: usize) -> bool {
+    rows <= GEMV_MAX_X
 }
 
 /// Copies the data section to the device through two pinned buffers, so
@@ -330,34 +638,29 @@ impl Backend for CudaBackend {
     type KvCache = CudaKvCache;
 
     fn buffer(&self, len: usize) -> Result<DeviceBuffer> {
-        let state = self.lock();
-        let mut b = self.allocator.alloc::<f32>(len)?;
-        // SAFETY: `b` holds len values.
-        unsafe { runtime::zero(b.as_mut_ptr().cast(), len * 4, state.stream.raw())? };
-        Ok(b)
+        self.allocator.alloc::<f32>(len)
     }
 
     fn read(&self, buffer: &DeviceBuffer, out: &mut [f32]) -> Result<()> {
-        let state = self.lock();
+        let mut state = self.lock();
         assert!(out.len() <= buffer.len());
         let bytes = out.len() * 4;
         // SAFETY: an f32 slice viewed as its bytes; the buffer holds them.
         let dst = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), bytes) };
-        unsafe { runtime::copy_to_host(dst, buffer.as_ptr().cast(), state.stream.raw()) }
+        // SAFETY: as above; the copy waits for the stream.
+        unsafe { runtime::copy_to_host(dst, buffer.as_ptr().cast(), state.stream.raw())? };
+        state.staging.reset();
+        Ok(())
     }
 
     fn write(&self, buffer: &mut DeviceBuffer, values: &[f32]) -> Result<()> {
-        let state = self.lock();
+        let mut state = self.lock();
+        let st = &mut *state;
         assert!(values.len() <= buffer.len());
-        // SAFETY: the buffer holds the values; the host slice is staged
-        // before the call returns.
+        // SAFETY: the buffer holds the values.
         unsafe {
-            runtime::copy_to_device(
-                buffer.as_mut_ptr().cast(),
-                values.as_ptr().cast(),
-                values.len() * 4,
-                state.stream.raw(),
-            )
+            st.staging
+                .copy_to_device(buffer.as_mut_ptr().cast(), as_bytes(values), &st.stream)
         }
     }
 
@@ -441,104 +744,23 @@ impl Backend for CudaBackend {
         rows: usize,
         out: &mut DeviceBuffer,
     ) -> Result<()> {
-        let mut state = self.lock();
-        let st = &mut *state;
-        let stream = st.stream.raw();
-        let (ty, w_rows, cols) = (
-            w.ty.id() as c_int,
-            dim(w.rows, "a matrix height")?,
-            dim(w.cols, "a matrix width")?,
-        );
         assert!(x.len() >= rows * w.cols && out.len() >= rows * w.rows);
-        if let (Some(cublas), true) = (&st.cublas, rows >= GEMM_MIN_ROWS) {
-            let band_rows = (GEMM_BAND_BYTES / (w.cols * 4)).clamp(1, w.rows);
-            st.arena
-                .begin(&self.allocator, Arena::footprint(&[band_rows * w.cols * 4]))?;
-            let band = st.arena.take::<f32>(band_rows * w.cols);
-            for first in (0..w.rows).step_by(band_rows) {
-                let n = band_rows.min(w.rows - first);
-                // SAFETY: rows first..first+n of the weight into the band
-                // (n × cols); the product writes columns first..first+n of
-                // `out`'s rows (row stride w.rows).
-                unsafe {
-                    check(
-                        m40_dequantize_rows(
-                            ty,
-                            self.weight_ptr(w),
-                            cols,
-                            first as c_int,
-                            n as c_int,
-                            band,
-                            stream,
-                        ),
-                        || format!("dequantizing a {} band", w.ty.name()),
-                    )?;
-                    cublas.gemm_xwt(
-                        band,
-                        n,
-                        w.cols,
-                        x.as_ptr(),
-                        rows,
-                        out.as_mut_ptr().add(first),
-                        w.rows,
-                    )?;
-                }
-            }
-            return Ok(());
-        }
-        for first in (0..rows).step_by(MATVEC_MAX_ROWS) {
-            let n = MATVEC_MAX_ROWS.min(rows - first);
-            // SAFETY: rows first..first+n of x and of out, inside both buffers.
-            unsafe {
-                check(
-                    m40_matvec(
-                        ty,
-                        self.weight_ptr(w),
-                        w_rows,
-                        cols,
-                        x.as_ptr().add(first * w.cols),
-                        n as c_int,
-                        out.as_mut_ptr().add(first * w.rows),
-                        stream,
-                    ),
-                    || format!("{} matrix × vector", w.ty.name()),
-                )?;
-            }
-        }
-        Ok(())
+        let mut state = self.lock();
+        self.matmul_locked(&mut state, w, x.as_ptr(), rows, out.as_mut_ptr())
     }
 
     fn add_bias(&self, x: &mut DeviceBuffer, bias: &Weight, rows: usize) -> Result<()> {
         let state = self.lock();
-        let b = self.vector(bias)?;
-        let width = bias.cols * bias.rows;
-        // SAFETY: x holds rows × width values; the bias width values.
-        unsafe {
-            check(
-                m40_add(x.as_mut_ptr(), b, rows * width, width, state.stream.raw()),
-                || "bias add".to_string(),
-            )
-        }
+        assert!(x.len() >= rows * bias.cols * bias.rows);
+        self.add_bias_locked(&state, x.as_mut_ptr(), bias, rows)
     }
 
     fn rms_norm(&self, x: &mut DeviceBuffer, weight: &Weight, eps: f32, len: usize) -> Result<()> {
         let state = self.lock();
-        let w = self.vector(weight)?;
         let group = weight.cols * weight.rows;
-        // SAFETY: x holds len values, a whole number of groups.
-        unsafe {
-            check(
-                m40_rms_norm(
-                    x.as_mut_ptr(),
-                    w,
-                    dim(group, "a norm width")?,
-                    dim(len / group, "a row count")?,
-                    eps,
-                    state.stream.raw(),
-                ),
-                || "RMS norm".to_string(),
-            )
-        }
+        let x = x.as_mut_ptr();
+        // SAFETY: x holds len values, a whole number of groups; in place.
+        unsafe { self.rms_norm_into(&state, x, weight, eps, len / group, x) }
     }
 
     fn gather_rows(
@@ -616,7 +838,7 @@ impl Backend for CudaBackend {
             .collect::<Result<_>>()?;
         let rows = st
             .positions
-            .upload(&self.allocator, table, st.stream.raw())?;
+            .upload(&self.allocator, table, &mut st.staging, &st.stream)?;
         let factors = match rope.freq_factors {
             Some(f) => self.vector(f)?,
             None => std::ptr::null(),
@@ -687,9 +909,9 @@ impl Backend for CudaBackend {
         let st = &mut *state;
         let (k_width, v_width) = (caches[first.seq].k_width, caches[first.seq].v_width);
         let table = device_rows(caches, rows)?;
-        let device_rows = st
-            .cache_rows
-            .upload(&self.allocator, table, st.stream.raw())?;
+        let device_rows =
+            st.cache_rows
+                .upload(&self.allocator, table, &mut st.staging, &st.stream)?;
         // SAFETY: k and v hold rows.len() rows of their widths; every row's
         // cache has room for its position (the session checked it).
         unsafe {
@@ -730,9 +952,9 @@ impl Backend for CudaBackend {
         let mut state = self.lock();
         let st = &mut *state;
         let table = device_rows(caches, rows)?;
-        let device_rows = st
-            .cache_rows
-            .upload(&self.allocator, table, st.stream.raw())?;
+        let device_rows =
+            st.cache_rows
+                .upload(&self.allocator, table, &mut st.staging, &st.stream)?;
         let longest = rows
             .iter()
             .map(|r| shape.window.map_or(r.pos + 1, |w| w.min(r.pos + 1)))
@@ -773,13 +995,224 @@ impl Backend for CudaBackend {
             )
         }
     }
+
+    fn norm_matmuls(
+        &self,
+        x: &DeviceBuffer,
+        norm: Norm,
+        rows: usize,
+        normed: &mut DeviceBuffer,
+        products: &mut [Product<DeviceBuffer>],
+    ) -> Result<()> {
+        let mut state = self.lock();
+        let st = &mut *state;
+        let (input, fused_norm) = self.normalized_input(st, x, norm, rows, normed)?;
+        for p in products.iter() {
+            assert!(
+                p.w.cols == norm.weight.cols * norm.weight.rows && p.out.len() >= rows * p.w.rows
+            );
+        }
+        if rows > GEMV_MAX_X {
+            for p in products.iter_mut() {
+                self.matmul_locked(st, p.w, input, rows, p.out.as_mut_ptr())?;
+                if let Some(bias) = p.bias {
+                    self.add_bias_locked(st, p.out.as_mut_ptr(), bias, rows)?;
+                }
+            }
+            return Ok(());
+        }
+        // Consecutive products of one type share a launch (Q, K and V usually do).
+        let mut rest = &mut products[..];
+        while !rest.is_empty() {
+            let ty = rest[0].w.ty;
+            let n = rest.iter().take(3).take_while(|p| p.w.ty == ty).count();
+            let (group, tail) = rest.split_at_mut(n);
+            let mut matrices = [GemvMatrix::NONE; 3];
+            for (m, p) in matrices.iter_mut().zip(group.iter_mut()) {
+                *m = self.gemv_matrix(p.w, p.bias, p.out.as_mut_ptr())?;
+            }
+            // SAFETY: sizes checked above; the norm only where it fits.
+            unsafe {
+                self.gemv(
+                    st,
+                    group[0].w,
+                    input,
+                    rows,
+                    &matrices[..n],
+                    GemvEpilogue::Store,
+                    fused_norm,
+                )?
+            };
+            rest = tail;
+        }
+        Ok(())
+    }
+
+    fn norm_gated_ffn(
+        &self,
+        x: &DeviceBuffer,
+        norm: Norm,
+        rows: usize,
+        ffn: GatedFfn,
+        scratch: Scratch<DeviceBuffer>,
+        out: &mut DeviceBuffer,
+    ) -> Result<()> {
+        let (gate, up) = (ffn.gate, ffn.up);
+        let one_launch = gate.ty == up.ty && gate.rows == up.rows && gate.cols == up.cols;
+        if rows > GEMV_MAX_X || !one_launch {
+            return fused::norm_gated_ffn(self, x, norm, rows, ffn, scratch, out);
+        }
+        assert!(out.len() >= rows * gate.rows);
+        let mut state = self.lock();
+        let st = &mut *state;
+        let (input, fused_norm) = self.normalized_input(st, x, norm, rows, scratch.normed)?;
+        let epilogue = match ffn.glu {
+            Glu::Swiglu => GemvEpilogue::GluSilu,
+            Glu::Geglu => GemvEpilogue::GluGelu,
+        };
+        let matrices = [
+            self.gemv_matrix(gate, None, out.as_mut_ptr())?,
+            self.gemv_matrix(up, None, out.as_mut_ptr())?,
+        ];
+        // SAFETY: input holds rows × cols values, out rows × gate.rows.
+        unsafe { self.gemv(st, gate, input, rows, &matrices, epilogue, fused_norm) }
+    }
+
+    fn matmul_residual(
+        &self,
+        w: &Weight,
+        a: &DeviceBuffer,
+        rows: usize,
+        post_norm: Option<Norm>,
+        product: &mut DeviceBuffer,
+        x: &mut DeviceBuffer,
+    ) -> Result<()> {
+        assert!(a.len() >= rows * w.cols && x.len() >= rows * w.rows);
+        let mut state = self.lock();
+        let st = &mut *state;
+        if rows <= GEMV_MAX_X && post_norm.is_none() {
+            let matrix = self.gemv_matrix(w, None, x.as_mut_ptr())?;
+            // SAFETY: sizes checked above.
+            return unsafe {
+                self.gemv(
+                    st,
+                    w,
+                    a.as_ptr(),
+                    rows,
+                    &[matrix],
+                    GemvEpilogue::Accumulate,
+                    None,
+                )
+            };
+        }
+        self.matmul_locked(st, w, a.as_ptr(), rows, product.as_mut_ptr())?;
+        let n = rows * w.rows;
+        // SAFETY: x and product hold rows × w.rows values.
+        unsafe {
+            match post_norm {
+                Some(norm) => check(
+                    m40_norm_add(
+                        x.as_mut_ptr(),
+                        product.as_ptr(),
+                        self.vector(norm.weight)?,
+                        dim(w.rows, "a row width")?,
+                        dim(rows, "a row count")?,
+                        norm.eps,
+                        st.stream.raw(),
+                    ),
+                    || "normalized residual add".to_string(),
+                ),
+                None => check(
+                    m40_add(x.as_mut_ptr(), product.as_ptr(), n, n, st.stream.raw()),
+                    || "residual add".to_string(),
+                ),
+            }
+        }
+    }
+
+    fn attention_inputs(
+        &self,
+        caches: &mut [&mut CudaKvCache],
+        layer: usize,
+        rows: &[SeqPos],
+        heads: Heads,
+        qk_norm: Option<(Norm, Norm)>,
+        rope: &Rope,
+        q: &mut DeviceBuffer,
+        k: &mut DeviceBuffer,
+        v: &DeviceBuffer,
+    ) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        if heads.head_dim_k > ATTENTION_MAX_HEAD_DIM || heads.head_dim_v > ATTENTION_MAX_HEAD_DIM {
+            return Err(Error::unsupported(format!(
+                "heads of {} values; the CUDA kernels handle up to {ATTENTION_MAX_HEAD_DIM}",
+                heads.head_dim_k.max(heads.head_dim_v)
+            )));
+        }
+        let n = rows.len();
+        assert!(
+            q.len() >= n * heads.n_head * heads.head_dim_k
+                && k.len() >= n * heads.n_head_kv * heads.head_dim_k
+                && v.len() >= n * heads.n_head_kv * heads.head_dim_v
+        );
+        let mut state = self.lock();
+        let st = &mut *state;
+        let table = device_rows(caches, rows)?;
+        let device_rows =
+            st.cache_rows
+                .upload(&self.allocator, table, &mut st.staging, &st.stream)?;
+        let vector_or_null = |w: Option<&Weight>| match w {
+            Some(w) => self.vector(w),
+            None => Ok(std::ptr::null()),
+        };
+        let inputs = AttentionInputs {
+            rows: device_rows,
+            q_norm: vector_or_null(qk_norm.map(|(qn, _)| qn.weight))?,
+            k_norm: vector_or_null(qk_norm.map(|(_, kn)| kn.weight))?,
+            factors: vector_or_null(rope.freq_factors)?,
+            freq_base: f64::from(rope.freq_base),
+            freq_scale: f64::from(rope.freq_scale),
+            eps: qk_norm.map_or(0.0, |(qn, _)| qn.eps),
+            layer: layer as c_int,
+            n_head: heads.n_head as c_int,
+            n_head_kv: heads.n_head_kv as c_int,
+            head_dim_k: heads.head_dim_k as c_int,
+            head_dim_v: heads.head_dim_v as c_int,
+            neox: c_int::from(rope.mode == RopeMode::Neox),
+            rope_dims: rope.dims as c_int,
+        };
+        // SAFETY: q, k, v hold the rows' heads (checked above); every row's
+        // cache has room for its position (the session checked it).
+        unsafe {
+            check(
+                m40_attention_inputs(
+                    q.as_mut_ptr(),
+                    k.as_ptr(),
+                    v.as_ptr(),
+                    n as c_int,
+                    &inputs,
+                    st.stream.raw(),
+                ),
+                || "attention inputs (norms, RoPE, KV store)".to_string(),
+            )
+        }
+    }
 }
 
-/// How many ranges each (row, head) splits its positions into: enough blocks
-/// to fill the GPU twice over, but no range shorter than 64 positions.
+/// How many ranges each (row, head) splits its positions into. A warp walks
+/// its positions one after another, so short ranges (about 32 positions per
+/// block) keep decode's latency low; the split count stays within what fills
+/// the GPU many times over (prefill's many rows need no splitting).
 fn attention_splits(row_heads: usize, longest: usize, multiprocessors: usize) -> usize {
-    let wanted = (2 * multiprocessors).div_ceil(row_heads.max(1));
-    wanted.clamp(1, longest.div_ceil(64).max(1))
+    const POSITIONS_PER_SPLIT: usize = 32;
+    let most_blocks = 32 * multiprocessors;
+    let fill = (2 * multiprocessors).div_ceil(row_heads.max(1));
+    let short = longest.div_ceil(POSITIONS_PER_SPLIT);
+    fill.max(short)
+        .min(most_blocks / row_heads.max(1))
+        .clamp(1, longest.div_ceil(16).max(1))
 }
 
 fn device_rows(caches: &[&mut CudaKvCache], rows: &[SeqPos]) -> Result<Vec<DeviceRow>> {

@@ -24,6 +24,7 @@ const CUDA_DEV_ATTR_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 extern "C" {
     fn cudaGetDeviceCount(count: *mut c_int) -> c_int;
     fn cudaSetDevice(device: c_int) -> c_int;
+    fn cudaGetDevice(device: *mut c_int) -> c_int;
     fn cudaDeviceGetAttribute(value: *mut c_int, attr: c_int, device: c_int) -> c_int;
     fn cudaDriverGetVersion(version: *mut c_int) -> c_int;
     fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> c_int;
@@ -46,6 +47,7 @@ extern "C" {
     fn cudaEventRecord(event: Event, stream: Stream) -> c_int;
     fn cudaEventSynchronize(event: Event) -> c_int;
     fn cudaEventDestroy(event: Event) -> c_int;
+    fn cudaEventElapsedTime(ms: *mut f32, start: Event, end: Event) -> c_int;
     fn cudaGetErrorString(code: c_int) -> *const c_char;
     fn cudaGetLastError() -> c_int;
     fn m40_device_name(device: c_int, name: *mut c_char, capacity: usize) -> c_int;
@@ -98,6 +100,18 @@ pub fn set_device(device: usize) -> Result<()> {
     check(unsafe { cudaSetDevice(device as c_int) }, || {
         format!("selecting CUDA device {device}")
     })
+}
+
+/// Makes `device` current for the calling thread unless it already is
+/// (the cheap check keeps a per-operation call off the driver).
+pub fn ensure_device(device: usize) -> Result<()> {
+    let mut current = -1;
+    // SAFETY: writes one int.
+    let known = unsafe { cudaGetDevice(&mut current) } == CUDA_SUCCESS;
+    if known && current == device as c_int {
+        return Ok(());
+    }
+    set_device(device)
 }
 
 /// What `m40_model_describe` and the kernels' launch shapes need to know.
@@ -284,6 +298,9 @@ pub struct PinnedBuffer {
     len: usize,
 }
 
+// SAFETY: the buffer is plain host memory owned by this value.
+unsafe impl Send for PinnedBuffer {}
+
 impl PinnedBuffer {
     pub fn new(len: usize) -> Result<PinnedBuffer> {
         let mut ptr = std::ptr::null_mut();
@@ -309,6 +326,9 @@ impl PinnedBuffer {
     pub fn as_ptr(&self) -> *const c_void {
         self.ptr.cast()
     }
+    pub fn capacity(&self) -> usize {
+        self.len
+    }
 }
 
 impl Drop for PinnedBuffer {
@@ -326,10 +346,19 @@ unsafe impl Send for OwnedEvent {}
 
 impl OwnedEvent {
     pub fn new() -> Result<OwnedEvent> {
+        Self::with_flags(CUDA_EVENT_DISABLE_TIMING)
+    }
+
+    /// An event that records a time stamp, for [`OwnedEvent::elapsed_since`].
+    pub fn timed() -> Result<OwnedEvent> {
+        Self::with_flags(0)
+    }
+
+    fn with_flags(flags: u32) -> Result<OwnedEvent> {
         let mut event = std::ptr::null_mut();
         // SAFETY: writes one handle.
         check(
-            unsafe { cudaEventCreateWithFlags(&mut event, CUDA_EVENT_DISABLE_TIMING) },
+            unsafe { cudaEventCreateWithFlags(&mut event, flags) },
             || "creating a CUDA event".to_string(),
         )?;
         Ok(OwnedEvent(event))
@@ -344,6 +373,16 @@ impl OwnedEvent {
     }
 
     /// Waits until the recorded work is done (at once if none was recorded).
+    /// Milliseconds between `start` and this event (both recorded and done).
+    pub fn elapsed_since(&self, start: &OwnedEvent) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: two live events; writes one float.
+        check(
+            unsafe { cudaEventElapsedTime(&mut ms, start.0, self.0) },
+            || "timing device work".to_string(),
+        )?;
+        Ok(ms)
+    }
     pub fn wait(&self) -> Result<()> {
         // SAFETY: a live event.
         check(unsafe { cudaEventSynchronize(self.0) }, || {

@@ -1,0 +1,592 @@
+// Decode's matrix products: up to M40_GEMV_MAX_X activation rows times one
+// to three weight matrices, reading every weight byte once. This is where a
+// token's time goes (every weight is read once per step), so the kernel is
+// built for memory throughput:
+//   - a warp owns R weight rows; its lanes walk the rows together, lane i
+//     taking "unit" i, i + 32, ... (a unit is 8 or 16 values of one block),
+//     so consecutive lanes read consecutive bytes and each weight word is
+//     loaded with the widest load its alignment in the GGUF layout allows;
+//   - weights are decoded in registers with integer tricks instead of int →
+//     float conversions (a quarter-rate instruction on sm_80+): a small
+//     integer q placed in the mantissa of 2^23 is the float 2^23 + q;
+//   - activations come through the read-only cache (optionally
+//     RMS-normalized on the way: the norm that precedes a projection), and
+//     every value loaded serves all R rows.
+// Epilogues write, accumulate into (the residual add) or combine a gate and
+// an up row (SwiGLU/GeGLU), so a transformer layer's projections need no
+// separate element-wise kernels.
+#include "quant.cuh"
+
+#define M40_GEMV_MAX_X 8
+#define M40_GEMV_WARPS 4
+
+enum M40GemvEpilogue { M40_GEMV_STORE = 0, M40_GEMV_ACCUMULATE = 1, M40_GEMV_GLU_SILU = 2, M40_GEMV_GLU_GELU = 3 };
+
+// One weight matrix of a launch: `rows` × cols weights, an optional bias of
+// `rows` f32, and its output (n_x rows of `rows` values).
+struct M40GemvMatrix {
+    const uint8_t *w;
+    const float *bias;
+    float *y;
+    int rows;
+    int pad;
+};
+
+// Mirrors `GemvLaunch` in src/backend/cuda/kernels.rs.
+struct M40Gemv {
+    M40GemvMatrix m[3];
+    int n_matrices;
+    int cols;
+    const float *x;
+    int n_x;
+    int epilogue;
+    // RMSNorm weights (cols f32) applied to every x row first, or null.
+    const float *norm;
+    float eps;
+    // Multiprocessors of the device (the grid fills them).
+    int sm_count;
+};
+
+// ---- decoding helpers ----
+
+// The float 2^23 + q for 0 ≤ q < 2^23, from q's bits.
+#define M40_MAGIC 0x4B000000u
+#define M40_MAGIC_F 8388608.0f
+
+// Byte k of w (as a small integer) in the mantissa of 2^23: one PRMT.
+__device__ __forceinline__ float m40_byte_magic(uint32_t w, int k) {
+    return __uint_as_float(__byte_perm(w, M40_MAGIC, k | 0x7440));
+}
+
+// Four bytes of w as floats minus `bias` (exact: all are small integers).
+__device__ __forceinline__ void m40_bytes4(uint32_t w, float bias, float *v) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) v[k] = m40_byte_magic(w, k) - (M40_MAGIC_F + bias);
+}
+
+// A 32-bit word of a block that is only 2-byte aligned.
+__device__ __forceinline__ uint32_t m40_u32_2(const uint8_t *p) {
+    const uint16_t *h = reinterpret_cast<const uint16_t *>(p);
+    return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+}
+__device__ __forceinline__ uint32_t m40_u32_4(const uint8_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+// Bits 0..3 of b spread to bit 4 of bytes 0..3.
+__device__ __forceinline__ uint32_t m40_spread4_to_bit4(uint32_t b) {
+    return (((b & 0xF) * 0x00204081u) & 0x01010101u) << 4;
+}
+
+// ---- per-format units ----
+// Gemv<TYPE>: a block of VALUES values in BYTES bytes is UNITS units of UNIT
+// values; unit u's values come in UNIT/4 groups of 4 consecutive positions,
+// group g starting at pos(u, g) within the block. unit() writes the values'
+// codes v (as floats), and per group a scale and (where OFFSET) an offset:
+// weight = v · scale + offset. SCALES: how many runs of groups share one
+// scale (0: none, the codes are the weights), so that a dot product is
+// scaled once per run rather than once per group. DIRECT: the kernel reads
+// units straight from global memory (16-byte loads already); the others'
+// blocks are staged through shared memory (see the kernel).
+
+template <int TYPE> struct Gemv {
+    // Any format without a specialization: 16 values of decode16 per unit.
+    using F = Format<TYPE>;
+    static constexpr int VALUES = F::VALUES, BYTES = F::BYTES, UNIT = 16, UNITS = F::VALUES / 16;
+    static constexpr bool OFFSET = false;
+    static constexpr int SCALES = 0;
+    static constexpr bool DIRECT = false;
+    __device__ static int pos(int u, int g) { return 16 * u + 4 * g; }
+    __device__ static void unit(const uint8_t *b, int u, float *v, float *sc, float *) {
+        F::decode16(b, u, v);
+#pragma unroll
+        for (int g = 0; g < 4; g++) sc[g] = 1.0f;
+    }
+};
+
+// Float formats: a "block" of 8 values.
+template <> struct Gemv<M40_F32> {
+    static constexpr int VALUES = 8, BYTES = 32, UNIT = 8, UNITS = 1;
+    static constexpr bool OFFSET = false;
+    static constexpr int SCALES = 0;
+    static constexpr bool DIRECT = true;
+    __device__ static int pos(int, int g) { return 4 * g; }
+    __device__ static void unit(const uint8_t *b, int, float *v, float *sc, float *) {
+        const float4 *p = reinterpret_cast<const float4 *>(b);
+        const float4 a = p[0], c = p[1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = c.x, v[5] = c.y, v[6] = c.z, v[7] = c.w;
+        sc[0] = sc[1] = 1.0f;
+    }
+};
+
+template <> struct Gemv<M40_F16> {
+    static constexpr int VALUES = 8, BYTES = 16, UNIT = 8, UNITS = 1;
+    static constexpr bool OFFSET = false;
+    static constexpr int SCALES = 0;
+    static constexpr bool DIRECT = true;
+    __device__ static int pos(int, int g) { return 4 * g; }
+    __device__ static void unit(const uint8_t *b, int, float *v, float *sc, float *) {
+        const uint4 w = *reinterpret_cast<const uint4 *>(b);
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            v[2 * j] = m40_half_bits(uint16_t(words[j] & 0xffffu));
+            v[2 * j + 1] = m40_half_bits(uint16_t(words[j] >> 16));
+        }
+        sc[0] = sc[1] = 1.0f;
+    }
+};
+
+template <> struct Gemv<M40_BF16> {
+    static constexpr int VALUES = 8, BYTES = 16, UNIT = 8, UNITS = 1;
+    static constexpr bool OFFSET = false;
+    static constexpr int SCALES = 0;
+    static constexpr bool DIRECT = true;
+    __device__ static int pos(int, int g) { return 4 * g; }
+    __device__ static void unit(const uint8_t *b, int, float *v, float *sc, float *) {
+        const uint4 w = *reinterpret_cast<const uint4 *>(b);
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            v[2 * j] = __uint_as_float(words[j] << 16);
+            v[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
+        }
+        sc[0] = sc[1] = 1.0f;
+    }
+};
+
+// The 32-value formats: unit u is byte word u of the quants, i.e. values
+// 4u..4u+3 (low nibbles) and 16+4u..16+4u+3 (high nibbles).
+__device__ __forceinline__ void m40_nibbles8(uint32_t q, uint32_t fifth_low, uint32_t fifth_high, float bias,
+                                             float *v) {
+    m40_bytes4((q & 0x0F0F0F0Fu) | fifth_low, bias, v);
+    m40_bytes4(((q >> 4) & 0x0F0F0F0Fu) | fifth_high, bias, v + 4);
+}
+
+template <> struct Gemv<M40_Q4_0> {
+    static constexpr int VALUES = 32, BYTES = 18, UNIT = 8, UNITS = 4;
+    static constexpr bool OFFSET = false;
+    static constexpr int SCALES = 1;
+    static constexpr bool DIRECT = false;
+    __device__ static int pos(int u, int g) { return 4 * u + 16 * g; }
+    __device__ static void unit(const uint8_t *b, int u, float *v, float *sc, float *) {
+        m40_nibbles8(m40_u32_2(b + 2 + 4 * u), 0, 0, 8.0f, v);
+        sc[0] = sc[1] = m40_f16(b);
+    }
+};
+
+template <> struct Gemv<M40_Q4_1> {
+    static constexpr int VALUES = 32, BYTES = 20, UNIT = 8, UNITS = 4;
+    static constexpr bool OFFSET = true;
+    static constexpr int SCALES = 1;
+    static constexpr bool DIRECT = false;
+    __device__ static int pos(int u, int g) { return 4 * u + 16 * g; }
+    __device__ static void unit(const uint8_t *b, int u, float *v, float *sc, float *of) {
+        m40_nibbles8(m40_u32_4(b + 4 + 4 * u), 0, 0, 0.0f, v);
+        sc[0] = sc[1] = m40_f16(b);
+        of[0] = of[1] = m40_f16(b + 2);
+    }
+};
+
+template <> struct Gemv<M40_Q5_0> {
+    static constexpr int VALUES = 32, BYTES = 22, UNIT = 8, UNITS = 4;
+    static constexpr bool OFFSET = false;
+    static constexpr int SCALES = 1;
+    static constexpr bool DIRECT = false;
+    __device__ static int pos(int u, int g) { return 4 * u + 16 * g; }
+    __device__ static void unit(const uint8_t *b, int u, float *v, float *sc, float *) {
+        const uint32_t qh = m40_u32_2(b + 2);
+        m40_nibbles8(m40_u32_2(b + 6 + 4 * u), m40_spread4_to_bit4(qh >> (4 * u)),
+                     m40_spread4_to_bit4(qh >> (16 + 4 * u)), 16.0f, v);
+        sc[0] = sc[1] = m40_f16(b);
+    }
+};
+
+template <> struct Gemv<M40_Q5_1> {
+    static constexpr int VALUES = 32, BYTES = 24, UNIT = 8, UNITS = 4;
+    static constexpr bool OFFSET = true;
+    static constexpr int SCALES = 1;
+    static constexpr bool DIRECT = false;
+    __device__ static int pos(int u, int g) { return 4 * u + 16 * g; }
+    __device__ static void unit(const uint8_t *b, int u, float *v, float *sc, float *of) {
+        const uint32_t qh = m40_u32_4(b + 4);
+        m40_nibbles8(m40_u32_4(b + 8 + 4 * u), m40_spread4_to_bit4(qh >> (4 * u)),
+                     m40_spread4_to_bit4(qh >> (16 + 4 * u)), 0.0f, v);
+        sc[0] = sc[1] = m40_f16(b);
+        of[0] = of[1] = m40_f16(b + 2);
+    }
+};
+
+// Q8_0: unit u is values 8u..8u+7.
+template <> struct Gemv<M40_Q8_0> {
+    static constexpr int VALUES = 32, BYTES = 34, UNIT = 8, UNITS = 4;
+    static constexpr bool OFFSET = false;
+    static constexpr int SCALES = 1;
+    static constexpr bool DIRECT = false;
+    __device__ static int pos(int u, int g) { return 8 * u + 4 * g; }
+    __device__ static void unit(const uint8_t *b, int u, float *v, float *sc, float *) {
+        // Flipping the sign bit maps an int8 q to the byte q + 128.
+        m40_bytes4(m40_u32_2(b + 2 + 8 * u) ^ 0x80808080u, 128.0f, v);
+        m40_bytes4(m40_u32_2(b + 6 + 8 * u) ^ 0x80808080u, 128.0f, v + 4);
+        sc[0] = sc[1] = m40_f16(b);
+    }
+};
+
+// Q4_K / Q5_K: unit u (of 16) is quant bytes 8u..8u+7 of the 128: with
+// c = u / 4, l = 8 (u % 4), low nibbles are values 64c + l + 0..7 of
+// sub-block 2c, high nibbles 64c + 32 + l + 0..7 of sub-block 2c + 1.
+template <int TYPE> struct GemvK {
+    static constexpr int VALUES = 256, UNIT = 16, UNITS = 16;
+    static constexpr bool OFFSET = true;
+    static constexpr int SCALES = 2;
+    static constexpr bool DIRECT = false;
+    __device__ static int pos(int u, int g) { return 64 * (u / 4) + 8 * (u % 4) + 4 * (g & 1) + 32 * (g >> 1); }
+    __device__ static void scales(const uint8_t *b, int u, float *sc, float *of) {
+        const float d = m40_f16(b), dmin = m40_f16(b + 2);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int scale, min;
+            m40_k_scale_min(b + 4, 2 * (u / 4) + h, scale, min);
+            sc[2 * h] = sc[2 * h + 1] = d * float(scale);
+            of[2 * h] = of[2 * h + 1] = -dmin * float(min);
+        }
+    }
+};
+
+template <> struct Gemv<M40_Q4_K> : GemvK<M40_Q4_K> {
+    static constexpr int BYTES = 144;
+    __device__ static void unit(const uint8_t *b, int u, float *v, float *sc, float *of) {
+        const uint2 q = *reinterpret_cast<const uint2 *>(b + 16 + 8 * u);
+        m40_bytes4(q.x & 0x0F0F0F0Fu, 0.0f, v);
+        m40_bytes4(q.y & 0x0F0F0F0Fu, 0.0f, v + 4);
+        m40_bytes4((q.x >> 4) & 0x0F0F0F0Fu, 0.0f, v + 8);
+        m40_bytes4((q.y >> 4) & 0x0F0F0F0Fu, 0.0f, v + 12);
+        scales(b, u, sc, of);
+    }
+};
+
+template <> struct Gemv<M40_Q5_K> : GemvK<M40_Q5_K> {
+    static constexpr int BYTES = 176;
+    __device__ static void unit(const uint8_t *b, int u, float *v, float *sc, float *of) {
+        const int c = u / 4, l = 8 * (u % 4);
+        const uint2 q = *reinterpret_cast<const uint2 *>(b + 48 + 8 * u);
+        const uint2 h = *reinterpret_cast<const uint2 *>(b + 16 + l);
+        m40_bytes4((q.x & 0x0F0F0F0Fu) | (((h.x >> (2 * c)) & 0x01010101u) << 4), 0.0f, v);
+        m40_bytes4((q.y & 0x0F0F0F0Fu) | (((h.y >> (2 * c)) & 0x01010101u) << 4), 0.0f, v + 4);
+        m40_bytes4(((q.x >> 4) & 0x0F0F0F0Fu) | (((h.x >> (2 * c + 1)) & 0x01010101u) << 4), 0.0f, v + 8);
+        m40_bytes4(((q.y >> 4) & 0x0F0F0F0Fu) | (((h.y >> (2 * c + 1)) & 0x01010101u) << 4), 0.0f, v + 12);
+        scales(b, u, sc, of);
+    }
+};
+
+// Q6_K: unit u (of 16): half h = u / 8, l = 4 (u % 8); group g is values
+// 128h + 32g + l + 0..3, whose low nibbles come from ql word 64h + l (g even)
+// or 64h + 32 + l (g odd), low (g < 2) or high half, and high bits from qh
+// word 32h + l at bits 2g.
+template <> struct Gemv<M40_Q6_K> {
+    static constexpr int VALUES = 256, BYTES = 210, UNIT = 16, UNITS = 16;
+    static constexpr bool OFFSET = false;
+    static constexpr int SCALES = 4;
+    static constexpr bool DIRECT = false;
+    __device__ static int pos(int u, int g) { return 128 * (u / 8) + 32 * g + 4 * (u % 8); }
+    __device__ static void unit(const uint8_t *b, int u, float *v, float *sc, float *) {
+        const int h = u / 8, l = 4 * (u % 8);
+        const uint32_t ql0 = m40_u32_2(b + 64 * h + l), ql1 = m40_u32_2(b + 64 * h + 32 + l);
+        const uint32_t qh = m40_u32_2(b + 128 + 32 * h + l);
+        const float d = m40_f16(b + 208);
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const uint32_t low = ((g & 1 ? ql1 : ql0) >> (4 * (g >> 1))) & 0x0F0F0F0Fu;
+            const uint32_t high = ((qh >> (2 * g)) & 0x03030303u) << 4;
+            m40_bytes4(low | high, 32.0f, v + 4 * g);
+            sc[g] = d * float(int8_t(b[192 + 8 * h + 2 * g + l / 16]));
+        }
+    }
+};
+
+// ---- the kernel ----
+
+// Matrix m of a launch, chosen without indexing the parameter array at run
+// time (which would copy the parameters to local memory).
+__device__ __forceinline__ const M40GemvMatrix &m40_matrix(const M40Gemv &p, int m) {
+    return m == 0 ? p.m[0] : m == 1 ? p.m[1] : p.m[2];
+}
+
+// 1 / rms of each of the n_x activation rows, into inv_rms (all threads
+// of the block take part).
+__device__ void m40_gemv_inverse_rms(const M40Gemv &p, int n_x, float *inv_rms) {
+    __shared__ float partial[M40_GEMV_WARPS][M40_GEMV_MAX_X];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int t = 0; t < n_x; t++) {
+        const float4 *row = reinterpret_cast<const float4 *>(p.x + size_t(t) * p.cols);
+        float sum = 0.0f;
+        for (int i = threadIdx.x; i < p.cols / 4; i += blockDim.x) {
+            const float4 a = __ldg(row + i);
+            sum += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        }
+        sum = m40_warp_sum(sum);
+        if (lane == 0) partial[warp][t] = sum;
+    }
+    __syncthreads();
+    if (threadIdx.x < n_x) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < M40_GEMV_WARPS; w++) sum += partial[w][threadIdx.x];
+        inv_rms[threadIdx.x] = 1.0f / sqrtf(sum / float(p.cols) + p.eps);
+    }
+    __syncthreads();
+}
+
+// NX: activation rows the kernel is built for: 1 (one session's decode,
+// straight-line code) or M40_GEMV_MAX_X (any n_x up to it). NORM: x is
+// RMS-normalized on the fly (x · norm weights as it is loaded, each dot
+// product times 1/rms at the end).
+//
+// Activations are read through the read-only cache rather than staged per
+// block: every block of an SM shares that copy, where staging would read x
+// from L2 once per block (as many bytes as the weights of a small matrix).
+// Blocks loop over warp-sized row groups, so the norm's prologue runs once
+// per block.
+template <class G, int R, int NX, bool NORM>
+__global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int cols = p.cols, n_x = NX == 1 ? 1 : p.n_x;
+    const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
+    const int rows_per_warp = glu ? R / 2 : R;
+    int total_rows = p.m[0].rows;
+    if (!glu) total_rows += p.m[1].rows + p.m[2].rows;
+    const int n_warps = (total_rows + rows_per_warp - 1) / rows_per_warp;
+
+    __shared__ float inv_rms[M40_GEMV_MAX_X];
+    if (NORM) m40_gemv_inverse_rms(p, n_x, inv_rms);
+
+    const int n_blocks = cols / G::VALUES;
+    const size_t row_bytes = size_t(n_blocks) * G::BYTES;
+    // A chunk is the blocks whose units the warp's lanes take in one round.
+    constexpr int CHUNK_BLOCKS = 32 * (G::UNIT == 8 ? 4 : 2) / G::UNITS;
+    constexpr int CHUNK_VECTORS = (CHUNK_BLOCKS * G::BYTES + 15) / 16 + 1;
+    constexpr int CHUNK_VECTORS_PER_LANE = (CHUNK_VECTORS + 31) / 32;
+    __shared__ uint4 staged[M40_GEMV_WARPS][R][G::DIRECT ? 1 : CHUNK_VECTORS];
+    for (int warp_id = blockIdx.x * M40_GEMV_WARPS + warp; warp_id < n_warps;
+         warp_id += gridDim.x * M40_GEMV_WARPS) {
+        // This warp's R rows: matrix and row of each (rows past the end read
+        // row 0 and are not written).
+        int mat[R], row[R];
+        bool valid[R];
+        const uint8_t *w[R];
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            if (glu) {
+                mat[j] = j / (R / 2);
+                row[j] = warp_id * (R / 2) + j % (R / 2);
+                valid[j] = row[j] < p.m[0].rows;
+            } else {
+                int s = warp_id * R + j, m = 0;
+                while (m + 1 < p.n_matrices && s >= m40_matrix(p, m).rows) s -= m40_matrix(p, m++).rows;
+                mat[j] = m;
+                row[j] = s;
+                valid[j] = s < m40_matrix(p, m).rows;
+            }
+            if (!valid[j]) row[j] = 0;
+            w[j] = m40_matrix(p, mat[j]).w + row[j] * row_bytes;
+        }
+
+        float acc[R][NX];
+#pragma unroll
+        for (int j = 0; j < R; j++)
+#pragma unroll
+            for (int t = 0; t < NX; t++) acc[j][t] = 0.0f;
+
+        // Unit `u` of block `block` (of the row) for every row, its weights
+        // read from `blocks[j]` (global memory or the staged chunk), times the
+        // activations: loads first, then math.
+        const auto step = [&](const uint8_t *const *blocks, int block, int u) {
+            constexpr int GROUPS = G::UNIT / 4;
+            float v[R][G::UNIT], sc[R][GROUPS], of[R][GROUPS];
+#pragma unroll
+            for (int j = 0; j < R; j++) G::unit(blocks[j], u, v[j], sc[j], of[j]);
+            const float *xb = p.x + size_t(block) * G::VALUES;
+            float4 nw[GROUPS];
+            if (NORM) {
+#pragma unroll
+                for (int g = 0; g < GROUPS; g++)
+                    nw[g] = __ldg(reinterpret_cast<const float4 *>(p.norm + size_t(block) * G::VALUES + G::pos(u, g)));
+            }
+#pragma unroll
+            for (int t = 0; t < NX; t++) {
+                if (NX > 1 && t >= n_x) break;
+                float xv[G::UNIT];
+#pragma unroll
+                for (int g = 0; g < GROUPS; g++) {
+                    float4 a = __ldg(reinterpret_cast<const float4 *>(xb + size_t(t) * cols + G::pos(u, g)));
+                    if (NORM) a = make_float4(a.x * nw[g].x, a.y * nw[g].y, a.z * nw[g].z, a.w * nw[g].w);
+                    xv[4 * g] = a.x, xv[4 * g + 1] = a.y, xv[4 * g + 2] = a.z, xv[4 * g + 3] = a.w;
+                }
+#pragma unroll
+                for (int j = 0; j < R; j++) {
+                    float s = 0.0f;
+                    constexpr int RUNS = G::SCALES > 0 ? G::SCALES : 1, RUN = GROUPS / RUNS;
+#pragma unroll
+                    for (int k = 0; k < RUNS; k++) {
+                        float dot = 0.0f, sum = 0.0f;
+#pragma unroll
+                        for (int g = k * RUN; g < (k + 1) * RUN; g++) {
+                            const float *vg = v[j] + 4 * g, *xg = xv + 4 * g;
+                            dot = fmaf(vg[0], xg[0], fmaf(vg[1], xg[1], fmaf(vg[2], xg[2], fmaf(vg[3], xg[3], dot))));
+                            if (G::OFFSET) sum += xg[0] + xg[1] + xg[2] + xg[3];
+                        }
+                        s = G::SCALES > 0 ? fmaf(dot, sc[j][k * RUN], s) : s + dot;
+                        if (G::OFFSET) s = fmaf(sum, of[j][k * RUN], s);
+                    }
+                    acc[j][t] += s;
+                }
+            }
+        };
+
+        // Several units per lane per round: without branches between them
+        // the compiler issues all their loads before the first use.
+        constexpr int UNROLL = G::UNIT == 8 ? 4 : 2;
+        const int units = n_blocks * G::UNITS;
+        if (G::DIRECT) {
+            const auto direct = [&](int i) {
+                const int block = i / G::UNITS;
+                const uint8_t *blocks[R];
+#pragma unroll
+                for (int j = 0; j < R; j++) blocks[j] = w[j] + size_t(block) * G::BYTES;
+                step(blocks, block, i % G::UNITS);
+            };
+            int i = lane;
+            for (; i + 32 * (UNROLL - 1) < units; i += 32 * UNROLL) {
+#pragma unroll
+                for (int k = 0; k < UNROLL; k++) direct(i + 32 * k);
+            }
+            for (; i < units; i += 32) direct(i);
+        } else {
+            // The rows' bytes go through shared memory a chunk of CHUNK_BLOCKS
+            // blocks at a time, read with 16-byte loads (the blocks of these
+            // formats are only 2- or 4-byte aligned, and loads that narrow
+            // cannot keep enough bytes in flight); the next chunk's loads
+            // are issued before this chunk's math.
+            uint4 next[R][CHUNK_VECTORS_PER_LANE];
+            const auto fetch = [&](int chunk) {
+#pragma unroll
+                for (int j = 0; j < R; j++) {
+                    const uint8_t *start = w[j] + size_t(chunk) * CHUNK_BLOCKS * G::BYTES;
+                    const uint4 *aligned = reinterpret_cast<const uint4 *>(uintptr_t(start) & ~uintptr_t(15));
+                    const int blocks = min(CHUNK_BLOCKS, n_blocks - chunk * CHUNK_BLOCKS);
+                    const int vectors = int((start + blocks * G::BYTES - reinterpret_cast<const uint8_t *>(aligned) + 15) / 16);
+#pragma unroll
+                    for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++) {
+                        const int index = lane + 32 * k;
+                        if (index < vectors) next[j][k] = __ldg(aligned + index);
+                    }
+                }
+            };
+            const int n_chunks = (n_blocks + CHUNK_BLOCKS - 1) / CHUNK_BLOCKS;
+            fetch(0);
+            for (int chunk = 0; chunk < n_chunks; chunk++) {
+                __syncwarp();
+#pragma unroll
+                for (int j = 0; j < R; j++)
+#pragma unroll
+                    for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++)
+                        if (lane + 32 * k < CHUNK_VECTORS) staged[warp][j][lane + 32 * k] = next[j][k];
+                __syncwarp();
+                if (chunk + 1 < n_chunks) fetch(chunk + 1);
+                const int first_block = chunk * CHUNK_BLOCKS;
+                const int chunk_units = min(CHUNK_BLOCKS, n_blocks - first_block) * G::UNITS;
+                const auto from_stage = [&](int i) {
+                    const int block = i / G::UNITS;
+                    const uint8_t *blocks[R];
+#pragma unroll
+                    for (int j = 0; j < R; j++) {
+                        const uint8_t *start = w[j] + size_t(first_block) * G::BYTES;
+                        blocks[j] = reinterpret_cast<const uint8_t *>(staged[warp][j]) + (uintptr_t(start) & 15) +
+                                    block * G::BYTES;
+                    }
+                    step(blocks, first_block + block, i % G::UNITS);
+                };
+#pragma unroll
+                for (int k = 0; k < UNROLL; k++)
+                    if (lane + 32 * k < chunk_units) from_stage(lane + 32 * k);
+            }
+        }
+
+#pragma unroll
+        for (int j = 0; j < R; j++)
+#pragma unroll
+            for (int t = 0; t < NX; t++)
+                if (t < n_x) acc[j][t] = m40_warp_sum(acc[j][t]) * (NORM ? inv_rms[t] : 1.0f);
+
+        // Lane t writes activation row t's results.
+#pragma unroll
+        for (int t = 0; t < NX; t++) {
+            if (t >= n_x || lane != t) continue;
+            if (glu) {
+#pragma unroll
+                for (int j = 0; j < R / 2; j++) {
+                    if (!valid[j]) continue;
+                    const M40GemvMatrix &gm = p.m[0], &um = p.m[1];
+                    const float g = acc[j][t] + (gm.bias ? gm.bias[row[j]] : 0.0f);
+                    const float up = acc[j + R / 2][t] + (um.bias ? um.bias[row[j]] : 0.0f);
+                    gm.y[size_t(t) * gm.rows + row[j]] = m40_activation(p.epilogue == M40_GEMV_GLU_GELU, g) * up;
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < R; j++) {
+                    if (!valid[j]) continue;
+                    const M40GemvMatrix &m = m40_matrix(p, mat[j]);
+                    const float value = acc[j][t] + (m.bias ? m.bias[row[j]] : 0.0f);
+                    float *out = m.y + size_t(t) * m.rows + row[j];
+                    *out = p.epilogue == M40_GEMV_ACCUMULATE ? *out + value : value;
+                }
+            }
+        }
+    }
+}
+
+// Enough blocks to fill every SM as far as the kernel's occupancy allows
+// (the blocks loop over the rest). The occupancy is computed once per kernel,
+// for the device of its first launch; another device only changes the grid.
+template <class G, int R, int NX, bool NORM> static void m40_gemv_launch(const M40Gemv &p, cudaStream_t stream) {
+    static const int blocks_per_sm = [] {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<G, R, NX, NORM>, 32 * M40_GEMV_WARPS, 0) !=
+                cudaSuccess ||
+            n < 1)
+            n = 1;
+        return n;
+    }();
+    const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
+    const int total_rows = glu ? p.m[0].rows : p.m[0].rows + p.m[1].rows + p.m[2].rows;
+    const int rows_per_warp = glu ? R / 2 : R;
+    const size_t warps = size_t((total_rows + rows_per_warp - 1) / rows_per_warp);
+    const size_t needed = (warps + M40_GEMV_WARPS - 1) / M40_GEMV_WARPS;
+    const size_t resident = size_t(blocks_per_sm) * size_t(p.sm_count > 0 ? p.sm_count : 1);
+    gemv_kernel<G, R, NX, NORM><<<unsigned(needed < resident ? needed : resident), 32 * M40_GEMV_WARPS, 0, stream>>>(p);
+}
+
+// rows_per_warp (2 or 4): weight rows per warp for one activation row (the
+// caller picks per GPU; batches always take 4, each activation load serving
+// more rows). GLU epilogues need
+// matrices 0 (gate) and 1 (up) of equal height. Unused matrices have 0 rows.
+M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_warp, cudaStream_t stream) {
+    const M40Gemv &p = *params;
+    if (p.n_x < 1 || p.n_x > M40_GEMV_MAX_X || p.cols % 32 != 0 || p.n_matrices < 1 || p.n_matrices > 3 ||
+        (rows_per_warp != 2 && rows_per_warp != 4))
+        return cudaErrorInvalidValue;
+    for (int m = p.n_matrices; m < 3; m++)
+        if (p.m[m].rows != 0) return cudaErrorInvalidValue;
+    const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
+    if (glu && (p.n_matrices != 2 || p.m[0].rows != p.m[1].rows)) return cudaErrorInvalidValue;
+    if (p.m[0].rows + p.m[1].rows + p.m[2].rows == 0) return cudaSuccess;
+    return m40_with_format(type, [&](auto f) {
+        using G = Gemv<FormatType<decltype(f)>::value>;
+        const bool norm = p.norm != nullptr;
+        if (p.n_x > 1)
+            norm ? m40_gemv_launch<G, 4, M40_GEMV_MAX_X, true>(p, stream)
+                 : m40_gemv_launch<G, 4, M40_GEMV_MAX_X, false>(p, stream);
+        else if (rows_per_warp == 4)
+            norm ? m40_gemv_launch<G, 4, 1, true>(p, stream) : m40_gemv_launch<G, 4, 1, false>(p, stream);
+        else
+            norm ? m40_gemv_launch<G, 2, 1, true>(p, stream) : m40_gemv_launch<G, 2, 1, false>(p, stream);
+    });
+}
