@@ -3,17 +3,23 @@
 #   make test              fetch the reference model if missing, then run every test
 #   make build             release build of libm40llm.so / libm40llm.a
 #   FEATURES=cuda          adds the CUDA backend to any of these (needs nvcc 11.8: .ci/install-cuda.sh)
-#   make examples          the C programs (generate, m40-bench), in target/release/
+#   make examples          the C programs (generate, chat, m40-bench) and the C++ example, in target/release/
+#   make install           PREFIX=/usr/local (and DESTDIR): lib/libm40llm.{so,a}, include/m40llm.{h,hpp},
+#                          lib/pkgconfig/m40llm.pc, so hosts build with `pkg-config --cflags --libs m40llm`
 
 CARGO ?= cargo
 CC ?= cc
+CXX ?= c++
 PROMPT ?= The capital of France is
 ARGS ?= -n 64
-LIB := target/release
+LIB ?= $(or $(CARGO_TARGET_DIR),target)/release
+PREFIX ?= /usr/local
+DESTDIR ?=
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 FEATURES ?=
 CARGO_FEATURES := $(if $(FEATURES),--features $(FEATURES))
 
-.PHONY: build test model examples run
+.PHONY: build test model examples run install
 
 build:
 	$(CARGO) build --release $(CARGO_FEATURES)
@@ -23,10 +29,24 @@ model:
 
 examples: build
 	$(CC) -O2 -std=c11 -Wall -Iinclude examples-c/generate.c -L$(LIB) -Wl,-rpath,$(abspath $(LIB)) -lm40llm -o $(LIB)/generate
+	$(CC) -O2 -std=c11 -Wall -Iinclude examples-c/chat.c -L$(LIB) -Wl,-rpath,$(abspath $(LIB)) -lm40llm -o $(LIB)/chat
 	$(CC) -O2 -std=c11 -Wall -Iinclude examples-c/m40-bench.c -L$(LIB) -Wl,-rpath,$(abspath $(LIB)) -lm40llm -lpthread -lm -o $(LIB)/m40-bench
+	$(CXX) -O2 -std=c++17 -Wall -Iinclude examples-cpp/generate.cpp -L$(LIB) -Wl,-rpath,$(abspath $(LIB)) -lm40llm -o $(LIB)/generate-cpp
 
 run: examples model
 	$(LIB)/generate "$$(tests/fetch-model.sh)" "$(PROMPT)" $(ARGS)
 
 test: model
 	M40_REQUIRE_MODEL=1 $(CARGO) test --release $(CARGO_FEATURES)
+
+# The static library's own needs (Libs.private) are the Rust runtime's (and,
+# with the CUDA backend, the static CUDA runtime's): pthread, dl, m, rt.
+install: build
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
+	install -m 755 $(LIB)/libm40llm.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 $(LIB)/libm40llm.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 include/m40llm.h include/m40llm.hpp $(DESTDIR)$(PREFIX)/include/
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$${prefix}/lib' 'includedir=$${prefix}/include' '' \
+		'Name: m40llm' 'Description: Embeddable LLM inference for GGUF models (CPU and CUDA backends)' \
+		'Version: $(VERSION)' 'Libs: -L$${libdir} -lm40llm' 'Libs.private: -lpthread -ldl -lm -lrt' \
+		'Cflags: -I$${includedir}' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/m40llm.pc

@@ -117,41 +117,20 @@ template <> struct Gemv<M40_F32> {
     }
 };
 
-template <> struct Gemv<M40_F16> {
+// F16 and BF16: 8 values per 16-byte load.
+template <float (*WIDEN)(uint32_t)> struct GemvHalf {
     static constexpr int VALUES = 8, BYTES = 16, UNIT = 8, UNITS = 1;
     static constexpr bool OFFSET = false;
     static constexpr int SCALES = 0;
     static constexpr bool DIRECT = true;
     __device__ static int pos(int, int g) { return 4 * g; }
     __device__ static void unit(const uint8_t *b, int, float *v, float *sc, float *) {
-        const uint4 w = *reinterpret_cast<const uint4 *>(b);
-        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            v[2 * j] = m40_half_bits(uint16_t(words[j] & 0xffffu));
-            v[2 * j + 1] = m40_half_bits(uint16_t(words[j] >> 16));
-        }
+        m40_words8(*reinterpret_cast<const uint4 *>(b), v, WIDEN);
         sc[0] = sc[1] = 1.0f;
     }
 };
-
-template <> struct Gemv<M40_BF16> {
-    static constexpr int VALUES = 8, BYTES = 16, UNIT = 8, UNITS = 1;
-    static constexpr bool OFFSET = false;
-    static constexpr int SCALES = 0;
-    static constexpr bool DIRECT = true;
-    __device__ static int pos(int, int g) { return 4 * g; }
-    __device__ static void unit(const uint8_t *b, int, float *v, float *sc, float *) {
-        const uint4 w = *reinterpret_cast<const uint4 *>(b);
-        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            v[2 * j] = __uint_as_float(words[j] << 16);
-            v[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
-        }
-        sc[0] = sc[1] = 1.0f;
-    }
-};
+template <> struct Gemv<M40_F16> : GemvHalf<m40_widen_f16> {};
+template <> struct Gemv<M40_BF16> : GemvHalf<m40_widen_bf16> {};
 
 // The 32-value formats: unit u is byte word u of the quants, i.e. values
 // 4u..4u+3 (low nibbles) and 16+4u..16+4u+3 (high nibbles).
@@ -445,7 +424,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
         // the compiler issues all their loads before the first use.
         constexpr int UNROLL = G::UNIT == 8 ? 4 : 2;
         const int units = n_blocks * G::UNITS;
-        if (G::DIRECT) {
+        if constexpr (G::DIRECT) {
             const auto direct = [&](int i) {
                 const int block = i / G::UNITS;
                 const uint8_t *blocks[R];

@@ -31,33 +31,38 @@ template <> struct Format<M40_F32> {
     }
 };
 
-// The 16-bit float formats: 16 values in two 16-byte loads, each 16-bit
-// word widened by `widen` (its bits in the low half of a u32) to f32.
-template <class Widen> __device__ __forceinline__ void m40_decode16_words(const uint8_t *b, float *v, Widen widen) {
-    const uint4 *p = reinterpret_cast<const uint4 *>(b);
+// The 16-bit float formats: 8 values per 16-byte load, each 16-bit word
+// widened by `widen` (its bits in the low half of a u32) to f32.
+template <class Widen> __device__ __forceinline__ void m40_words8(uint4 w, float *v, Widen widen) {
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        uint4 w = p[i];
-        uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            v[8 * i + 2 * j] = widen(words[j] & 0xffffu);
-            v[8 * i + 2 * j + 1] = widen(words[j] >> 16);
-        }
+    for (int j = 0; j < 4; j++) {
+        v[2 * j] = widen(words[j] & 0xffffu);
+        v[2 * j + 1] = widen(words[j] >> 16);
     }
 }
+
+template <class Widen> __device__ __forceinline__ void m40_decode16_words(const uint8_t *b, float *v, Widen widen) {
+    const uint4 *p = reinterpret_cast<const uint4 *>(b);
+    m40_words8(p[0], v, widen);
+    m40_words8(p[1], v + 8, widen);
+}
+
+// The widenings of F16 and BF16 bits.
+__device__ __forceinline__ float m40_widen_f16(uint32_t bits) { return m40_half_bits(uint16_t(bits)); }
+__device__ __forceinline__ float m40_widen_bf16(uint32_t bits) { return __uint_as_float(bits << 16); }
 
 template <> struct Format<M40_F16> {
     static constexpr int VALUES = 16, BYTES = 32;
     __device__ static void decode16(const uint8_t *b, int, float *v) {
-        m40_decode16_words(b, v, [](uint32_t bits) { return m40_half_bits(uint16_t(bits)); });
+        m40_decode16_words(b, v, m40_widen_f16);
     }
 };
 
 template <> struct Format<M40_BF16> {
     static constexpr int VALUES = 16, BYTES = 32;
     __device__ static void decode16(const uint8_t *b, int, float *v) {
-        m40_decode16_words(b, v, [](uint32_t bits) { return __uint_as_float(bits << 16); });
+        m40_decode16_words(b, v, m40_widen_bf16);
     }
 };
 

@@ -78,6 +78,15 @@ typedef struct m40_model m40_model;
 typedef struct m40_session m40_session;
 
 /**
+ * One message of a conversation: `role` is "system", "user" or
+ * "assistant"; both are NUL-terminated UTF-8.
+ */
+typedef struct m40_chat_message {
+  const char *role;
+  const char *content;
+} m40_chat_message;
+
+/**
  * How to load a model. Get defaults from `m40_model_default_params()` and
  * change what you need.
  */
@@ -163,6 +172,38 @@ typedef bool (*m40_piece_fn)(void *user_data, const char *piece, size_t len, m40
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * Writes the prompt text of `n_messages` messages as the model's chat
+ * template formats them, followed by the opening of the assistant's turn
+ * when `add_assistant` (the text to generate a reply after). Like
+ * llama.cpp's `llama_chat_apply_template`, the template in the model's
+ * `tokenizer.chat_template` is recognized rather than executed: ChatML
+ * (`<|im_start|>`), Gemma (`<start_of_turn>`) and LLaMA 3
+ * (`<|start_header_id|>`); a model without one gets its architecture's
+ * (Gemma 3: Gemma, Qwen2: ChatML, LLaMA: LLaMA 3 when its vocabulary has the
+ * header tokens). Any other template is M40_ERR_UNSUPPORTED. The text
+ * contains the templates' special tokens as text: tokenize it with
+ * `parse_special` (as `m40_generate` does). `m40_model_describe` names the
+ * format (`chat_template`).
+ *
+ * The text is followed by a NUL; `*out_len` (when not NULL) gets its length
+ * without it. When `cap` is too small nothing is written, `*out_len` gets
+ * the length and the result is M40_ERR_BUFFER_TOO_SMALL; `buf` may be NULL
+ * when `cap` is 0.
+ *
+ * # Safety
+ * `messages` is NULL (with `n_messages` 0) or points to `n_messages`
+ * messages whose strings are NUL-terminated; `buf` is NULL or holds `cap`
+ * writable bytes; `out_len` is NULL or writable.
+ */
+enum m40_status m40_chat_apply_template(const struct m40_model *model,
+                                        const struct m40_chat_message *messages,
+                                        size_t n_messages,
+                                        bool add_assistant,
+                                        char *buf,
+                                        size_t cap,
+                                        size_t *out_len);
 
 /**
  * Returns the C ABI version of the loaded library (compare with

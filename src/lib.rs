@@ -4,6 +4,7 @@
 //! [`ffi`] is the thin C boundary over them.
 
 pub mod backend;
+pub mod chat;
 pub mod error;
 pub mod ffi;
 pub mod gguf;

@@ -6,6 +6,7 @@ mod common;
 use std::process::Command;
 
 use common::c_build::{build_example, root};
+use m40llm::chat::{ChatMessage, ChatTemplate};
 
 #[test]
 fn m40_bench_reports_prompt_generation_and_batched_rows_as_json() {
@@ -157,4 +158,111 @@ fn generate_reports_a_missing_model_and_bad_options() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a number"));
+}
+
+#[test]
+fn chat_keeps_the_conversation_in_the_session_and_formats_it_with_gemmas_template() {
+    let Some(model) = common::gemma_path() else {
+        return;
+    };
+    let chat = build_example("chat");
+    let run = |input: &str| {
+        let mut child = Command::new(&chat)
+            .arg(&model)
+            .args(["-n", "16", "--temp", "0", "--device", "-1", "-t", "2"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        assert!(out.status.success(), "{stdout}{stderr}");
+        (stdout, stderr)
+    };
+    let (stdout, stderr) = run("Hello!\n\nWhat is the capital of France?\n");
+    assert!(stderr.starts_with("chat template: gemma\n"), "{stderr}");
+    // Two turns (the empty line is skipped): the first decodes its whole
+    // prompt, the second keeps all of it and the reply and decodes only the
+    // new turn.
+    let turns: Vec<(u32, u32)> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("[turn: "))
+        .map(|l| {
+            let numbers: Vec<u32> = l
+                .split(|c: char| !c.is_ascii_digit())
+                .filter_map(|n| n.parse().ok())
+                .collect();
+            (numbers[0], numbers[1])
+        })
+        .collect();
+    assert_eq!(turns.len(), 2, "{stderr}");
+    assert_eq!(turns[0].0, 0);
+    assert_eq!(turns[1].0, turns[0].1, "{stderr}");
+    assert!(turns[1].1 > 0);
+
+    // The first reply is the greedy continuation of the formatted turn, as
+    // the generate example produces it from the same text.
+    let formatted = ChatTemplate::Gemma.apply(
+        &[ChatMessage {
+            role: "user",
+            content: "Hello!",
+        }],
+        true,
+    );
+    let generated = Command::new(build_example("generate"))
+        .arg(&model)
+        .args([
+            formatted.as_str(),
+            "-n",
+            "16",
+            "--temp",
+            "0",
+            "--device",
+            "-1",
+            "-t",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let generated = String::from_utf8_lossy(&generated.stdout);
+    let first_reply = &generated[formatted.len()..];
+    assert!(!first_reply.trim().is_empty());
+    assert!(
+        stdout.starts_with(first_reply),
+        "{stdout:?} vs {first_reply:?}"
+    );
+    assert!(
+        stdout.len() > first_reply.len() + 1,
+        "a second reply: {stdout:?}"
+    );
+}
+
+#[test]
+fn chat_reports_a_model_without_a_chat_template() {
+    let path = common::scratch_path("chat-no-template.gguf");
+    std::fs::write(&path, common::tiny_model::tiny_model("llama").build()).unwrap();
+    let out = Command::new(build_example("chat"))
+        .arg(&path)
+        .args(["--device", "-1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no chat template"), "{stderr}");
+    let out = Command::new(build_example("chat"))
+        .arg("-n")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }

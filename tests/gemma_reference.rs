@@ -16,56 +16,14 @@ mod common;
 
 use std::sync::Arc;
 
+use common::reference::{cases, confident_greedy_prefix};
+
 use m40llm::model::{LoadOptions, Model};
 use m40llm::sampling::SamplerParams;
 use m40llm::session::{Session, SessionParams};
 
-struct Case {
-    prompt_ids: Vec<u32>,
-    /// Per step: the reference's top tokens with their logits, best first.
-    steps: Vec<Vec<(u32, f32)>>,
-}
-
-/// Pulls the numbers out of one JSONL line (a fixed, known shape).
-fn parse_case(line: &str) -> Case {
-    let ids_at = line.find("\"prompt_ids\"").unwrap();
-    let open = ids_at + line[ids_at..].find('[').unwrap();
-    let close = open + line[open..].find(']').unwrap();
-    let prompt_ids = line[open + 1..close]
-        .split(',')
-        .map(|v| v.trim().parse().unwrap())
-        .collect();
-    let steps = line[close..]
-        .split("\"top\"")
-        .skip(1)
-        .map(|step| {
-            let end = step.find("]]").unwrap();
-            step[..end]
-                .split('[')
-                .filter_map(|pair| {
-                    let pair = pair.trim_matches(|c| c == ']' || c == ',' || c == ' ' || c == ':');
-                    let (t, l) = pair.split_once(',')?;
-                    Some((t.trim().parse().ok()?, l.trim().parse().ok()?))
-                })
-                .collect()
-        })
-        .collect();
-    Case { prompt_ids, steps }
-}
-
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-}
-
-/// The reference's greedy continuation of `case`: its top-1 tokens, up to
-/// the first step where llama.cpp's own top-2 margin is under 0.5 (past such
-/// a near-tie either choice is right, and the sequences may part).
-fn confident_greedy_prefix(case: &Case) -> Vec<u32> {
-    case.steps
-        .iter()
-        .take_while(|top| top[0].1 - top[1].1 > 0.5)
-        .map(|top| top[0].0)
-        .collect()
 }
 
 fn load_gemma() -> Option<Arc<Model>> {
@@ -77,15 +35,6 @@ fn load_gemma() -> Option<Arc<Model>> {
         vocab_only: false,
     };
     Some(Arc::new(Model::load(&path, options).unwrap()))
-}
-
-fn cases() -> Vec<Case> {
-    let reference = common::shared_dir().join("data/reference/gemma3-270m-q4_k_m.greedy.jsonl");
-    std::fs::read_to_string(reference)
-        .unwrap()
-        .lines()
-        .map(parse_case)
-        .collect()
 }
 
 #[test]
@@ -199,12 +148,7 @@ fn gemma_matches_llama_cpp_teacher_forced() {
     let Some(path) = common::gemma_path() else {
         return;
     };
-    let reference = common::shared_dir().join("data/reference/gemma3-270m-q4_k_m.greedy.jsonl");
-    let cases: Vec<Case> = std::fs::read_to_string(reference)
-        .unwrap()
-        .lines()
-        .map(parse_case)
-        .collect();
+    let cases = cases();
     let options = LoadOptions {
         device: common::test_device(),
         n_threads: 0,

@@ -202,7 +202,9 @@ pub trait Backend {
         fused::matmul_residual(self, w, a, rows, post_norm, product, x)
     }
 
-    /// Per-head norms and RoPE of q and k, then k and v into the caches.
+    /// Per-head norms and RoPE of q and k, then k and v into the caches. q
+    /// holds the rotated queries afterwards; k's contents are unspecified
+    /// (the caches hold the rotated keys).
     #[allow(clippy::too_many_arguments)]
     fn attention_inputs(
         &self,

@@ -34,6 +34,20 @@ pub(crate) unsafe fn path(ptr: *const c_char, name: &str) -> Result<PathBuf> {
     }
 }
 
+/// A NUL-terminated UTF-8 string argument (empty allowed).
+///
+/// # Safety
+/// `ptr` is NULL or points to a NUL-terminated string that stays valid for the call.
+pub(crate) unsafe fn c_text<'a>(ptr: *const c_char, name: &str) -> Result<&'a str> {
+    if ptr.is_null() {
+        return Err(Error::invalid_argument(format!("{name} is NULL")));
+    }
+    // SAFETY: non-NULL, and the caller promises NUL termination.
+    unsafe { CStr::from_ptr(ptr) }
+        .to_str()
+        .map_err(|_| Error::invalid_argument(format!("{name} is not valid UTF-8")))
+}
+
 /// A struct passed by pointer for reading; NULL means "use `default`".
 ///
 /// # Safety

@@ -8,6 +8,7 @@
 #![allow(non_camel_case_types)]
 
 mod args;
+mod chat;
 mod handles;
 mod library;
 mod model;
@@ -15,6 +16,7 @@ mod session;
 mod status;
 mod tokenizer;
 
+pub use chat::*;
 pub use library::*;
 pub use model::*;
 pub use session::*;

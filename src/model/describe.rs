@@ -74,6 +74,12 @@ impl Model {
             );
         }
         j.push('}');
+        let chat = crate::chat::ChatTemplate::for_model(self).map(|t| json_string(t.name()));
+        let _ = write!(
+            j,
+            ",\"chat_template\":{}",
+            chat.as_deref().unwrap_or("null")
+        );
         let _ = write!(j, ",\"vocab_only\":{}", self.options().vocab_only);
         let _ = write!(
             j,

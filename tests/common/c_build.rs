@@ -37,11 +37,25 @@ pub fn library_dir() -> PathBuf {
 }
 
 pub fn compile(args: &[&str]) {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    let out = Command::new(&cc)
+    compile_with(
+        &std::env::var("CC").unwrap_or_else(|_| "cc".to_string()),
+        args,
+    );
+}
+
+/// Compiles C++ with $CXX (default c++).
+pub fn compile_cpp(args: &[&str]) {
+    compile_with(
+        &std::env::var("CXX").unwrap_or_else(|_| "c++".to_string()),
+        args,
+    );
+}
+
+fn compile_with(cc: &str, args: &[&str]) {
+    let out = Command::new(cc)
         .args(args)
         .output()
-        .expect("a C compiler (cc) on PATH");
+        .unwrap_or_else(|e| panic!("running the compiler {cc}: {e}"));
     assert!(
         out.status.success(),
         "{cc} {args:?} failed:\n{}",

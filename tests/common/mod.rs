@@ -3,6 +3,7 @@
 
 pub mod c_build;
 pub mod gguf_writer;
+pub mod reference;
 pub mod tiny_model;
 
 use std::path::PathBuf;

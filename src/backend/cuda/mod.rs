@@ -22,7 +22,6 @@ use super::{
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::model::Weight;
-use crate::quant::GgmlType;
 use kernels::*;
 use memory::{human, Arena};
 pub use memory::{DeviceAllocator, DevicePtr, MemoryStats};
@@ -382,7 +381,10 @@ impl CudaBackend {
 impl CudaBackend {
     /// out (rows × w.rows) = x · Wᵀ: the decode kernel for a few rows,
     /// cuBLAS over dequantized bands for many.
-    fn matmul_locked(
+    ///
+    /// # Safety
+    /// x holds rows × w.cols values and out rows × w.rows, in device memory.
+    unsafe fn matmul_locked(
         &self,
         st: &mut State,
         w: &Weight,
@@ -421,7 +423,7 @@ impl CudaBackend {
             return Ok(());
         }
         let matrix = self.gemv_matrix(w, None, out)?;
-        // SAFETY: the caller's x holds rows × w.cols values and out rows × w.rows.
+        // SAFETY: as the caller promises.
         unsafe { self.gemv(st, w, x, rows, &[matrix], GemvEpilogue::Store, None) }
     }
 
@@ -536,10 +538,11 @@ impl CudaBackend {
         normed: &mut DeviceBuffer,
     ) -> Result<(*const f32, Option<(*const f32, f32)>)> {
         let width = norm.weight.cols * norm.weight.rows;
+        assert!(x.len() >= rows * width);
         if fuses_norm(rows) {
             return Ok((x.as_ptr(), Some((self.vector(norm.weight)?, norm.eps))));
         }
-        assert!(x.len() >= rows * width && normed.len() >= rows * width);
+        assert!(normed.len() >= rows * width);
         // SAFETY: both hold rows × width values.
         unsafe {
             self.rms_norm_into(
@@ -555,9 +558,18 @@ impl CudaBackend {
     }
 
     /// x[r] += bias for `rows` rows.
-    fn add_bias_locked(&self, st: &State, x: *mut f32, bias: &Weight, rows: usize) -> Result<()> {
+    ///
+    /// # Safety
+    /// x is device memory of rows × the bias's width values.
+    unsafe fn add_bias_locked(
+        &self,
+        st: &State,
+        x: *mut f32,
+        bias: &Weight,
+        rows: usize,
+    ) -> Result<()> {
         let width = bias.cols * bias.rows;
-        // SAFETY: the caller's x holds rows × width values.
+        // SAFETY: as the caller promises.
         check(
             unsafe { m40_add(x, self.vector(bias)?, rows * width, width, st.stream.raw()) },
             || "bias add".to_string(),
@@ -604,9 +616,9 @@ fn is_vector(t: &crate::gguf::TensorInfo) -> bool {
     t.dims.iter().skip(1).all(|&d| d == 1)
 }
 
-/// The kernels read matrices 16 values at a time with vector loads: every
-/// matrix row must be a multiple of 32 values and float matrices 16-byte
-/// aligned (GGUF's default alignment of 32 gives that).
+/// The kernels read matrices with vector loads: every matrix row must be a
+/// multiple of 32 values and every matrix 16-byte aligned (GGUF's default
+/// alignment of 32 gives that).
 fn check_tensor_layouts(file: &GgufFile) -> Result<()> {
     for t in file.tensors() {
         let ty = t.ggml_type;
@@ -622,8 +634,9 @@ fn check_tensor_layouts(file: &GgufFile) -> Result<()> {
                 t.name, t.dims[0]
             )));
         }
-        let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16);
-        if float && t.offset % 16 != 0 {
+        // Float rows are read with 16-byte loads, quantized rows in
+        // 16-byte-aligned pieces whose blocks keep their alignment.
+        if t.offset % 16 != 0 {
             return Err(Error::unsupported(format!(
                 "tensor '{}' is not 16-byte aligned in the file (general.alignment below 16)",
                 t.name
@@ -746,13 +759,15 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         assert!(x.len() >= rows * w.cols && out.len() >= rows * w.rows);
         let mut state = self.lock();
-        self.matmul_locked(&mut state, w, x.as_ptr(), rows, out.as_mut_ptr())
+        // SAFETY: sizes checked above.
+        unsafe { self.matmul_locked(&mut state, w, x.as_ptr(), rows, out.as_mut_ptr()) }
     }
 
     fn add_bias(&self, x: &mut DeviceBuffer, bias: &Weight, rows: usize) -> Result<()> {
         let state = self.lock();
         assert!(x.len() >= rows * bias.cols * bias.rows);
-        self.add_bias_locked(&state, x.as_mut_ptr(), bias, rows)
+        // SAFETY: size checked above.
+        unsafe { self.add_bias_locked(&state, x.as_mut_ptr(), bias, rows) }
     }
 
     fn rms_norm(&self, x: &mut DeviceBuffer, weight: &Weight, eps: f32, len: usize) -> Result<()> {
@@ -1014,9 +1029,14 @@ impl Backend for CudaBackend {
         }
         if rows > GEMV_MAX_X {
             for p in products.iter_mut() {
-                self.matmul_locked(st, p.w, input, rows, p.out.as_mut_ptr())?;
-                if let Some(bias) = p.bias {
-                    self.add_bias_locked(st, p.out.as_mut_ptr(), bias, rows)?;
+                // SAFETY: input holds rows × p.w.cols values (checked by
+                // normalized_input), p.out rows × p.w.rows (checked above).
+                unsafe {
+                    self.matmul_locked(st, p.w, input, rows, p.out.as_mut_ptr())?;
+                    if let Some(bias) = p.bias {
+                        assert_eq!(bias.cols * bias.rows, p.w.rows);
+                        self.add_bias_locked(st, p.out.as_mut_ptr(), bias, rows)?;
+                    }
                 }
             }
             return Ok(());
@@ -1062,7 +1082,7 @@ impl Backend for CudaBackend {
         if rows > GEMV_MAX_X || !one_launch {
             return fused::norm_gated_ffn(self, x, norm, rows, ffn, scratch, out);
         }
-        assert!(out.len() >= rows * gate.rows);
+        assert!(out.len() >= rows * gate.rows && gate.cols == norm.weight.cols * norm.weight.rows);
         let mut state = self.lock();
         let st = &mut *state;
         let (input, fused_norm) = self.normalized_input(st, x, norm, rows, scratch.normed)?;
@@ -1105,7 +1125,12 @@ impl Backend for CudaBackend {
                 )
             };
         }
-        self.matmul_locked(st, w, a.as_ptr(), rows, product.as_mut_ptr())?;
+        assert!(product.len() >= rows * w.rows);
+        if let Some(norm) = post_norm {
+            assert_eq!(norm.weight.cols * norm.weight.rows, w.rows);
+        }
+        // SAFETY: a holds rows × w.cols values, product rows × w.rows (checked).
+        unsafe { self.matmul_locked(st, w, a.as_ptr(), rows, product.as_mut_ptr())? };
         let n = rows * w.rows;
         // SAFETY: x and product hold rows × w.rows values.
         unsafe {
@@ -1144,6 +1169,12 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
+        }
+        if qk_norm.is_some_and(|(qn, kn)| qn.eps != kn.eps) {
+            // The fused kernel takes one epsilon for both norms.
+            return fused::attention_inputs(
+                self, caches, layer, rows, heads, qk_norm, rope, q, k, v,
+            );
         }
         if heads.head_dim_k > ATTENTION_MAX_HEAD_DIM || heads.head_dim_v > ATTENTION_MAX_HEAD_DIM {
             return Err(Error::unsupported(format!(

@@ -372,7 +372,6 @@ impl OwnedEvent {
         })
     }
 
-    /// Waits until the recorded work is done (at once if none was recorded).
     /// Milliseconds between `start` and this event (both recorded and done).
     pub fn elapsed_since(&self, start: &OwnedEvent) -> Result<f32> {
         let mut ms = 0f32;
@@ -383,6 +382,8 @@ impl OwnedEvent {
         )?;
         Ok(ms)
     }
+
+    /// Waits until the recorded work is done (at once if none was recorded).
     pub fn wait(&self) -> Result<()> {
         // SAFETY: a live event.
         check(unsafe { cudaEventSynchronize(self.0) }, || {
