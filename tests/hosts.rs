@@ -1,6 +1,7 @@
 //! Host programs built the way their users build them: a C program against an
 //! installed copy of the library found with pkg-config (`make install`), the
-//! C++ wrapper's example, and the wrapper's own checks. Each runs Gemma 3 270M
+//! C++ wrapper's example, the wrapper's own checks, and a Zig program that
+//! `@cImport`s the header. Each runs Gemma 3 270M
 //! on the CPU (when the model is present) and must print llama.cpp's greedy
 //! continuation of a reference prompt (../shared/data/reference) up to its
 //! first near-tie.
@@ -202,4 +203,59 @@ fn the_cpp_wrapper_passes_its_checks() {
     println!("{stdout}");
     assert!(stdout.trim_end().ends_with(" 0 failed"), "{stdout}");
     assert!(!stdout.contains("FAIL"), "{stdout}");
+}
+
+#[test]
+fn a_zig_program_imports_the_header_and_streams_llama_cpps_greedy_text() {
+    // Zig from PyPI (`pip install ziglang==0.15.2`; 0.17.1 rejects @cImport),
+    // or the compiler $ZIG names.
+    let lib = library_dir();
+    let exe = common::scratch_path("generate-zig");
+    let mut zig = match std::env::var("ZIG") {
+        Ok(path) => Command::new(path),
+        Err(_) => {
+            let mut python = Command::new("python3");
+            python.args(["-m", "ziglang"]);
+            python
+        }
+    };
+    let out = zig
+        .arg("build-exe")
+        .arg(root().join("bindings/zig/generate.zig"))
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg("-L")
+        .arg(&lib)
+        .args(["-lm40llm", "-lc", "-O", "ReleaseSafe", "-rpath"])
+        .arg(&lib)
+        .arg(format!("-femit-bin={}", exe.display()))
+        .arg("--cache-dir")
+        .arg(common::scratch_path("zig-cache"))
+        .output()
+        .expect("zig (python3 -m ziglang, from `pip install ziglang==0.15.2`)");
+    assert!(
+        out.status.success(),
+        "zig build-exe failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&exe)
+        .args(["/nonexistent.gguf", "hi"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("error: loading the model") && stderr.contains("/nonexistent.gguf"),
+        "{stderr}"
+    );
+    let Some(model) = common::gemma_path() else {
+        return;
+    };
+    let prompt = "The capital of France is";
+    let out = Command::new(&exe)
+        .arg(&model)
+        .args([prompt, "32"])
+        .output()
+        .unwrap();
+    assert_greedy_output(&out, &model, prompt);
 }
