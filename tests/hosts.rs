@@ -1,7 +1,7 @@
 //! Host programs built the way their users build them: a C program against an
 //! installed copy of the library found with pkg-config (`make install`), the
-//! C++ wrapper's example, the wrapper's own checks, and a Zig program that
-//! `@cImport`s the header. Each runs Gemma 3 270M
+//! C++ wrapper's example, the wrapper's own checks, a Zig program that
+//! `@cImport`s the header, and the Go package's tests (cgo, through pkg-config). Each runs Gemma 3 270M
 //! on the CPU (when the model is present) and must print llama.cpp's greedy
 //! continuation of a reference prompt (../shared/data/reference) up to its
 //! first near-tie.
@@ -72,21 +72,26 @@ fn pkg_config(prefix: &Path, args: &[&str]) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn a_c_program_builds_against_the_installed_library_with_pkg_config() {
-    let prefix = common::scratch_path("install-prefix");
+/// `make install` of the test build's library into a fresh scratch prefix.
+fn install(name: &str) -> std::path::PathBuf {
+    let prefix = common::scratch_path(name);
     let _ = std::fs::remove_dir_all(&prefix);
     // The library is already built (library_dir); CARGO=true skips make's build step.
-    let lib = library_dir();
     let status = Command::new("make")
         .arg("install")
         .arg(format!("PREFIX={}", prefix.display()))
-        .arg(format!("LIB={}", lib.display()))
+        .arg(format!("LIB={}", library_dir().display()))
         .arg("CARGO=true")
         .current_dir(root())
         .status()
         .expect("make on PATH");
     assert!(status.success());
+    prefix
+}
+
+#[test]
+fn a_c_program_builds_against_the_installed_library_with_pkg_config() {
+    let prefix = install("install-prefix");
     for file in [
         "lib/libm40llm.so",
         "lib/libm40llm.a",
@@ -258,4 +263,31 @@ fn a_zig_program_imports_the_header_and_streams_llama_cpps_greedy_text() {
         .output()
         .unwrap();
     assert_greedy_output(&out, &model, prompt);
+}
+
+#[test]
+fn the_go_package_passes_its_tests_against_the_installed_library() {
+    // Go from Debian's golang-go; the package finds the library with pkg-config.
+    let prefix = install("install-prefix-go");
+    let mut go = Command::new("go");
+    go.args(["test", "-count=1", "./..."])
+        .current_dir(root().join("bindings/go"))
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
+        .env(
+            "CGO_LDFLAGS",
+            format!("-Wl,-rpath,{}/lib", prefix.display()),
+        )
+        .env("GOCACHE", common::scratch_path("go-cache"))
+        .env("GOFLAGS", "-mod=mod");
+    match common::gemma_path() {
+        Some(model) => go.env("M40_GEMMA_GGUF", model),
+        None => go.env_remove("M40_GEMMA_GGUF"),
+    };
+    let out = go.output().expect("go on PATH (Debian's golang-go)");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("ok  \tm40llm/bindings/go"), "{stdout}");
 }

@@ -1,0 +1,3 @@
+module m40llm/bindings/go
+
+go 1.19

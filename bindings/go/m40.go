@@ -1,0 +1,442 @@
+// Package m40 runs GGUF language models with libm40llm (CPU, or CUDA GPUs
+// from the Tesla M40 up) through its C API.
+//
+// Models and sessions are closed explicitly with Close; a finalizer closes
+// what a program forgets. Failures are *Error values carrying the library's
+// status and message. The package finds the library with pkg-config
+// (`make install` in the repository installs m40llm.pc).
+package m40
+
+/*
+#cgo pkg-config: m40llm
+#include <stdlib.h>
+#include "m40llm.h"
+
+bool m40go_on_piece(void *user_data, const char *piece, size_t len, m40_token token);
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"runtime/cgo"
+	"sync"
+	"unsafe"
+)
+
+// Status is a libm40llm status code (m40_status).
+type Status int
+
+// The statuses of m40llm.h.
+const (
+	OK              Status = C.M40_OK
+	InvalidArgument Status = C.M40_ERR_INVALID_ARGUMENT
+	IO              Status = C.M40_ERR_IO
+	Format          Status = C.M40_ERR_FORMAT
+	Unsupported     Status = C.M40_ERR_UNSUPPORTED
+	OutOfMemory     Status = C.M40_ERR_OUT_OF_MEMORY
+	ContextFull     Status = C.M40_ERR_CONTEXT_FULL
+	Backend         Status = C.M40_ERR_BACKEND
+	BufferTooSmall  Status = C.M40_ERR_BUFFER_TOO_SMALL
+	Internal        Status = C.M40_ERR_INTERNAL
+)
+
+const errClosed = "use of a closed handle"
+
+func (s Status) String() string { return C.GoString(C.m40_status_str(C.enum_m40_status(s))) }
+
+// Error is a failed library call: its status and the library's message.
+type Error struct {
+	Status  Status
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// check turns a status into an error with the calling thread's message. The
+// goroutine must not have moved threads since the call: callers lock it.
+func check(status C.enum_m40_status) error {
+	if Status(status) == OK {
+		return nil
+	}
+	return &Error{Status: Status(status), Message: C.GoString(C.m40_last_error())}
+}
+
+// call runs a C call on one OS thread, so that m40_last_error (thread-local)
+// describes it.
+func call(f func() C.enum_m40_status) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return check(f())
+}
+
+// Token is a vocabulary id.
+type Token = int32
+
+// ModelParams choose where a model runs.
+type ModelParams struct {
+	// Device: -1 for the CPU, 0.. for a CUDA device.
+	Device int
+	// Threads for the CPU backend; 0: one per core.
+	Threads int
+}
+
+// DefaultModelParams are the library's defaults (the first CUDA device when
+// one is usable, else the CPU).
+func DefaultModelParams() ModelParams {
+	p := C.m40_model_default_params()
+	return ModelParams{Device: int(p.device), Threads: int(p.n_threads)}
+}
+
+// Model is a loaded GGUF model; any number of goroutines may use it.
+type Model struct {
+	mu  sync.RWMutex
+	ptr *C.struct_m40_model
+}
+
+// Load loads a GGUF model.
+func Load(path string, params ModelParams) (*Model, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	p := C.m40_model_default_params()
+	p.device = C.int32_t(params.Device)
+	p.n_threads = C.uint32_t(params.Threads)
+	var ptr *C.struct_m40_model
+	if err := call(func() C.enum_m40_status { return C.m40_model_load(cpath, &p, &ptr) }); err != nil {
+		return nil, err
+	}
+	m := &Model{ptr: ptr}
+	runtime.SetFinalizer(m, (*Model).Close)
+	return m, nil
+}
+
+// Close releases the model (its sessions keep it alive until they close).
+// Closing twice is a no-op.
+func (m *Model) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ptr == nil {
+		return nil
+	}
+	err := call(func() C.enum_m40_status { return C.m40_free(unsafe.Pointer(m.ptr)) })
+	m.ptr = nil
+	runtime.SetFinalizer(m, nil)
+	return err
+}
+
+// use runs f with the live handle, or fails when the model is closed.
+func (m *Model) use(f func(*C.struct_m40_model) error) error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.ptr == nil {
+		return &Error{Status: InvalidArgument, Message: "model: " + errClosed}
+	}
+	return f(m.ptr)
+}
+
+// NVocab is the vocabulary size.
+func (m *Model) NVocab() int {
+	n := 0
+	_ = m.use(func(p *C.struct_m40_model) error { n = int(C.m40_model_n_vocab(p)); return nil })
+	return n
+}
+
+// IsEndOfGeneration reports whether a token ends generation (EOS, end of turn).
+func (m *Model) IsEndOfGeneration(t Token) bool {
+	eog := false
+	_ = m.use(func(p *C.struct_m40_model) error { eog = bool(C.m40_token_is_eog(p, C.m40_token(t))); return nil })
+	return eog
+}
+
+// sizedText runs a "fill this buffer" call twice: for the size, then the text.
+func sizedText(fill func(buf *C.char, capacity C.size_t, n *C.size_t) C.enum_m40_status) (string, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var n C.size_t
+	if st := fill(nil, 0, &n); Status(st) != BufferTooSmall {
+		return "", check(st)
+	}
+	buf := C.malloc(n + 1)
+	defer C.free(buf)
+	if err := check(fill((*C.char)(buf), n+1, &n)); err != nil {
+		return "", err
+	}
+	return C.GoStringN((*C.char)(buf), C.int(n)), nil
+}
+
+// Describe is the model's description as JSON (m40_model_describe).
+func (m *Model) Describe() (string, error) {
+	var text string
+	err := m.use(func(p *C.struct_m40_model) (err error) {
+		text, err = sizedText(func(buf *C.char, capacity C.size_t, n *C.size_t) C.enum_m40_status {
+			return C.m40_model_describe(p, buf, capacity, n)
+		})
+		return
+	})
+	return text, err
+}
+
+// Tokenize splits text into tokens (with BOS when addSpecial; special-token
+// text such as <start_of_turn> becomes its token).
+func (m *Model) Tokenize(text string, addSpecial bool) ([]Token, error) {
+	var tokens []Token
+	err := m.use(func(p *C.struct_m40_model) error {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		ctext := C.CString(text)
+		defer C.free(unsafe.Pointer(ctext))
+		length := C.size_t(len(text))
+		var n C.size_t
+		st := C.m40_tokenize(p, ctext, length, C.bool(addSpecial), true, nil, 0, &n)
+		if Status(st) != BufferTooSmall && Status(st) != OK {
+			return check(st)
+		}
+		tokens = make([]Token, int(n))
+		if n == 0 {
+			return nil
+		}
+		return check(C.m40_tokenize(p, ctext, length, C.bool(addSpecial), true,
+			(*C.m40_token)(unsafe.Pointer(&tokens[0])), n, &n))
+	})
+	return tokens, err
+}
+
+// Detokenize is the text of tokens (m40_detokenize).
+func (m *Model) Detokenize(tokens []Token) (string, error) {
+	var text string
+	err := m.use(func(p *C.struct_m40_model) (err error) {
+		var first *C.m40_token
+		if len(tokens) > 0 {
+			first = (*C.m40_token)(unsafe.Pointer(&tokens[0]))
+		}
+		text, err = sizedText(func(buf *C.char, capacity C.size_t, n *C.size_t) C.enum_m40_status {
+			return C.m40_detokenize(p, first, C.size_t(len(tokens)), buf, capacity, n)
+		})
+		return
+	})
+	return text, err
+}
+
+// ChatMessage is one turn of a conversation: Role is "system", "user" or "assistant".
+type ChatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// ApplyChatTemplate formats a conversation with the model's chat template,
+// opening the assistant's turn when addAssistant (m40_chat_apply_template).
+func (m *Model) ApplyChatTemplate(messages []ChatMessage, addAssistant bool) (string, error) {
+	var text string
+	err := m.use(func(p *C.struct_m40_model) (err error) {
+		raw := C.malloc(C.size_t(len(messages)+1) * C.size_t(unsafe.Sizeof(C.m40_chat_message{})))
+		defer C.free(raw)
+		list := unsafe.Slice((*C.m40_chat_message)(raw), len(messages)+1)
+		for i, msg := range messages {
+			list[i].role = C.CString(msg.Role)
+			list[i].content = C.CString(msg.Content)
+			defer C.free(unsafe.Pointer(list[i].role))
+			defer C.free(unsafe.Pointer(list[i].content))
+		}
+		text, err = sizedText(func(buf *C.char, capacity C.size_t, n *C.size_t) C.enum_m40_status {
+			return C.m40_chat_apply_template(p, &list[0], C.size_t(len(messages)), C.bool(addAssistant), buf, capacity, n)
+		})
+		return
+	})
+	return text, err
+}
+
+// SamplerParams choose the next token (m40_sampler_params).
+type SamplerParams struct {
+	Temperature   float32 // 0: greedy
+	TopK          int
+	TopP, MinP    float32
+	RepeatPenalty float32
+	RepeatLastN   int
+	Seed          uint64
+}
+
+// DefaultSampler is the library's default sampling.
+func DefaultSampler() SamplerParams {
+	p := C.m40_sampler_default_params()
+	return SamplerParams{
+		Temperature: float32(p.temperature), TopK: int(p.top_k), TopP: float32(p.top_p),
+		MinP: float32(p.min_p), RepeatPenalty: float32(p.repeat_penalty),
+		RepeatLastN: int(p.repeat_last_n), Seed: uint64(p.seed),
+	}
+}
+
+// Greedy always takes the most likely token.
+func Greedy() SamplerParams {
+	p := DefaultSampler()
+	p.Temperature = 0
+	return p
+}
+
+func (s SamplerParams) c() C.struct_m40_sampler_params {
+	return C.struct_m40_sampler_params{
+		temperature: C.float(s.Temperature), top_k: C.int32_t(s.TopK), top_p: C.float(s.TopP),
+		min_p: C.float(s.MinP), repeat_penalty: C.float(s.RepeatPenalty),
+		repeat_last_n: C.int32_t(s.RepeatLastN), seed: C.uint64_t(s.Seed),
+	}
+}
+
+// Session is one conversation's state (its KV cache); one goroutine at a time.
+type Session struct {
+	mu    sync.Mutex
+	ptr   *C.struct_m40_session
+	model *Model
+}
+
+// NewSession starts a session of nCtx tokens (0: min(training context, 4096)).
+func (m *Model) NewSession(nCtx int) (*Session, error) {
+	var s *Session
+	err := m.use(func(p *C.struct_m40_model) error {
+		params := C.m40_session_default_params()
+		params.n_ctx = C.uint32_t(nCtx)
+		var ptr *C.struct_m40_session
+		if err := call(func() C.enum_m40_status { return C.m40_session_new(p, &params, &ptr) }); err != nil {
+			return err
+		}
+		s = &Session{ptr: ptr, model: m}
+		runtime.SetFinalizer(s, (*Session).Close)
+		return nil
+	})
+	return s, err
+}
+
+// Close releases the session; closing twice is a no-op.
+func (s *Session) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ptr == nil {
+		return nil
+	}
+	err := call(func() C.enum_m40_status { return C.m40_free(unsafe.Pointer(s.ptr)) })
+	s.ptr = nil
+	runtime.SetFinalizer(s, nil)
+	return err
+}
+
+func (s *Session) use(f func(*C.struct_m40_session) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ptr == nil {
+		return &Error{Status: InvalidArgument, Message: "session: " + errClosed}
+	}
+	return f(s.ptr)
+}
+
+// NPast is the number of tokens the session holds.
+func (s *Session) NPast() int {
+	n := 0
+	_ = s.use(func(p *C.struct_m40_session) error { n = int(C.m40_session_n_past(p)); return nil })
+	return n
+}
+
+// Reset empties the session.
+func (s *Session) Reset() error {
+	return s.use(func(p *C.struct_m40_session) error {
+		return call(func() C.enum_m40_status { return C.m40_session_reset(p) })
+	})
+}
+
+// Decode appends tokens and runs the model over them.
+func (s *Session) Decode(tokens []Token) error {
+	if len(tokens) == 0 {
+		return nil
+	}
+	return s.use(func(p *C.struct_m40_session) error {
+		return call(func() C.enum_m40_status {
+			return C.m40_decode(p, (*C.m40_token)(unsafe.Pointer(&tokens[0])), C.size_t(len(tokens)))
+		})
+	})
+}
+
+// Sample picks the next token from the last decode's logits.
+func (s *Session) Sample(params SamplerParams) (Token, error) {
+	var t C.m40_token
+	err := s.use(func(p *C.struct_m40_session) error {
+		cp := params.c()
+		return call(func() C.enum_m40_status { return C.m40_sample(p, &cp, &t) })
+	})
+	return Token(t), err
+}
+
+// generation is what the C callback reaches through its cgo.Handle.
+type generation struct {
+	onPiece func(piece string) bool
+	panic   interface{}
+}
+
+//export m40goPiece
+func m40goPiece(userData unsafe.Pointer, piece *C.char, n C.size_t, token C.m40_token) (keepGoing C.bool) {
+	g := (*(*cgo.Handle)(userData)).Value().(*generation)
+	// A panic must not unwind through the library: kept and re-raised by Generate.
+	defer func() {
+		if r := recover(); r != nil {
+			g.panic = r
+			keepGoing = false
+		}
+	}()
+	return C.bool(g.onPiece(C.GoStringN(piece, C.int(n))))
+}
+
+// Generate decodes the prompt, then samples up to maxTokens, calling
+// onPiece with each piece of text (whole UTF-8 characters) as it comes;
+// onPiece returns false to stop. A panic in onPiece stops the generation
+// and is re-raised here.
+func (s *Session) Generate(prompt string, params SamplerParams, maxTokens int, onPiece func(piece string) bool) error {
+	g := &generation{onPiece: onPiece}
+	handle := cgo.NewHandle(g)
+	defer handle.Delete()
+	err := s.use(func(p *C.struct_m40_session) error {
+		cprompt := C.CString(prompt)
+		defer C.free(unsafe.Pointer(cprompt))
+		cp := params.c()
+		h := (*cgo.Handle)(C.malloc(C.size_t(unsafe.Sizeof(handle))))
+		defer C.free(unsafe.Pointer(h))
+		*h = handle
+		return call(func() C.enum_m40_status {
+			return C.m40_generate(p, cprompt, C.size_t(len(prompt)), &cp, C.uint32_t(maxTokens),
+				C.m40_piece_fn(C.m40go_on_piece), unsafe.Pointer(h))
+		})
+	})
+	if g.panic != nil {
+		panic(g.panic)
+	}
+	return err
+}
+
+// DecodeBatch decodes tokens[i] in sessions[i], all in one pass of the model
+// (the sessions must share it).
+func DecodeBatch(sessions []*Session, tokens []Token) error {
+	if len(sessions) != len(tokens) {
+		return &Error{Status: InvalidArgument, Message: fmt.Sprintf("DecodeBatch: %d sessions but %d tokens", len(sessions), len(tokens))}
+	}
+	if len(sessions) == 0 {
+		return nil
+	}
+	for _, s := range sessions {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.ptr == nil {
+			return &Error{Status: InvalidArgument, Message: "session: " + errClosed}
+		}
+	}
+	ptrs := C.malloc(C.size_t(len(sessions)) * C.size_t(unsafe.Sizeof(uintptr(0))))
+	defer C.free(ptrs)
+	list := unsafe.Slice((**C.struct_m40_session)(ptrs), len(sessions))
+	for i, s := range sessions {
+		list[i] = s.ptr
+	}
+	return call(func() C.enum_m40_status {
+		return C.m40_decode_batch(&list[0], (*C.m40_token)(unsafe.Pointer(&tokens[0])), C.size_t(len(tokens)))
+	})
+}
+
+// IsStatus reports whether err is an *Error with the given status.
+func IsStatus(err error, status Status) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Status == status
+}
