@@ -218,6 +218,19 @@ func (m *Model) Detokenize(tokens []Token) (string, error) {
 	return text, err
 }
 
+// TokenPiece is a token's text (control tokens as their text); pieces of a
+// multi-byte character may be partial UTF-8.
+func (m *Model) TokenPiece(t Token) (string, error) {
+	var text string
+	err := m.use(func(p *C.struct_m40_model) (err error) {
+		text, err = sizedText(func(buf *C.char, capacity C.size_t, n *C.size_t) C.enum_m40_status {
+			return C.m40_token_to_piece(p, C.m40_token(t), buf, capacity, n)
+		})
+		return
+	})
+	return text, err
+}
+
 // ChatMessage is one turn of a conversation: Role is "system", "user" or "assistant".
 type ChatMessage struct {
 	Role    string `json:"role"`
