@@ -96,6 +96,17 @@ static int format(const m40_model *model, const struct conversation *c, struct t
     return 1;
 }
 
+/* The length of t without a trailing incomplete UTF-8 character (a reply
+   cut off by the token limit mid-character), which a template would refuse. */
+static size_t whole_utf8_length(const struct text *t) {
+    size_t start = t->len, back = 0;
+    while (start > 0 && back < 4 && ((unsigned char)t->data[start - 1] & 0xC0) == 0x80) start--, back++;
+    if (start == 0) return t->len;
+    unsigned char lead = (unsigned char)t->data[start - 1];
+    size_t need = lead < 0x80 ? 1 : lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    return back + 1 >= need ? t->len : start - 1;
+}
+
 static bool on_piece(void *user_data, const char *piece, size_t len, m40_token token) {
     (void)token;
     text_append(user_data, piece, len);
@@ -233,7 +244,7 @@ int main(int argc, char **argv) {
             m40_session_reset(session);
             held.len = 0;
         }
-        conversation_add(&chat, "assistant", reply.data, reply.len);
+        conversation_add(&chat, "assistant", reply.data, whole_utf8_length(&reply));
         putchar('\n');
         fflush(stdout);
     }

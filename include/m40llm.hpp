@@ -163,7 +163,7 @@ class Session {
     // The next-token logits after the last decode (n_vocab values).
     std::vector<float> logits() const {
         const float *values = m40_logits(get());
-        if (values == nullptr) throw Error(M40_ERR_INVALID_ARGUMENT, m40_last_error());
+        if (values == nullptr) throw Error(M40_ERR_INVALID_ARGUMENT, "no logits: nothing decoded yet");
         return std::vector<float>(values, values + n_vocab_);
     }
 

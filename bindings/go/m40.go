@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/cgo"
+	"sort"
 	"sync"
 	"unsafe"
 )
@@ -44,7 +45,12 @@ const (
 
 const errClosed = "use of a closed handle"
 
-func (s Status) String() string { return C.GoString(C.m40_status_str(C.enum_m40_status(s))) }
+func (s Status) String() string {
+	if s < OK || s > Internal {
+		return fmt.Sprintf("status %d", int(s))
+	}
+	return C.GoString(C.m40_status_str(C.enum_m40_status(s)))
+}
 
 // Error is a failed library call: its status and the library's message.
 type Error struct {
@@ -303,6 +309,9 @@ type Session struct {
 
 // NewSession starts a session of nCtx tokens (0: min(training context, 4096)).
 func (m *Model) NewSession(nCtx int) (*Session, error) {
+	if nCtx < 0 {
+		return nil, &Error{Status: InvalidArgument, Message: fmt.Sprintf("NewSession: nCtx %d is negative", nCtx)}
+	}
 	var s *Session
 	err := m.use(func(p *C.struct_m40_model) error {
 		params := C.m40_session_default_params()
@@ -398,8 +407,12 @@ func m40goPiece(userData unsafe.Pointer, piece *C.char, n C.size_t, token C.m40_
 // Generate decodes the prompt, then samples up to maxTokens, calling
 // onPiece with each piece of text (whole UTF-8 characters) as it comes;
 // onPiece returns false to stop. A panic in onPiece stops the generation
-// and is re-raised here.
+// and is re-raised here. onPiece must not call methods of this session (it
+// holds the session's lock).
 func (s *Session) Generate(prompt string, params SamplerParams, maxTokens int, onPiece func(piece string) bool) error {
+	if maxTokens < 0 {
+		return &Error{Status: InvalidArgument, Message: fmt.Sprintf("Generate: maxTokens %d is negative", maxTokens)}
+	}
 	g := &generation{onPiece: onPiece}
 	handle := cgo.NewHandle(g)
 	defer handle.Delete()
@@ -430,7 +443,18 @@ func DecodeBatch(sessions []*Session, tokens []Token) error {
 	if len(sessions) == 0 {
 		return nil
 	}
-	for _, s := range sessions {
+	// Locked in address order, so that concurrent batches never wait on
+	// each other in a cycle; a session twice is an argument error.
+	ordered := append([]*Session(nil), sessions...)
+	sort.Slice(ordered, func(i, k int) bool {
+		return uintptr(unsafe.Pointer(ordered[i])) < uintptr(unsafe.Pointer(ordered[k]))
+	})
+	for i, s := range ordered {
+		if i > 0 && ordered[i-1] == s {
+			return &Error{Status: InvalidArgument, Message: "DecodeBatch: a session appears twice"}
+		}
+	}
+	for _, s := range ordered {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.ptr == nil {

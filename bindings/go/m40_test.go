@@ -27,7 +27,7 @@ func TestLoadErrorsCarryTheStatusAndMessage(t *testing.T) {
 	if !IsStatus(err, IO) || !strings.Contains(err.Error(), "/nonexistent/model.gguf") {
 		t.Fatalf("want an IO error naming the path, got %v", err)
 	}
-	if IO.String() == "" {
+	if IO.String() == "" || Status(99).String() != "status 99" {
 		t.Fatal("statuses have names")
 	}
 }
@@ -140,6 +140,9 @@ func TestDecodeBatchMatchesSingleSessionsAcrossGoroutines(t *testing.T) {
 	}
 	if err := DecodeBatch([]*Session{a}, []Token{1, 2}); !IsStatus(err, InvalidArgument) {
 		t.Fatalf("a count mismatch: %v", err)
+	}
+	if err := DecodeBatch([]*Session{a, a}, []Token{1, 2}); !IsStatus(err, InvalidArgument) {
+		t.Fatalf("a session twice: %v", err)
 	}
 }
 

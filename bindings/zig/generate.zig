@@ -30,7 +30,12 @@ pub export fn main(argc: c_int, argv: [*][*:0]u8) c_int {
         _ = c.fprintf(c.stderr, "usage: %s MODEL \"prompt\" [max_tokens]\n", argv[0]);
         return 2;
     }
-    const max_tokens: u32 = if (argc > 3) @intCast(c.atoi(argv[3])) else 64;
+    const requested: c_int = if (argc > 3) c.atoi(argv[3]) else 64;
+    if (requested < 0) {
+        _ = c.fprintf(c.stderr, "max_tokens must not be negative\n");
+        return 2;
+    }
+    const max_tokens: u32 = @intCast(requested);
 
     var model_params = c.m40_model_default_params();
     model_params.device = -1;

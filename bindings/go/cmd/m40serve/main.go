@@ -15,8 +15,10 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"log"
 	"net/http"
+	"os"
 
 	m40 "m40llm/bindings/go"
 )
@@ -29,9 +31,10 @@ func main() {
 	nCtx := flag.Int("ctx", 2048, "context tokens per request")
 	sessions := flag.Int("sessions", 16, "requests generating at once (more wait)")
 	flag.Parse()
-	if *path == "" {
+	if *path == "" || *nCtx < 1 || *sessions < 1 {
+		fmt.Fprintln(os.Stderr, "m40serve: -m is required; -ctx and -sessions must be at least 1")
 		flag.Usage()
-		return
+		os.Exit(2)
 	}
 	model, err := m40.Load(*path, m40.ModelParams{Device: *device, Threads: *threads})
 	if err != nil {

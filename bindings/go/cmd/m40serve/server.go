@@ -23,6 +23,7 @@ type Server struct {
 	jobs     chan *job
 	slots    chan struct{} // one per request allowed to generate at once
 	stop     chan struct{}
+	stopOnce sync.Once
 	finished sync.WaitGroup
 	mux      *http.ServeMux
 	// The most requests one decode step has carried (for tests and logs).
@@ -37,8 +38,9 @@ type job struct {
 	tokens    []m40.Token
 	maxTokens int
 	sampler   m40.SamplerParams
-	pieces    chan string // text as it comes; closed at the end
-	finish    string      // "stop" or "length" (or the error), set before pieces closes
+	pieces    chan string // text as it comes (room for all of it); closed at the end
+	finish    string      // "stop" or "length", set before pieces closes
+	err       string      // why the request failed, if it did
 	generated int
 	session   *m40.Session
 	next      m40.Token
@@ -65,9 +67,10 @@ func NewServer(model *m40.Model, path string, nCtx, sessions int) *Server {
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
-// Close stops the scheduler (requests in progress end).
+// Close stops the scheduler: requests in progress end with an error, new
+// ones are refused (503). Closing twice is a no-op.
 func (s *Server) Close() {
-	close(s.stop)
+	s.stopOnce.Do(func() { close(s.stop) })
 	s.finished.Wait()
 }
 
@@ -146,6 +149,7 @@ func (s *Server) admit(active []*job, j *job) []*job {
 	session, err := s.model.NewSession(s.nCtx)
 	if err == nil {
 		j.session = session
+		s.active.Add(1)
 		err = session.Decode(j.tokens)
 	}
 	if err == nil {
@@ -155,7 +159,6 @@ func (s *Server) admit(active []*job, j *job) []*job {
 		s.end(j, err.Error())
 		return active
 	}
-	s.active.Add(1)
 	return append(active, j)
 }
 
@@ -180,11 +183,8 @@ func (s *Server) emit(j *job) (done bool, reason string) {
 		cut--
 	}
 	if cut > 0 {
-		select {
-		case j.pieces <- string(j.pending[:cut]):
-		case <-j.ctx.Done():
-			return true, "client disconnected"
-		}
+		// Never blocks: the channel has room for one piece per token.
+		j.pieces <- string(j.pending[:cut])
 		j.pending = j.pending[cut:]
 	}
 	if j.generated >= j.maxTokens {
@@ -193,12 +193,23 @@ func (s *Server) emit(j *job) (done bool, reason string) {
 	return false, ""
 }
 
+// end finishes a job: reason "stop" or "length" is a normal end (the bytes
+// of an incomplete character still pending go out as they are), anything
+// else an error.
 func (s *Server) end(j *job, reason string) {
 	if j.session != nil {
 		j.session.Close()
 		s.active.Add(-1)
 	}
-	j.finish = reason
+	if reason == "stop" || reason == "length" {
+		j.finish = reason
+		if len(j.pending) > 0 {
+			// Room: one piece per token plus this one.
+			j.pieces <- string(j.pending)
+		}
+	} else {
+		j.err = reason
+	}
 	close(j.pieces)
 	<-s.slots
 }
@@ -267,7 +278,7 @@ func (s *Server) decodeRequest(w http.ResponseWriter, r *http.Request) (*request
 		return nil, false
 	}
 	var req request
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 16<<20)).Decode(&req); err != nil {
 		httpError(w, http.StatusBadRequest, "invalid JSON: "+err.Error())
 		return nil, false
 	}
@@ -292,23 +303,48 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *request, promp
 	if req.Seed != nil {
 		sampler.Seed = *req.Seed
 	}
+	// OpenAI's defaults: 16 tokens for a completion, the rest of the
+	// context for a chat reply; a random seed unless one is given.
 	maxTokens := 16
+	if chat {
+		maxTokens = s.nCtx
+	}
 	if req.MaxTokens != nil {
 		maxTokens = *req.MaxTokens
+	}
+	if req.Seed == nil {
+		sampler.Seed = uint64(time.Now().UnixNano())
 	}
 	if limit := s.nCtx - len(tokens); maxTokens > limit || maxTokens <= 0 {
 		maxTokens = limit
 	}
-	j := &job{ctx: r.Context(), tokens: tokens, maxTokens: maxTokens, sampler: sampler, pieces: make(chan string, 16)}
+	// Room for every piece: the scheduler never waits for a slow reader.
+	pieces := make(chan string, maxTokens+1)
+	j := &job{ctx: r.Context(), tokens: tokens, maxTokens: maxTokens, sampler: sampler, pieces: pieces}
 	select {
 	case s.slots <- struct{}{}:
 	case <-r.Context().Done():
+		return
+	case <-s.stop:
+		httpError(w, http.StatusServiceUnavailable, "the server is stopping")
 		return
 	}
 	select {
 	case s.jobs <- j:
 	case <-r.Context().Done():
 		<-s.slots
+		return
+	case <-s.stop:
+		<-s.slots
+		httpError(w, http.StatusServiceUnavailable, "the server is stopping")
+		return
+	}
+
+	// Nothing is written before the first piece or the end, so that a
+	// request that fails at once gets an error status.
+	first, more := <-j.pieces
+	if !more && j.err != "" {
+		httpError(w, http.StatusInternalServerError, j.err)
 		return
 	}
 
@@ -320,8 +356,13 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *request, promp
 	}
 	if !req.Stream {
 		var text strings.Builder
+		text.WriteString(first)
 		for piece := range j.pieces {
 			text.WriteString(piece)
+		}
+		if j.err != "" {
+			httpError(w, http.StatusInternalServerError, j.err)
+			return
 		}
 		choice := map[string]any{"index": 0, "finish_reason": j.finish}
 		if chat {
@@ -358,20 +399,32 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, req *request, promp
 	if chat {
 		send(map[string]any{"index": 0, "delta": map[string]any{"role": "assistant"}, "finish_reason": nil})
 	}
-	for piece := range j.pieces {
+	stream := func(piece string) bool {
 		choice := map[string]any{"index": 0, "finish_reason": nil}
 		if chat {
 			choice["delta"] = map[string]any{"content": piece}
 		} else {
 			choice["text"] = piece
 		}
-		if !send(choice) {
-			// The client is gone: the scheduler sees the request's context
-			// end and drops it; drain what it still sends.
-			for range j.pieces {
-			}
+		return send(choice)
+	}
+	if more {
+		ok := stream(first)
+		for piece := range j.pieces {
+			// Once the client is gone, the scheduler sees the request's
+			// context end and drops it; what it still sent is drained.
+			ok = ok && stream(piece)
+		}
+		if !ok {
 			return
 		}
+	}
+	if j.err != "" {
+		// Headers are out: the failure goes as an error event.
+		data, _ := json.Marshal(map[string]any{"error": map[string]any{"message": j.err, "type": "server_error"}})
+		fmt.Fprintf(w, "data: %s\n\n", data)
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		return
 	}
 	last := map[string]any{"index": 0, "finish_reason": j.finish}
 	if chat {

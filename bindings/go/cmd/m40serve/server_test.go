@@ -208,3 +208,12 @@ func TestBadRequestsAreErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestAStoppedServerRefusesRequests(t *testing.T) {
+	server, srv := serve(t)
+	server.Close()
+	resp := post(t, srv.URL+"/v1/completions", "{"+prompt+"}")
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+}
