@@ -44,6 +44,20 @@ fn assert_greedy_output(out: &Output, model: &Path, prompt: &str) {
     );
 }
 
+/// A host run on a missing model file exits with 1 and says `what` and the path.
+fn assert_reports_a_missing_model(exe: &Path, what: &str) {
+    let out = Command::new(exe)
+        .args(["/nonexistent.gguf", "hi"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(what) && stderr.contains("/nonexistent.gguf"),
+        "{stderr}"
+    );
+}
+
 fn stdout_of(out: &Output) -> String {
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
@@ -123,12 +137,7 @@ fn a_c_program_builds_against_the_installed_library_with_pkg_config() {
     compile(&args);
 
     // It runs against the installed copy: errors come back through it...
-    let out = Command::new(&exe)
-        .args(["/nonexistent.gguf", "hi"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.gguf"));
+    assert_reports_a_missing_model(&exe, "error:");
     // ...and so does llama.cpp's text.
     let Some(model) = common::gemma_path() else {
         return;
@@ -172,16 +181,7 @@ fn build_cpp(source: &str, name: &str) -> std::path::PathBuf {
 #[test]
 fn the_cpp_example_streams_llama_cpps_greedy_text() {
     let exe = build_cpp("examples-cpp/generate.cpp", "generate-cpp");
-    let out = Command::new(&exe)
-        .args(["/nonexistent.gguf", "hi"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("error (I/O error)") && stderr.contains("/nonexistent.gguf"),
-        "{stderr}"
-    );
+    assert_reports_a_missing_model(&exe, "error (I/O error)");
     let Some(model) = common::gemma_path() else {
         return;
     };
@@ -243,16 +243,7 @@ fn a_zig_program_imports_the_header_and_streams_llama_cpps_greedy_text() {
         "zig build-exe failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = Command::new(&exe)
-        .args(["/nonexistent.gguf", "hi"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("error: loading the model") && stderr.contains("/nonexistent.gguf"),
-        "{stderr}"
-    );
+    assert_reports_a_missing_model(&exe, "error: loading the model");
     let Some(model) = common::gemma_path() else {
         return;
     };
