@@ -165,7 +165,9 @@ typedef int32_t m40_token;
 /**
  * Called with each piece of generated text: `piece` holds `len` bytes of
  * whole UTF-8 characters (NUL-terminated for convenience) and `token` is the
- * token that completed it. Return false to stop generating.
+ * token that completed it; only the last piece of a generation may end
+ * inside a character (the token limit cut it, or the model produced bytes
+ * that are not UTF-8). Return false to stop generating.
  */
 typedef bool (*m40_piece_fn)(void *user_data, const char *piece, size_t len, m40_token token);
 

@@ -405,7 +405,8 @@ func m40goPiece(userData unsafe.Pointer, piece *C.char, n C.size_t, token C.m40_
 }
 
 // Generate decodes the prompt, then samples up to maxTokens, calling
-// onPiece with each piece of text (whole UTF-8 characters) as it comes;
+// onPiece with each piece of text (whole UTF-8 characters; only the last
+// may end inside one, when the token limit cuts it) as it comes;
 // onPiece returns false to stop. A panic in onPiece stops the generation
 // and is re-raised here. onPiece must not call methods of this session (it
 // holds the session's lock).

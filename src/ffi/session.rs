@@ -274,7 +274,9 @@ pub unsafe extern "C" fn m40_sample(
 
 /// Called with each piece of generated text: `piece` holds `len` bytes of
 /// whole UTF-8 characters (NUL-terminated for convenience) and `token` is the
-/// token that completed it. Return false to stop generating.
+/// token that completed it; only the last piece of a generation may end
+/// inside a character (the token limit cut it, or the model produced bytes
+/// that are not UTF-8). Return false to stop generating.
 pub type m40_piece_fn = Option<
     unsafe extern "C" fn(
         user_data: *mut c_void,
