@@ -4,6 +4,8 @@
 // partial (max, sum, weighted values), then one block per (head, row)
 // combines the partials. One launch shape serves decode (one row, long
 // history: many splits keep every SM busy) and prefill (many rows: one split).
+#include <type_traits>
+
 #include "ops.cuh"
 
 #define M40_ATTN_WARPS 4
@@ -131,6 +133,225 @@ M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *r
         q, rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial);
     cudaError_t status = m40_launch_status();
     if (status != cudaSuccess) return status;
+    attention_combine_kernel<<<dim3(n_rows, n_head), 128, 0, stream>>>(partial, n_head, head_dim_v, n_splits, out);
+    return m40_launch_status();
+}
+
+// ---- Prefill: a tile of consecutive rows of one sequence per block ----
+//
+// The kernel above gives every (row, head) its own walk over the positions,
+// one position after another, each a warp-wide reduction: fine for decode's
+// one row, slow for a prompt's hundreds. Here a block takes TILE_ROWS
+// consecutive rows of one sequence (consecutive positions) and one query
+// head, and walks the positions 32 at a time (flash-attention style): the
+// 32 keys go to shared memory once for all the tile's rows, lane c scores
+// position c against the warp's ROWS queries (one online-softmax update per
+// 32 positions), then the 32 values are read once for every row. f16 keys
+// and values stay f16 in shared memory (converted as read: one conversion
+// per ROWS multiply-adds); all arithmetic is FP32.
+
+// Up to MAX_D-value heads; ROWS query rows per warp, 4 warps.
+template <int MAX_D> struct PrefillTile {
+    static constexpr int ROWS = MAX_D > 128 ? 4 : 8;
+    static constexpr int WARPS = 4;
+    static constexpr int TILE_ROWS = ROWS * WARPS;
+    // f16 pairs per head, and the key/value row stride in 32-bit words:
+    // two words of padding keep lane c's 8-byte key loads conflict-free.
+    static constexpr int PAIRS = MAX_D / 2;
+    static constexpr int STRIDE = PAIRS + 2;
+    // Value pairs per lane: lane owns pairs lane + 32 j.
+    static constexpr int LANE_PAIRS = (PAIRS + 31) / 32;
+};
+
+__device__ __forceinline__ float2 m40_half2_bits(uint32_t w) {
+    return make_float2(m40_half_bits(uint16_t(w & 0xffffu)), m40_half_bits(uint16_t(w >> 16)));
+}
+
+// Copies positions begin .. begin+31 (those below end; zeros past it) of one
+// head's keys or values into shared memory, STRIDE words per position.
+template <int MAX_D>
+__device__ __forceinline__ void m40_load_kv_tile(uint32_t *tile, const __half *head, int width, int dim, int begin,
+                                                 int end) {
+    using T = PrefillTile<MAX_D>;
+    const int chunks = dim / 8;  // 16-byte pieces per position
+    for (int i = threadIdx.x; i < 32 * chunks; i += 32 * T::WARPS) {
+        const int c = i / chunks, part = i % chunks, p = begin + c;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (p < end) v = *reinterpret_cast<const uint4 *>(head + size_t(p) * width + 8 * part);
+        uint2 *dst = reinterpret_cast<uint2 *>(tile + c * T::STRIDE + 4 * part);
+        dst[0] = make_uint2(v.x, v.y);
+        dst[1] = make_uint2(v.z, v.w);
+    }
+}
+
+// partial: as attention_partial_kernel's, one entry per (row, head, split);
+// with one split the normalized output goes straight to out.
+template <int MAX_D>
+__global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
+    attention_prefill_kernel(const float *__restrict__ q, int n_rows, const M40Row *__restrict__ rows, int layer,
+                             int n_head, int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
+                             int n_splits, float *__restrict__ partial, float *__restrict__ out) {
+    using T = PrefillTile<MAX_D>;
+    constexpr int ROWS = T::ROWS;
+    __shared__ __align__(16) float queries[T::TILE_ROWS][MAX_D];
+    __shared__ __align__(16) uint32_t kv[32 * T::STRIDE];
+    __shared__ __align__(16) float probs[T::WARPS][32][ROWS];  // [warp][position][row]
+
+    const int first_row = blockIdx.x * T::TILE_ROWS, head = blockIdx.y, split = blockIdx.z;
+    const int tile_rows = min(T::TILE_ROWS, n_rows - first_row);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const M40Row row0 = rows[first_row];
+    const int pos0 = row0.pos;
+
+    // Positions any row of the tile sees, this split's share of them.
+    const int seen_begin = window > 0 ? max(0, pos0 + 1 - window) : 0;
+    const int seen_end = pos0 + tile_rows;
+    const int per_split = (seen_end - seen_begin + n_splits - 1) / n_splits;
+    const int begin = seen_begin + split * per_split;
+    const int end = min(seen_end, begin + per_split);
+
+    const int kv_head = head / (n_head / n_head_kv);
+    const int k_width = n_head_kv * head_dim_k, v_width = n_head_kv * head_dim_v;
+    const size_t layer_base = size_t(layer) * row0.n_ctx;
+    const __half *keys = reinterpret_cast<const __half *>(row0.keys) + layer_base * k_width + kv_head * head_dim_k;
+    const __half *values =
+        reinterpret_cast<const __half *>(row0.values) + layer_base * v_width + kv_head * head_dim_v;
+
+    for (int i = threadIdx.x; i < T::TILE_ROWS * MAX_D; i += 32 * T::WARPS) {
+        const int r = i / MAX_D, d = i % MAX_D;
+        queries[r][d] = r < tile_rows && d < head_dim_k
+                            ? q[(size_t(first_row + r) * n_head + head) * head_dim_k + d] * scale
+                            : 0.0f;
+    }
+
+    // Row r of this warp is tile row warp * ROWS + r, at position pos0 + that.
+    const int warp_first = warp * ROWS;
+    float run_max[ROWS], lane_sum[ROWS], acc[ROWS][2 * T::LANE_PAIRS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        run_max[r] = -INFINITY;
+        lane_sum[r] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 2 * T::LANE_PAIRS; j++) acc[r][j] = 0.0f;
+    }
+
+    for (int t = begin; t < end; t += 32) {
+        __syncthreads();  // the queries are in; the previous values are read
+        m40_load_kv_tile<MAX_D>(kv, keys, k_width, head_dim_k, t, end);
+        __syncthreads();
+
+        // Scores of position t + lane against the warp's rows, 4 dims a step.
+        float score[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) score[r] = 0.0f;
+        const uint32_t *key = kv + lane * T::STRIDE;
+        for (int d = 0; d < head_dim_k; d += 4) {
+            const uint2 words = *reinterpret_cast<const uint2 *>(key + d / 2);
+            const float2 k01 = m40_half2_bits(words.x), k23 = m40_half2_bits(words.y);
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                const float4 qv = *reinterpret_cast<const float4 *>(&queries[warp_first + r][d]);
+                score[r] += qv.x * k01.x + qv.y * k01.y + qv.z * k23.x + qv.w * k23.y;
+            }
+        }
+
+        // Causal and window masks, then one online-softmax step per row.
+        const int p = t + lane;
+        float correction[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            const int local = warp_first + r, pos = pos0 + local;
+            const bool visible = local < tile_rows && p < end && p <= pos && (window <= 0 || p > pos - window);
+            const float s = visible ? score[r] : -INFINITY;
+            const float new_max = fmaxf(run_max[r], m40_warp_max(s));
+            // A row that has seen nothing yet keeps max −∞ and weight 0.
+            const float weight = new_max == -INFINITY ? 0.0f : expf(s - new_max);
+            correction[r] = new_max == -INFINITY ? 1.0f : expf(run_max[r] - new_max);
+            lane_sum[r] = lane_sum[r] * correction[r] + weight;
+            run_max[r] = new_max;
+            probs[warp][lane][r] = weight;
+        }
+        __syncthreads();  // every warp is done with the keys; probs are written
+        m40_load_kv_tile<MAX_D>(kv, values, v_width, head_dim_v, t, end);
+        __syncthreads();
+
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int j = 0; j < 2 * T::LANE_PAIRS; j++) acc[r][j] *= correction[r];
+        const int n_pos = min(32, end - t);
+        for (int c = 0; c < n_pos; c++) {
+            float weight[ROWS];
+#pragma unroll
+            for (int r = 0; r < ROWS; r += 4) {
+                const float4 w4 = *reinterpret_cast<const float4 *>(&probs[warp][c][r]);
+                weight[r] = w4.x, weight[r + 1] = w4.y, weight[r + 2] = w4.z, weight[r + 3] = w4.w;
+            }
+#pragma unroll
+            for (int j = 0; j < T::LANE_PAIRS; j++) {
+                const int pair = lane + 32 * j;
+                if (2 * pair < head_dim_v) {
+                    const float2 v = m40_half2_bits(kv[c * T::STRIDE + pair]);
+#pragma unroll
+                    for (int r = 0; r < ROWS; r++) {
+                        acc[r][2 * j] += weight[r] * v.x;
+                        acc[r][2 * j + 1] += weight[r] * v.y;
+                    }
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        const int local = warp_first + r;
+        const float sum = m40_warp_sum(lane_sum[r]);
+        if (local >= tile_rows) continue;
+        const size_t row_head = size_t(first_row + local) * n_head + head;
+        if (n_splits == 1) {
+            float *o = out + row_head * head_dim_v;
+#pragma unroll
+            for (int j = 0; j < T::LANE_PAIRS; j++) {
+                const int d = 2 * (lane + 32 * j);
+                if (d < head_dim_v) o[d] = acc[r][2 * j] / sum, o[d + 1] = acc[r][2 * j + 1] / sum;
+            }
+        } else {
+            float *o = partial + (row_head * n_splits + split) * (head_dim_v + 2);
+            if (lane == 0) o[0] = run_max[r], o[1] = sum;
+#pragma unroll
+            for (int j = 0; j < T::LANE_PAIRS; j++) {
+                const int d = 2 * (lane + 32 * j);
+                if (d < head_dim_v) o[2 + d] = acc[r][2 * j], o[3 + d] = acc[r][2 * j + 1];
+            }
+        }
+    }
+}
+
+// Rows of one sequence at consecutive positions (a prompt chunk). Head sizes
+// a multiple of 8 up to 256; partial: n_rows × n_head × n_splits ×
+// (head_dim_v + 2) floats of scratch when n_splits > 1.
+M40_EXPORT cudaError_t m40_attention_prefill(const float *q, int n_rows, const M40Row *rows, int layer, int n_head,
+                                             int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
+                                             int n_splits, float *partial, float *out, cudaStream_t stream) {
+    const int dim = max(head_dim_k, head_dim_v);
+    if (dim > 256 || head_dim_k % 8 != 0 || head_dim_v % 8 != 0 || n_splits < 1 || n_head_kv < 1 ||
+        n_head % n_head_kv != 0 || n_head > 65535 || n_splits > 65535 || n_rows < 1)
+        return cudaErrorInvalidValue;
+    const auto launch = [&](auto tile) {
+        constexpr int MAX_D = decltype(tile)::value;
+        using T = PrefillTile<MAX_D>;
+        const dim3 grid((n_rows + T::TILE_ROWS - 1) / T::TILE_ROWS, n_head, n_splits);
+        attention_prefill_kernel<MAX_D><<<grid, 32 * T::WARPS, 0, stream>>>(
+            q, n_rows, rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial, out);
+    };
+    if (dim <= 64)
+        launch(std::integral_constant<int, 64>{});
+    else if (dim <= 128)
+        launch(std::integral_constant<int, 128>{});
+    else
+        launch(std::integral_constant<int, 256>{});
+    cudaError_t status = m40_launch_status();
+    if (status != cudaSuccess || n_splits == 1) return status;
     attention_combine_kernel<<<dim3(n_rows, n_head), 128, 0, stream>>>(partial, n_head, head_dim_v, n_splits, out);
     return m40_launch_status();
 }

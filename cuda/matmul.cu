@@ -1,12 +1,36 @@
 // Weight-reading kernels besides decode's products (gemv.cu): dequantization
-// of row bands to f32 (prefill through cuBLAS, one-row weights at load) and
-// the embedding lookup.
+// of row bands to f32 or f16 (prefill through cuBLAS, one-row weights at
+// load), the embedding lookup, and the f16 activation rows of prefill's
+// tensor-core products.
 #include "quant.cuh"
 
-// out[i][·] = row src_rows[i] (or i when src_rows is null) of W as f32, times scale.
-template <class F>
+// Stores 16 consecutive values as f32 (four 16-byte stores) or f16 (two).
+__device__ __forceinline__ void m40_store16(float *o, const float *v, float scale) {
+    float4 *p = reinterpret_cast<float4 *>(o);
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        p[j] = make_float4(v[4 * j] * scale, v[4 * j + 1] * scale, v[4 * j + 2] * scale, v[4 * j + 3] * scale);
+}
+
+__device__ __forceinline__ uint32_t m40_pack_half2(float lo, float hi) {
+    return uint32_t(__half_as_ushort(__float2half_rn(lo))) | (uint32_t(__half_as_ushort(__float2half_rn(hi))) << 16);
+}
+
+__device__ __forceinline__ void m40_store16(__half *o, const float *v, float scale) {
+    uint4 *p = reinterpret_cast<uint4 *>(o);
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const float *u = v + 8 * j;
+        p[j] = make_uint4(m40_pack_half2(u[0] * scale, u[1] * scale), m40_pack_half2(u[2] * scale, u[3] * scale),
+                          m40_pack_half2(u[4] * scale, u[5] * scale), m40_pack_half2(u[6] * scale, u[7] * scale));
+    }
+}
+
+// out[i][·] = row src_rows[i] (or i when src_rows is null) of W, times scale,
+// as f32 or f16 (Out).
+template <class F, class Out>
 __global__ void dequantize_kernel(const uint8_t *__restrict__ w, int cols, const int *__restrict__ src_rows,
-                                  int n_rows, float scale, float *__restrict__ out) {
+                                  int n_rows, float scale, Out *__restrict__ out) {
     constexpr int PARTS = F::VALUES / 16;
     const int parts_per_row = cols / 16;
     const size_t index = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -16,22 +40,84 @@ __global__ void dequantize_kernel(const uint8_t *__restrict__ w, int cols, const
     const size_t row_bytes = size_t(cols / F::VALUES) * F::BYTES;
     float v[16];
     F::decode16(w + src * row_bytes + size_t(p / PARTS) * F::BYTES, p % PARTS, v);
-    float4 *o = reinterpret_cast<float4 *>(out + size_t(i) * cols + 16 * p);
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        o[j] = make_float4(v[4 * j] * scale, v[4 * j + 1] * scale, v[4 * j + 2] * scale, v[4 * j + 3] * scale);
+    m40_store16(out + size_t(i) * cols + 16 * p, v, scale);
 }
 
-// Rows first_row .. first_row + n_rows of W as f32 (n_rows × cols).
-M40_EXPORT cudaError_t m40_dequantize_rows(int type, const uint8_t *w, int cols, int first_row, int n_rows,
-                                           float *out, cudaStream_t stream) {
+template <class Out>
+static cudaError_t m40_dequantize_band(int type, const uint8_t *w, int cols, int first_row, int n_rows, Out *out,
+                                       cudaStream_t stream) {
     if (cols % 32 != 0 || n_rows < 1) return cudaErrorInvalidValue;
     const size_t n = size_t(n_rows) * (cols / 16);
     return m40_with_format(type, [&](auto f) {
         using F = decltype(f);
         const uint8_t *band = w + size_t(first_row) * (cols / F::VALUES) * F::BYTES;
-        dequantize_kernel<F><<<m40_blocks(n, 256), 256, 0, stream>>>(band, cols, nullptr, n_rows, 1.0f, out);
+        dequantize_kernel<F, Out><<<m40_blocks(n, 256), 256, 0, stream>>>(band, cols, nullptr, n_rows, 1.0f, out);
     });
+}
+
+// Rows first_row .. first_row + n_rows of W as f32 (n_rows × cols).
+M40_EXPORT cudaError_t m40_dequantize_rows(int type, const uint8_t *w, int cols, int first_row, int n_rows,
+                                           float *out, cudaStream_t stream) {
+    return m40_dequantize_band(type, w, cols, first_row, n_rows, out, stream);
+}
+
+// The same rows as f16 (each value rounded to nearest), for tensor-core products.
+M40_EXPORT cudaError_t m40_dequantize_rows_f16(int type, const uint8_t *w, int cols, int first_row, int n_rows,
+                                               uint16_t *out, cudaStream_t stream) {
+    return m40_dequantize_band(type, w, cols, first_row, n_rows, reinterpret_cast<__half *>(out), stream);
+}
+
+#define M40_ROW_THREADS 256
+
+// Row r of x as f16 after division by scales[r], a power of two chosen so
+// the row's largest magnitude lands in [2^14, 2^15) when it would otherwise
+// overflow f16 (above 2^15) or sink towards its subnormals (below 2^-4);
+// every other row keeps scale 1. Powers of two divide exactly, so the
+// product's row r times scales[r] is the product of the f16-rounded row.
+__global__ void __launch_bounds__(M40_ROW_THREADS)
+    rows_to_f16_kernel(const float *__restrict__ x, int cols, __half *__restrict__ out, float *__restrict__ scales) {
+    __shared__ float warp_max[M40_ROW_THREADS / 32];
+    const float *row = x + size_t(blockIdx.x) * cols;
+    float largest = 0.0f;
+    for (int i = threadIdx.x; i < cols; i += M40_ROW_THREADS) largest = fmaxf(largest, fabsf(row[i]));
+    largest = m40_warp_max(largest);
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = largest;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < M40_ROW_THREADS / 32; w++) largest = fmaxf(largest, warp_max[w]);
+    float scale = 1.0f;
+    if (isfinite(largest) && largest > 0.0f && (largest >= 32768.0f || largest < 0.0625f)) {
+        int exponent;
+        frexpf(largest, &exponent);  // 2^(exponent-1) ≤ largest < 2^exponent
+        scale = ldexpf(1.0f, exponent - 15);
+    }
+    const float inverse = 1.0f / scale;  // exact: a power of two
+    __half *o = out + size_t(blockIdx.x) * cols;
+    for (int i = threadIdx.x; i < cols; i += M40_ROW_THREADS) o[i] = __float2half_rn(row[i] * inverse);
+    if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+}
+
+M40_EXPORT cudaError_t m40_rows_to_f16(const float *x, int n_rows, int cols, uint16_t *out, float *scales,
+                                       cudaStream_t stream) {
+    if (n_rows < 1 || cols < 1) return cudaErrorInvalidValue;
+    rows_to_f16_kernel<<<n_rows, M40_ROW_THREADS, 0, stream>>>(x, cols, reinterpret_cast<__half *>(out), scales);
+    return m40_launch_status();
+}
+
+// Row r of y (width values) times scales[r]: undoes rows_to_f16's scaling
+// in a product's output. Rows of scale 1, nearly all, return at once.
+__global__ void __launch_bounds__(M40_ROW_THREADS)
+    scale_rows_kernel(float *__restrict__ y, int width, const float *__restrict__ scales) {
+    const float scale = scales[blockIdx.x];
+    if (scale == 1.0f) return;
+    float *row = y + size_t(blockIdx.x) * width;
+    for (int i = threadIdx.x; i < width; i += M40_ROW_THREADS) row[i] *= scale;
+}
+
+M40_EXPORT cudaError_t m40_scale_rows(float *y, int n_rows, int width, const float *scales, cudaStream_t stream) {
+    if (n_rows < 1 || width < 1) return cudaErrorInvalidValue;
+    scale_rows_kernel<<<n_rows, M40_ROW_THREADS, 0, stream>>>(y, width, scales);
+    return m40_launch_status();
 }
 
 // out[i] = table[tokens[i]] · scale (tokens in device memory).
@@ -41,7 +127,7 @@ M40_EXPORT cudaError_t m40_embed(int type, const uint8_t *table, int cols, const
     const size_t n = size_t(n_tokens) * (cols / 16);
     return m40_with_format(type, [&](auto f) {
         using F = decltype(f);
-        dequantize_kernel<F><<<m40_blocks(n, 256), 256, 0, stream>>>(table, cols, tokens, n_tokens, scale, out);
+        dequantize_kernel<F, float><<<m40_blocks(n, 256), 256, 0, stream>>>(table, cols, tokens, n_tokens, scale, out);
     });
 }
 

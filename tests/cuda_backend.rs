@@ -7,9 +7,11 @@
 //!
 //! Bounds, as a fraction of the largest reference magnitude of each output:
 //! - matrix products, against f64 products of the CPU's bit-exact
-//!   dequantization: 2e-5 for the decode kernel (FP32), 2e-3 for prefill's
-//!   cuBLAS products (TF32 tensor cores on Ampere and newer round the inputs
-//!   to 10-bit mantissas, as llama.cpp's f16 products do);
+//!   dequantization, per output row: 2e-5 for the decode kernel (FP32),
+//!   2e-3 for prefill's cuBLAS products (on tensor cores, f16 operands from
+//!   Volta on and TF32 for F32 weights from Ampere on, both rounding the
+//!   inputs to 10-bit mantissas as llama.cpp's f16 products do; rows far
+//!   outside f16's range included);
 //! - embedding lookup: 1e-6; RMSNorm, adds, gated activations, row gathers,
 //!   RoPE: 1e-5; attention over the f16 cache: 1e-4 (the CPU backend is the
 //!   reference for all of these);
@@ -189,14 +191,20 @@ fn matrix_products_match_f64_products_for_every_type_with_and_without_cublas() {
     }
     let mut report = Vec::new();
     for ty in TYPES {
-        let (mut worst, mut worst_tf32) = (0f64, 0f64);
+        let (mut worst, mut worst_rounded) = (0f64, 0f64);
         for use_cublas in [true, false] {
             let p = pair("llama", ty, use_cublas);
             let l = &p.weights.layers[0];
             for w in [&l.ffn_up, &l.ffn_down, &p.weights.output] {
                 let dense = dequantized(&p.file, w);
                 for rows in [1usize, 3, 8, 9, 20, 40] {
-                    let x = random(rows * w.cols, (rows * 31 + w.rows) as u64);
+                    let mut x = random(rows * w.cols, (rows * 31 + w.rows) as u64);
+                    if rows >= 3 {
+                        // Rows past f16's range and far below 1: the
+                        // tensor-core path scales them into range and back.
+                        x[..w.cols].iter_mut().for_each(|v| *v *= 1e6);
+                        x[w.cols..2 * w.cols].iter_mut().for_each(|v| *v *= 1e-6);
+                    }
                     let want: Vec<f32> = (0..rows)
                         .flat_map(|r| {
                             let xr = &x[r * w.cols..(r + 1) * w.cols];
@@ -215,23 +223,28 @@ fn matrix_products_match_f64_products_for_every_type_with_and_without_cublas() {
                     let mut out = p.gpu.buffer(rows * w.rows).unwrap();
                     p.gpu.matmul(w, &xd, rows, &mut out).unwrap();
                     let got = download(&p.gpu, &out, rows * w.rows);
-                    let err = relative_error(&got, &want);
-                    let tf32 = use_cublas && rows >= 16;
+                    // Each row against its own magnitude.
+                    let err = got
+                        .chunks(w.rows)
+                        .zip(want.chunks(w.rows))
+                        .map(|(g, r)| relative_error(g, r))
+                        .fold(0f64, f64::max);
+                    let rounded = use_cublas && rows >= 16;
                     assert!(
-                        err < if tf32 { 2e-3 } else { 2e-5 },
+                        err < if rounded { 2e-3 } else { 2e-5 },
                         "{ty} {}×{} × {rows} rows (cuBLAS {use_cublas}): error {err:e}",
                         w.rows,
                         w.cols
                     );
-                    if tf32 {
-                        worst_tf32 = worst_tf32.max(err);
+                    if rounded {
+                        worst_rounded = worst_rounded.max(err);
                     } else {
                         worst = worst.max(err);
                     }
                 }
             }
         }
-        report.push(format!("{ty} {worst:.1e} (cuBLAS {worst_tf32:.1e})"));
+        report.push(format!("{ty} {worst:.1e} (cuBLAS {worst_rounded:.1e})"));
     }
     println!(
         "matmul, largest relative error per type, decode kernel (prefill cuBLAS): {}",
@@ -710,7 +723,10 @@ fn attention_matches_the_cpu_for_prefill_decode_gqa_windows_and_long_histories()
         window,
         scale: 1.0 / (head_dim as f32).sqrt(),
     };
-    let prefill: Vec<SeqPos> = (0..40).map(|pos| SeqPos { seq: 0, pos }).collect();
+    let chunk = |from: usize, n: usize| -> Vec<SeqPos> {
+        (from..from + n).map(|pos| SeqPos { seq: 0, pos }).collect()
+    };
+    let prefill = chunk(0, 40);
     let decode_long = [SeqPos { seq: 0, pos: 899 }];
     let batch = [
         SeqPos { seq: 0, pos: 39 },
@@ -729,6 +745,24 @@ fn attention_matches_the_cpu_for_prefill_decode_gqa_windows_and_long_histories()
             shape(4, 2, 64, Some(8)),
             vec![40],
             prefill.clone(),
+        ),
+        (
+            "second prompt chunk at 300, 70 rows, MHA d128",
+            shape(8, 8, 128, None),
+            vec![370],
+            chunk(300, 70),
+        ),
+        (
+            "chunk at 100, gemma d256 1 kv head, window 48",
+            shape(4, 1, 256, Some(48)),
+            vec![164],
+            chunk(100, 64),
+        ),
+        (
+            "chunk of 20 at 900, position ranges split, d64",
+            shape(2, 1, 64, None),
+            vec![920],
+            chunk(900, 20),
         ),
         (
             "decode at 900, MHA d128",

@@ -35,6 +35,36 @@ type SgemmFn = unsafe extern "C" fn(
     c_int,
 ) -> c_int;
 
+/// cublasGemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B,
+/// Btype, ldb, beta, C, Ctype, ldc, computeType, algo).
+type GemmExFn = unsafe extern "C" fn(
+    Handle,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    *const c_void,
+    *const c_void,
+    c_int,
+    c_int,
+    *const c_void,
+    c_int,
+    c_int,
+    *const c_void,
+    *mut c_void,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+) -> c_int;
+/// cudaDataType_t values.
+const CUDA_R_32F: c_int = 0;
+const CUDA_R_16F: c_int = 2;
+/// cublasComputeType_t (CUDA 11 and newer): FP32 sums.
+const CUBLAS_COMPUTE_32F: c_int = 68;
+const CUBLAS_GEMM_DEFAULT: c_int = -1;
+
 struct Api {
     /// Which library was found.
     name: &'static str,
@@ -43,6 +73,7 @@ struct Api {
     set_stream: unsafe extern "C" fn(Handle, Stream) -> c_int,
     set_math_mode: unsafe extern "C" fn(Handle, c_int) -> c_int,
     sgemm: SgemmFn,
+    gemm_ex: GemmExFn,
 }
 
 const LIBRARIES: [&str; 4] = [
@@ -73,13 +104,22 @@ fn load() -> Option<Api> {
             let p = unsafe { libc::dlsym(lib, c.as_ptr().cast()) };
             (!p.is_null()).then_some(p)
         };
-        let (Some(create), Some(destroy), Some(set_stream), Some(set_math_mode), Some(sgemm)) = (
+        let (
+            Some(create),
+            Some(destroy),
+            Some(set_stream),
+            Some(set_math_mode),
+            Some(sgemm),
+            Some(gemm_ex),
+        ) = (
             symbol("cublasCreate_v2"),
             symbol("cublasDestroy_v2"),
             symbol("cublasSetStream_v2"),
             symbol("cublasSetMathMode"),
             symbol("cublasSgemm_v2"),
-        ) else {
+            symbol("cublasGemmEx"),
+        )
+        else {
             continue;
         };
         // SAFETY: these are the documented signatures of the cuBLAS v2 API,
@@ -103,6 +143,7 @@ fn load() -> Option<Api> {
                     unsafe extern "C" fn(Handle, c_int) -> c_int,
                 >(set_math_mode),
                 sgemm: std::mem::transmute::<*mut c_void, SgemmFn>(sgemm),
+                gemm_ex: std::mem::transmute::<*mut c_void, GemmExFn>(gemm_ex),
             }
         });
     }
@@ -132,9 +173,9 @@ unsafe impl Send for Cublas {}
 
 impl Cublas {
     /// A handle on `stream`, or None when no cuBLAS library can be loaded.
-    /// Prefill's products run on TF32 tensor cores where the GPU and the
-    /// library have them: inputs rounded to 10-bit mantissas (as llama.cpp's
-    /// f16 products round them), sums in FP32.
+    /// FP32 products run on TF32 tensor cores where the GPU and the library
+    /// have them: inputs rounded to 10-bit mantissas (as llama.cpp's f16
+    /// products round them), sums in FP32.
     pub fn new(stream: Stream) -> Result<Option<Cublas>> {
         let Some(api) = api() else {
             return Ok(None);
@@ -174,9 +215,6 @@ impl Cublas {
         // Column-major, out is the (m × n, leading dimension ldo) product of
         // wᵀ-as-stored (k × m, transposed) and x-as-stored (k × n).
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let dim = |v: usize| {
-            c_int::try_from(v).map_err(|_| Error::unsupported(format!("a matrix dimension of {v}")))
-        };
         check(
             unsafe {
                 (self.api.sgemm)(
@@ -199,6 +237,55 @@ impl Cublas {
             "SGEMM",
         )
     }
+
+    /// As [`gemm_xwt`](Self::gemm_xwt) with w and x in f16 (their bits as
+    /// u16) and out in f32: FP32 sums, on tensor cores where the GPU has them.
+    ///
+    /// # Safety
+    /// As `gemm_xwt`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_xwt_f16(
+        &self,
+        w: *const u16,
+        m: usize,
+        k: usize,
+        x: *const u16,
+        n: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) -> Result<()> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        check(
+            unsafe {
+                (self.api.gemm_ex)(
+                    self.handle,
+                    CUBLAS_OP_T,
+                    CUBLAS_OP_N,
+                    dim(m)?,
+                    dim(n)?,
+                    dim(k)?,
+                    (&alpha as *const f32).cast(),
+                    w.cast(),
+                    CUDA_R_16F,
+                    dim(k)?,
+                    x.cast(),
+                    CUDA_R_16F,
+                    dim(k)?,
+                    (&beta as *const f32).cast(),
+                    out.cast(),
+                    CUDA_R_32F,
+                    dim(ldo)?,
+                    CUBLAS_COMPUTE_32F,
+                    CUBLAS_GEMM_DEFAULT,
+                )
+            },
+            "GEMM (f16 operands)",
+        )
+    }
+}
+
+fn dim(v: usize) -> Result<c_int> {
+    c_int::try_from(v).map_err(|_| Error::unsupported(format!("a matrix dimension of {v}")))
 }
 
 impl Drop for Cublas {

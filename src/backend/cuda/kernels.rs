@@ -117,6 +117,30 @@ extern "C" {
         out: *mut f32,
         stream: Stream,
     ) -> c_int;
+    pub fn m40_dequantize_rows_f16(
+        ty: c_int,
+        w: *const u8,
+        cols: c_int,
+        first_row: c_int,
+        n_rows: c_int,
+        out: *mut u16,
+        stream: Stream,
+    ) -> c_int;
+    pub fn m40_rows_to_f16(
+        x: *const f32,
+        n_rows: c_int,
+        cols: c_int,
+        out: *mut u16,
+        scales: *mut f32,
+        stream: Stream,
+    ) -> c_int;
+    pub fn m40_scale_rows(
+        y: *mut f32,
+        n_rows: c_int,
+        width: c_int,
+        scales: *const f32,
+        stream: Stream,
+    ) -> c_int;
     pub fn m40_embed(
         ty: c_int,
         table: *const u8,
@@ -198,6 +222,22 @@ extern "C" {
         v_width: c_int,
         rows: *const DeviceRow,
         layer: c_int,
+        stream: Stream,
+    ) -> c_int;
+    pub fn m40_attention_prefill(
+        q: *const f32,
+        n_rows: c_int,
+        rows: *const DeviceRow,
+        layer: c_int,
+        n_head: c_int,
+        n_head_kv: c_int,
+        head_dim_k: c_int,
+        head_dim_v: c_int,
+        window: c_int,
+        scale: f32,
+        n_splits: c_int,
+        partial: *mut f32,
+        out: *mut f32,
         stream: Stream,
     ) -> c_int;
     pub fn m40_attention(

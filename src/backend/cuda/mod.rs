@@ -22,6 +22,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::model::Weight;
+use crate::quant::GgmlType;
 use kernels::*;
 use memory::{human, Arena};
 pub use memory::{DeviceAllocator, DevicePtr, MemoryStats};
@@ -66,6 +67,9 @@ pub struct CudaBackend {
     vectors: HashMap<usize, DevicePtr<f32>>,
     /// Weight rows per warp of the one-session decode kernel (2 or 4).
     gemv_rows_per_warp: c_int,
+    /// Prefill products on f16 operands (GPUs with f16 tensor cores: Volta,
+    /// sm_70, and newer); older GPUs multiply in FP32.
+    prefill_in_f16: bool,
     bandwidth: std::sync::OnceLock<f64>,
     state: Mutex<State>,
 }
@@ -277,12 +281,14 @@ impl CudaBackend {
                 )))
             }
         };
+        let prefill_in_f16 = info.compute_capability.0 >= 7;
         Ok(CudaBackend {
             info,
             allocator,
             weights,
             vectors,
             gemv_rows_per_warp,
+            prefill_in_f16,
             bandwidth: std::sync::OnceLock::new(),
             state: Mutex::new(State {
                 stream,
@@ -380,7 +386,7 @@ impl CudaBackend {
 
 impl CudaBackend {
     /// out (rows × w.rows) = x · Wᵀ: the decode kernel for a few rows,
-    /// cuBLAS over dequantized bands for many.
+    /// cuBLAS for many.
     ///
     /// # Safety
     /// x holds rows × w.cols values and out rows × w.rows, in device memory.
@@ -392,39 +398,161 @@ impl CudaBackend {
         rows: usize,
         out: *mut f32,
     ) -> Result<()> {
-        let stream = st.stream.raw();
         if let (Some(cublas), true) = (&st.cublas, rows >= GEMM_MIN_ROWS) {
-            let (ty, cols) = (w.ty.id() as c_int, dim(w.cols, "a matrix width")?);
-            let band_rows = (GEMM_BAND_BYTES / (w.cols * 4)).clamp(1, w.rows);
-            st.arena
-                .begin(&self.allocator, Arena::footprint(&[band_rows * w.cols * 4]))?;
-            let band = st.arena.take::<f32>(band_rows * w.cols);
-            for first in (0..w.rows).step_by(band_rows) {
-                let n = band_rows.min(w.rows - first);
-                // SAFETY: rows first..first+n of the weight into the band
-                // (n × cols); the product writes columns first..first+n of
-                // `out`'s rows (row stride w.rows).
-                unsafe {
+            let gemm = Gemm {
+                cublas,
+                stream: st.stream.raw(),
+                x,
+                rows,
+                out,
+            };
+            // SAFETY: as the caller promises.
+            return unsafe {
+                if w.ty != GgmlType::F32 && self.prefill_in_f16 {
+                    self.gemm_f16(&mut st.arena, w, gemm)
+                } else {
+                    self.gemm_f32(&mut st.arena, w, gemm)
+                }
+            };
+        }
+        let matrix = self.gemv_matrix(w, None, out)?;
+        // SAFETY: as the caller promises.
+        unsafe { self.gemv(st, w, x, rows, &[matrix], GemvEpilogue::Store, None) }
+    }
+
+    /// A prefill product in FP32 (TF32 tensor cores on Ampere and newer):
+    /// F32 weights as they are, other types dequantized to f32 a band of
+    /// rows at a time.
+    ///
+    /// # Safety
+    /// As `matmul_locked`.
+    unsafe fn gemm_f32(&self, arena: &mut Arena, w: &Weight, g: Gemm) -> Result<()> {
+        if w.ty == GgmlType::F32 {
+            // SAFETY: an F32 matrix is rows × cols f32 in the data section.
+            return unsafe {
+                g.cublas.gemm_xwt(
+                    self.weight_ptr(w).cast(),
+                    w.rows,
+                    w.cols,
+                    g.x,
+                    g.rows,
+                    g.out,
+                    w.rows,
+                )
+            };
+        }
+        let (ty, cols) = (w.ty.id() as c_int, dim(w.cols, "a matrix width")?);
+        let band_rows = (GEMM_BAND_BYTES / (w.cols * 4)).clamp(1, w.rows);
+        arena.begin(&self.allocator, Arena::footprint(&[band_rows * w.cols * 4]))?;
+        let band = arena.take::<f32>(band_rows * w.cols);
+        for first in (0..w.rows).step_by(band_rows) {
+            let n = band_rows.min(w.rows - first);
+            // SAFETY: rows first..first+n of the weight into the band
+            // (n × cols); the product writes columns first..first+n of
+            // `out`'s rows (row stride w.rows).
+            unsafe {
+                check(
+                    m40_dequantize_rows(
+                        ty,
+                        self.weight_ptr(w),
+                        cols,
+                        first as c_int,
+                        n as c_int,
+                        band,
+                        g.stream,
+                    ),
+                    || format!("dequantizing a {} band", w.ty.name()),
+                )?;
+                g.cublas
+                    .gemm_xwt(band, n, w.cols, g.x, g.rows, g.out.add(first), w.rows)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A prefill product on f16 operands with FP32 sums (tensor cores):
+    /// F16 weights as they are, other types dequantized to f16 a band at a
+    /// time, activation rows converted once with a power-of-two scale each
+    /// (see `m40_rows_to_f16`) that the output rows get back at the end.
+    /// The rounding is TF32's (10-bit mantissas); the range is f16's, which
+    /// the row scales take care of for activations.
+    ///
+    /// # Safety
+    /// As `matmul_locked`.
+    unsafe fn gemm_f16(&self, arena: &mut Arena, w: &Weight, g: Gemm) -> Result<()> {
+        let (ty, cols) = (w.ty.id() as c_int, dim(w.cols, "a matrix width")?);
+        let n_rows = dim(g.rows, "a row count")?;
+        let direct = w.ty == GgmlType::F16;
+        let band_rows = if direct {
+            w.rows
+        } else {
+            (GEMM_BAND_BYTES / (w.cols * 2)).clamp(1, w.rows)
+        };
+        let band_bytes = if direct { 0 } else { band_rows * w.cols * 2 };
+        arena.begin(
+            &self.allocator,
+            Arena::footprint(&[g.rows * w.cols * 2, g.rows * 4, band_bytes]),
+        )?;
+        let (x16, scales) = (
+            arena.take::<u16>(g.rows * w.cols),
+            arena.take::<f32>(g.rows),
+        );
+        let band = if direct {
+            std::ptr::null_mut()
+        } else {
+            arena.take::<u16>(band_rows * w.cols)
+        };
+        // SAFETY: x holds rows × cols values; x16 and scales were sized for them.
+        check(
+            unsafe { m40_rows_to_f16(g.x, n_rows, cols, x16, scales, g.stream) },
+            || "activation rows to f16".to_string(),
+        )?;
+        for first in (0..w.rows).step_by(band_rows) {
+            let n = band_rows.min(w.rows - first);
+            // SAFETY: as in gemm_f32, with f16 bands; an F16 matrix is its
+            // own band (rows × cols f16 in the data section).
+            unsafe {
+                let rows_f16: *const u16 = if direct {
+                    self.weight_ptr(w).cast::<u16>().add(first * w.cols)
+                } else {
                     check(
-                        m40_dequantize_rows(
+                        m40_dequantize_rows_f16(
                             ty,
                             self.weight_ptr(w),
                             cols,
                             first as c_int,
                             n as c_int,
                             band,
-                            stream,
+                            g.stream,
                         ),
-                        || format!("dequantizing a {} band", w.ty.name()),
+                        || format!("dequantizing a {} band to f16", w.ty.name()),
                     )?;
-                    cublas.gemm_xwt(band, n, w.cols, x, rows, out.add(first), w.rows)?;
-                }
+                    band
+                };
+                g.cublas.gemm_xwt_f16(
+                    rows_f16,
+                    n,
+                    w.cols,
+                    x16,
+                    g.rows,
+                    g.out.add(first),
+                    w.rows,
+                )?;
             }
-            return Ok(());
         }
-        let matrix = self.gemv_matrix(w, None, out)?;
-        // SAFETY: as the caller promises.
-        unsafe { self.gemv(st, w, x, rows, &[matrix], GemvEpilogue::Store, None) }
+        // SAFETY: out holds rows × w.rows values; scales one per row.
+        check(
+            unsafe {
+                m40_scale_rows(
+                    g.out,
+                    n_rows,
+                    dim(w.rows, "a matrix height")?,
+                    scales,
+                    g.stream,
+                )
+            },
+            || "restoring row scales".to_string(),
+        )
     }
 
     fn gemv_matrix(&self, w: &Weight, bias: Option<&Weight>, y: *mut f32) -> Result<GemvMatrix> {
@@ -575,6 +703,16 @@ impl CudaBackend {
             || "bias add".to_string(),
         )
     }
+}
+
+/// One prefill product's operands: out (rows × the weight's rows) = x · Wᵀ
+/// on the backend's stream.
+struct Gemm<'a> {
+    cublas: &'a cublas::Cublas,
+    stream: runtime::Stream,
+    x: *const f32,
+    rows: usize,
+    out: *mut f32,
 }
 
 /// Whether the decode kernel normalizes `rows` activation rows itself
@@ -975,20 +1113,35 @@ impl Backend for CudaBackend {
             .map(|r| shape.window.map_or(r.pos + 1, |w| w.min(r.pos + 1)))
             .max()
             .unwrap_or(1);
-        let n_splits = attention_splits(
-            rows.len() * shape.n_head,
-            longest,
-            self.info.multiprocessors,
-        );
+        let sms = self.info.multiprocessors;
+        let tiled = is_prompt_chunk(rows)
+            && shape.head_dim_k.is_multiple_of(8)
+            && shape.head_dim_v.is_multiple_of(8);
+        let n_splits = if tiled {
+            let tile_rows = if shape.head_dim_k.max(shape.head_dim_v) > 128 {
+                16
+            } else {
+                32
+            };
+            tiled_attention_splits(rows.len().div_ceil(tile_rows) * shape.n_head, longest, sms)
+        } else {
+            attention_splits(rows.len() * shape.n_head, longest, sms)
+        };
         let partial_len = rows.len() * shape.n_head * n_splits * (shape.head_dim_v + 2);
         st.arena
             .begin(&self.allocator, Arena::footprint(&[partial_len * 4]))?;
         let partial = st.arena.take::<f32>(partial_len);
+        let launch = if tiled {
+            m40_attention_prefill
+        } else {
+            m40_attention
+        };
         // SAFETY: q and out hold rows.len() × n_head heads; the partials
-        // piece is sized for the launch; the row table names live caches.
+        // piece is sized for the launch; the row table names live caches
+        // (for the tiled kernel, one sequence at consecutive positions).
         unsafe {
             check(
-                m40_attention(
+                launch(
                     q.as_ptr(),
                     rows.len() as c_int,
                     device_rows,
@@ -1244,6 +1397,24 @@ fn attention_splits(row_heads: usize, longest: usize, multiprocessors: usize) ->
     fill.max(short)
         .min(most_blocks / row_heads.max(1))
         .clamp(1, longest.div_ceil(16).max(1))
+}
+
+/// Rows that the tiled prefill kernel takes: enough of them (a prompt
+/// chunk, not a decode batch), all of one sequence at consecutive positions.
+fn is_prompt_chunk(rows: &[SeqPos]) -> bool {
+    rows.len() >= GEMM_MIN_ROWS
+        && rows
+            .windows(2)
+            .all(|p| p[1].seq == p[0].seq && p[1].pos == p[0].pos + 1)
+}
+
+/// Position ranges of the tiled prefill kernel: one per (tile, head) when
+/// those fill the GPU twice; else enough ranges to, each of at least 128
+/// positions (4 rounds of the kernel's 32).
+fn tiled_attention_splits(tile_heads: usize, longest: usize, multiprocessors: usize) -> usize {
+    const MIN_POSITIONS_PER_SPLIT: usize = 128;
+    let fill = (2 * multiprocessors).div_ceil(tile_heads.max(1));
+    fill.min(longest.div_ceil(MIN_POSITIONS_PER_SPLIT)).max(1)
 }
 
 fn device_rows(caches: &[&mut CudaKvCache], rows: &[SeqPos]) -> Result<Vec<DeviceRow>> {
