@@ -5,6 +5,7 @@
 #   cuda_backend_ptx   the same tests built with compute_52 PTX only: the M40's code,
 #                      run on a newer GPU through the driver's JIT
 #   gemma_reference    the Gemma 3 270M reference test (run with M40_TEST_DEVICE=0)
+#   op_profile         per-operation times of a prompt and decode steps (benches/op_profile.rs)
 #   libm40llm.so, m40-bench, shared/ (synth_gguf.py and the reference data), run.sh
 #   ptx/               libm40llm.so and m40-bench built with compute_52 PTX only
 # The folder is also packed into .devpack/device.tar.xz (the binaries are ~100 MB,
@@ -13,17 +14,19 @@
 # /tmp/d/run.sh [tests|bench|gemma].
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-executable() { # the test binary cargo reports for tests/$1.rs
-  grep -o "tests/$1.rs (\([^)]*\))" | sed 's/.*(\(.*\))/\1/'
+executable() { # the binary cargo reports for the source file $1
+  grep -o "$1 (\([^)]*\))" | sed 's/.*(\(.*\))/\1/'
 }
 fat=$(cargo test --release --features cuda --no-run --test cuda_backend --test gemma_reference 2>&1)
+profiler=$(cargo bench --features cuda --no-run --bench op_profile 2>&1)
 ptx=$(M40_CUDA_ARCHS=ptx CARGO_TARGET_DIR=target/ptx cargo test --release --features cuda --no-run --test cuda_backend 2>&1)
 cargo build --release --features cuda
 M40_CUDA_ARCHS=ptx CARGO_TARGET_DIR=target/ptx cargo build --release --features cuda
 rm -rf .device && mkdir -p .device/shared/tools .device/shared/data/reference .device/ptx
-cp "$(echo "$fat" | executable cuda_backend)" .device/cuda_backend_fat
-cp "$(echo "$ptx" | executable cuda_backend)" .device/cuda_backend_ptx
-cp "$(echo "$fat" | executable gemma_reference)" .device/gemma_reference
+cp "$(echo "$fat" | executable tests/cuda_backend.rs)" .device/cuda_backend_fat
+cp "$(echo "$ptx" | executable tests/cuda_backend.rs)" .device/cuda_backend_ptx
+cp "$(echo "$fat" | executable tests/gemma_reference.rs)" .device/gemma_reference
+cp "$(echo "$profiler" | executable benches/op_profile.rs)" .device/op_profile
 cp target/release/libm40llm.so .device/
 cp target/ptx/release/libm40llm.so .device/ptx/
 for dir in .device .device/ptx; do
@@ -32,7 +35,7 @@ done
 cp ../shared/tools/synth_gguf.py .device/shared/tools/
 cp ../shared/data/reference/*.jsonl .device/shared/data/reference/
 cp tests/gpu/run.sh .device/
-strip .device/cuda_backend_fat .device/cuda_backend_ptx .device/gemma_reference .device/{,ptx/}libm40llm.so .device/{,ptx/}m40-bench
+strip .device/cuda_backend_fat .device/cuda_backend_ptx .device/gemma_reference .device/op_profile .device/{,ptx/}libm40llm.so .device/{,ptx/}m40-bench
 du -sh .device
 mkdir -p .devpack && tar -C .device -cf - . | xz -T0 -4 > .devpack/device.tar.xz
 du -sh .devpack/device.tar.xz

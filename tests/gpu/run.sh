@@ -6,6 +6,9 @@
 #                  with $BENCH_ARGS (default -p 512 -n 128 -r 3 -b 1,8) and the
 #                  library in $BENCH_LIB (default: the fat build; ptx for compute_52 PTX)
 #   run.sh gemma   the Gemma 3 270M reference on CUDA device 0 ($M40_GEMMA_GGUF)
+#   run.sh profile [PRESET:TYPE ...]
+#                  per-operation times of a 512-token prompt and decode steps of
+#                  1 and 8 sessions (default llama-7b:q4_0)
 # Logs go to $OUT (or /tmp) and a summary to stdout.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -14,6 +17,11 @@ export M40_SHARED_DIR=$here/shared M40_TEST_TMPDIR=${M40_TEST_TMPDIR:-/tmp/m40-g
 mkdir -p "$M40_TEST_TMPDIR"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 status=0
+synthetic() { # the path of a random-weight model of preset $1 and type $2, written on first use
+  local model=$M40_TEST_TMPDIR/$1-$2.gguf
+  [ -f "$model" ] || python3 "$here/shared/tools/synth_gguf.py" --preset "$1" --type "$2" --out "$model" > /dev/null
+  echo "$model"
+}
 case "${1:-tests}" in
 tests)
   for build in fat ptx; do
@@ -28,10 +36,16 @@ bench)
   bench=$here/${BENCH_LIB:+$BENCH_LIB/}m40-bench
   for spec in $models; do
     preset=${spec%%:*} ty=${spec##*:}
-    model=$M40_TEST_TMPDIR/$preset-$ty.gguf
-    [ -f "$model" ] || python3 "$here/shared/tools/synth_gguf.py" --preset "$preset" --type "$ty" --out "$model" > /dev/null
+    model=$(synthetic "$preset" "$ty")
     # shellcheck disable=SC2086
     "$bench" -m "$model" -d 0 ${BENCH_ARGS:--p 512 -n 128 -r 3 -b 1,8} 2>&1 | tee "$out/bench-$preset-$ty${BENCH_LIB:+-$BENCH_LIB}.log" || status=1
+  done
+  ;;
+profile)
+  shift
+  for spec in ${*:-llama-7b:q4_0}; do
+    model=$(synthetic "${spec%%:*}" "${spec##*:}")
+    "$here/op_profile" "$model" 0 512 1,8 2>&1 | tee "$out/profile-${spec%%:*}-${spec##*:}.log" || status=1
   done
   ;;
 gemma)

@@ -1,0 +1,337 @@
+//! Where a forward pass's time goes, operation by operation: the model runs
+//! through a wrapper backend that waits for the device before and after each
+//! operation and sums the time by operation and shape. The waits cost a few
+//! microseconds each, so a decode step's small operations read high; a
+//! prompt's large ones read true. `m40-bench` measures speed; this says why.
+//!
+//!   cargo bench --features cuda --bench op_profile -- MODEL.gguf [DEVICE] [PROMPT] [BATCHES]
+//!
+//! DEVICE: a CUDA device index, or -1 for the CPU (default 0); PROMPT: the
+//! prompt length profiled as one chunk (default 512); BATCHES: the session
+//! counts whose decode step (one row per session, after the prompt) is
+//! profiled, comma-separated (default 1,8).
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use m40llm::backend::{
+    AttentionShape, Backend, GatedFfn, Glu, Heads, ModelBackend, Norm, Product, Rope, Scratch,
+    SeqPos,
+};
+use m40llm::error::Result;
+use m40llm::model::transformer::forward;
+use m40llm::model::{LoadOptions, Model, Weight};
+
+/// A backend that times each operation of the one it wraps.
+struct Profiled<'a, B: Backend> {
+    inner: &'a B,
+    /// One value read back to wait for the device.
+    probe: B::Buffer,
+    /// Per operation: calls and total time.
+    times: RefCell<BTreeMap<String, (u32, Duration)>>,
+}
+
+impl<'a, B: Backend> Profiled<'a, B> {
+    fn new(inner: &'a B) -> Result<Self> {
+        Ok(Profiled {
+            inner,
+            probe: inner.buffer(1)?,
+            times: RefCell::new(BTreeMap::new()),
+        })
+    }
+
+    fn wait(&self) -> Result<()> {
+        self.inner.read(&self.probe, &mut [0f32])
+    }
+
+    fn time<T>(&self, op: String, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.wait()?;
+        let start = Instant::now();
+        let result = f()?;
+        self.wait()?;
+        let mut times = self.times.borrow_mut();
+        let entry = times.entry(op).or_default();
+        entry.0 += 1;
+        entry.1 += start.elapsed();
+        Ok(result)
+    }
+
+    /// Prints the operations, slowest first, and clears the table.
+    fn report(&self, title: &str, repeats: u32) {
+        let mut rows: Vec<_> = std::mem::take(&mut *self.times.borrow_mut())
+            .into_iter()
+            .collect();
+        rows.sort_by_key(|r| std::cmp::Reverse(r.1 .1));
+        let total: Duration = rows.iter().map(|r| r.1 .1).sum();
+        println!(
+            "\n{title}: {:.3} ms per pass (sum of timed operations)",
+            total.as_secs_f64() * 1e3 / f64::from(repeats)
+        );
+        println!("{:>9} {:>7} {:>6}  operation", "ms/pass", "calls", "share");
+        for (op, (calls, time)) in rows {
+            println!(
+                "{:9.3} {:7} {:5.1}%  {op}",
+                time.as_secs_f64() * 1e3 / f64::from(repeats),
+                calls / repeats,
+                100.0 * time.as_secs_f64() / total.as_secs_f64()
+            );
+        }
+    }
+}
+
+fn shape(w: &Weight) -> String {
+    format!("{}×{} {}", w.rows, w.cols, w.ty.name())
+}
+
+impl<B: Backend> Backend for Profiled<'_, B> {
+    type Buffer = B::Buffer;
+    type KvCache = B::KvCache;
+
+    fn buffer(&self, len: usize) -> Result<B::Buffer> {
+        self.inner.buffer(len)
+    }
+    fn read(&self, buffer: &B::Buffer, out: &mut [f32]) -> Result<()> {
+        self.time("read to host".into(), || self.inner.read(buffer, out))
+    }
+    fn write(&self, buffer: &mut B::Buffer, values: &[f32]) -> Result<()> {
+        self.inner.write(buffer, values)
+    }
+    fn kv_cache(&self, n_ctx: usize, n_layer: usize, kw: usize, vw: usize) -> Result<B::KvCache> {
+        self.inner.kv_cache(n_ctx, n_layer, kw, vw)
+    }
+    fn embed(&self, table: &Weight, tokens: &[u32], scale: f32, out: &mut B::Buffer) -> Result<()> {
+        self.time("embed".into(), || {
+            self.inner.embed(table, tokens, scale, out)
+        })
+    }
+    fn matmul(&self, w: &Weight, x: &B::Buffer, rows: usize, out: &mut B::Buffer) -> Result<()> {
+        self.time(format!("matmul {}", shape(w)), || {
+            self.inner.matmul(w, x, rows, out)
+        })
+    }
+    fn add_bias(&self, x: &mut B::Buffer, bias: &Weight, rows: usize) -> Result<()> {
+        self.time("add_bias".into(), || self.inner.add_bias(x, bias, rows))
+    }
+    fn rms_norm(&self, x: &mut B::Buffer, weight: &Weight, eps: f32, len: usize) -> Result<()> {
+        self.time("rms_norm".into(), || {
+            self.inner.rms_norm(x, weight, eps, len)
+        })
+    }
+    fn gather_rows(
+        &self,
+        src: &B::Buffer,
+        width: usize,
+        rows: &[usize],
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        self.time("gather_rows".into(), || {
+            self.inner.gather_rows(src, width, rows, out)
+        })
+    }
+    fn add(&self, x: &mut B::Buffer, y: &B::Buffer, len: usize) -> Result<()> {
+        self.time("add".into(), || self.inner.add(x, y, len))
+    }
+    fn rope(
+        &self,
+        x: &mut B::Buffer,
+        n_heads: usize,
+        head_dim: usize,
+        positions: &[SeqPos],
+        rope: &Rope,
+    ) -> Result<()> {
+        self.time("rope".into(), || {
+            self.inner.rope(x, n_heads, head_dim, positions, rope)
+        })
+    }
+    fn glu(
+        &self,
+        glu: Glu,
+        gate: &B::Buffer,
+        up: &B::Buffer,
+        len: usize,
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        self.time("glu".into(), || self.inner.glu(glu, gate, up, len, out))
+    }
+    fn store_kv(
+        &self,
+        caches: &mut [&mut B::KvCache],
+        layer: usize,
+        k: &B::Buffer,
+        v: &B::Buffer,
+        rows: &[SeqPos],
+    ) -> Result<()> {
+        self.time("store_kv".into(), || {
+            self.inner.store_kv(caches, layer, k, v, rows)
+        })
+    }
+    fn attention(
+        &self,
+        caches: &[&mut B::KvCache],
+        layer: usize,
+        q: &B::Buffer,
+        rows: &[SeqPos],
+        shape: &AttentionShape,
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        let window = shape
+            .window
+            .map_or(String::new(), |w| format!(", window {w}"));
+        self.time(format!("attention{window}"), || {
+            self.inner.attention(caches, layer, q, rows, shape, out)
+        })
+    }
+    fn norm_matmuls(
+        &self,
+        x: &B::Buffer,
+        norm: Norm,
+        rows: usize,
+        normed: &mut B::Buffer,
+        products: &mut [Product<B::Buffer>],
+    ) -> Result<()> {
+        let shapes: Vec<String> = products.iter().map(|p| shape(p.w)).collect();
+        self.time(format!("norm + matmuls {}", shapes.join(", ")), || {
+            self.inner.norm_matmuls(x, norm, rows, normed, products)
+        })
+    }
+    fn norm_gated_ffn(
+        &self,
+        x: &B::Buffer,
+        norm: Norm,
+        rows: usize,
+        ffn: GatedFfn,
+        scratch: Scratch<B::Buffer>,
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        self.time(
+            format!("norm + gate/up + glu 2 × {}", shape(ffn.gate)),
+            || self.inner.norm_gated_ffn(x, norm, rows, ffn, scratch, out),
+        )
+    }
+    fn matmul_residual(
+        &self,
+        w: &Weight,
+        a: &B::Buffer,
+        rows: usize,
+        post_norm: Option<Norm>,
+        product: &mut B::Buffer,
+        x: &mut B::Buffer,
+    ) -> Result<()> {
+        self.time(format!("matmul + residual {}", shape(w)), || {
+            self.inner
+                .matmul_residual(w, a, rows, post_norm, product, x)
+        })
+    }
+    fn attention_inputs(
+        &self,
+        caches: &mut [&mut B::KvCache],
+        layer: usize,
+        rows: &[SeqPos],
+        heads: Heads,
+        qk_norm: Option<(Norm, Norm)>,
+        rope: &Rope,
+        q: &mut B::Buffer,
+        k: &mut B::Buffer,
+        v: &B::Buffer,
+    ) -> Result<()> {
+        self.time("attention inputs (norms, RoPE, KV store)".into(), || {
+            self.inner
+                .attention_inputs(caches, layer, rows, heads, qk_norm, rope, q, k, v)
+        })
+    }
+}
+
+fn profile<B: Backend>(b: &B, model: &Model, prompt: usize, batches: &[usize]) -> Result<()> {
+    let (_, hp) = model.config();
+    let n_ctx = prompt + 16;
+    let (n_layer, n_vocab) = (hp.n_layer as usize, hp.n_vocab as usize);
+    let kw = (hp.n_head_kv * hp.head_dim_k) as usize;
+    let vw = (hp.n_head_kv * hp.head_dim_v) as usize;
+    let sessions = batches.iter().copied().max().unwrap_or(1);
+    let profiled = Profiled::new(b)?;
+    let tokens: Vec<u32> = (0..prompt)
+        .map(|i| (i * 7919 % n_vocab.max(1)) as u32)
+        .collect();
+    let chunk: Vec<SeqPos> = (0..prompt).map(|pos| SeqPos { seq: 0, pos }).collect();
+    let mut caches = (0..sessions)
+        .map(|_| b.kv_cache(n_ctx, n_layer, kw, vw))
+        .collect::<Result<Vec<_>>>()?;
+
+    // Every session's prompt, the first one timed after a warm-up pass.
+    for cache in caches.iter_mut() {
+        forward(b, model, &mut [cache], &tokens, &chunk, &[prompt - 1])?;
+    }
+    forward(
+        &profiled,
+        model,
+        &mut [&mut caches[0]],
+        &tokens,
+        &chunk,
+        &[prompt - 1],
+    )?;
+    profiled.report(&format!("prompt of {prompt} rows"), 1);
+
+    const STEPS: u32 = 5;
+    for &batch in batches {
+        let rows: Vec<SeqPos> = (0..batch).map(|seq| SeqPos { seq, pos: prompt }).collect();
+        let step_tokens = vec![1u32; batch];
+        let logit_rows: Vec<usize> = (0..batch).collect();
+        let mut own: Vec<&mut B::KvCache> = caches.iter_mut().take(batch).collect();
+        forward(b, model, &mut own, &step_tokens, &rows, &logit_rows)?;
+        for _ in 0..STEPS {
+            forward(&profiled, model, &mut own, &step_tokens, &rows, &logit_rows)?;
+        }
+        profiled.report(
+            &format!("decode step of {batch} session(s) at position {prompt}"),
+            STEPS,
+        );
+    }
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let Some(path) = args.first() else {
+        eprintln!("usage: op_profile MODEL.gguf [DEVICE (-1: CPU)] [PROMPT] [BATCHES, e.g. 1,8]");
+        std::process::exit(2);
+    };
+    let number = |i: usize, default: i64| -> i64 {
+        args.get(i).map_or(default, |v| {
+            v.parse().unwrap_or_else(|_| {
+                eprintln!("op_profile: '{v}' is not a number");
+                std::process::exit(2)
+            })
+        })
+    };
+    let device = number(1, 0) as i32;
+    let prompt = number(2, 512).max(1) as usize;
+    let batches: Vec<usize> = args
+        .get(3)
+        .map_or("1,8", |s| s.as_str())
+        .split(',')
+        .filter_map(|b| b.trim().parse().ok())
+        .filter(|&b| b > 0)
+        .collect();
+    let options = LoadOptions {
+        device,
+        n_threads: 0,
+        use_mmap: true,
+        vocab_only: false,
+    };
+    let result = Model::load(path.as_ref(), options).and_then(|model| {
+        println!("{} on {}", path, model.device().name());
+        match model.backend() {
+            ModelBackend::Cpu(b) => profile(b, &model, prompt, &batches),
+            #[cfg(feature = "cuda")]
+            ModelBackend::Cuda(b) => profile(&**b, &model, prompt, &batches),
+        }
+    });
+    if let Err(e) = result {
+        eprintln!("op_profile: {e}");
+        std::process::exit(1);
+    }
+}
