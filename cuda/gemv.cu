@@ -15,6 +15,9 @@
 // Epilogues write, accumulate into (the residual add) or combine a gate and
 // an up row (SwiGLU/GeGLU), so a transformer layer's projections need no
 // separate element-wise kernels.
+#include <atomic>
+#include <type_traits>
+
 #include "quant.cuh"
 
 #define M40_GEMV_MAX_X 8
@@ -344,11 +347,12 @@ __device__ void m40_gemv_inverse_rms(const M40Gemv &p, int n_x, float *inv_rms) 
 template <int R>
 __device__ __forceinline__ void m40_gemv_rows(const M40Gemv &p, bool glu, int slot, size_t row_bytes, int *mat,
                                               int *row, bool *valid, const uint8_t **w) {
+    constexpr int HALF = R / 2 > 0 ? R / 2 : 1;  // glu needs R ≥ 2
 #pragma unroll
     for (int j = 0; j < R; j++) {
         if (glu) {
-            mat[j] = j / (R / 2);
-            row[j] = slot * (R / 2) + j % (R / 2);
+            mat[j] = j / HALF;
+            row[j] = slot * HALF + j % HALF;
             valid[j] = row[j] < p.m[0].rows;
         } else {
             int s = slot * R + j, m = 0;
@@ -527,49 +531,60 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
 }
 
 // Batched decode: 2 to M40_GEMV_MAX_X activation rows (one per session).
-// Here the roles turn around: each lane owns two weight rows (a warp 64)
-// and walks them whole, while the block's activation rows go through shared
-// memory M40_BATCH_COLS columns at a time. All lanes decode the same unit of
-// their own rows at once, so every activation value is one broadcast read
-// serving 2 × n_x multiply-adds, and each lane's sums stay in registers
-// with no reduction across lanes (2 × 8 accumulators where the one-session
-// kernel's layout needed R × 8 per lane and ran at 2 blocks per SM). A
-// lane's narrow loads of its own row miss into whole 32-byte sectors that
-// its next loads find in L1.
+// Here the roles turn around: each lane owns R weight rows (a GLU launch's
+// gate and up row, or one row) and the block's four warps split each row's
+// columns, M40_BATCH_COLS per warp per round, with the activation rows of
+// the round's columns in shared memory. All lanes of a warp decode the same
+// unit of their own rows at once, so every activation value is one
+// broadcast read serving R × n_x multiply-adds, and sums stay in registers
+// until the warps' partial sums are added once per row at the end (R × 8
+// accumulators per lane, where the one-session kernel's layout needed
+// R × 8 with R = 4 and ran at 2 blocks per SM). The weights come in as
+// restrict-qualified kernel parameters so their loads go through the
+// read-only (L1) path on every architecture, Maxwell included: a lane's
+// narrow loads of its own row fetch whole sectors that its next loads hit.
 #define M40_BATCH_COLS 256
-#define M40_BATCH_ROWS 2
 
-template <class G, bool NORM>
-__global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_batch_kernel(M40Gemv p) {
-    constexpr int R = M40_BATCH_ROWS, GROUPS = G::UNIT / 4;
-    static_assert(M40_BATCH_COLS % G::VALUES == 0, "a staged range holds whole blocks");
+// R = 2: a GLU launch (gate and up row per lane); R = 1: any other.
+template <class G, int R, bool NORM>
+__global__ void __launch_bounds__(32 * M40_GEMV_WARPS)
+    gemv_batch_kernel(M40Gemv p, const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1,
+                      const uint8_t *__restrict__ w2) {
+    constexpr int GROUPS = G::UNIT / 4, STAGE = M40_GEMV_WARPS * M40_BATCH_COLS;
+    static_assert(M40_BATCH_COLS % G::VALUES == 0, "a warp's range holds whole blocks");
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    constexpr bool GLU = R == 2;
     const int cols = p.cols, n_x = p.n_x;
-    const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
-    const int rows_per_lane = glu ? R / 2 : R;
-    int total_rows = p.m[0].rows;
-    if (!glu) total_rows += p.m[1].rows + p.m[2].rows;
-    const int n_slots = (total_rows + rows_per_lane - 1) / rows_per_lane;
-    const int n_groups = (n_slots + 32 * M40_GEMV_WARPS - 1) / (32 * M40_GEMV_WARPS);
+    const int total_rows = GLU ? p.m[0].rows : p.m[0].rows + p.m[1].rows + p.m[2].rows;
+    const int n_groups = (total_rows + 31) / 32;
 
     __shared__ float inv_rms[M40_GEMV_MAX_X];
     if (NORM) m40_gemv_inverse_rms(p, n_x, inv_rms);
-    __shared__ __align__(16) float xs[M40_GEMV_MAX_X][M40_BATCH_COLS];
+    // The round's activations; at the end of a row group, the warps' sums.
+    __shared__ __align__(16) float xs[M40_GEMV_MAX_X][STAGE];
+    static_assert(M40_GEMV_WARPS * R * M40_GEMV_MAX_X * 32 <= M40_GEMV_MAX_X * STAGE, "sums fit in xs");
+    float *sums = &xs[0][0];
 
     const size_t row_bytes = size_t(cols / G::VALUES) * G::BYTES;
     for (int group = blockIdx.x; group < n_groups; group += gridDim.x) {
         int mat[R], row[R];
         bool valid[R];
         const uint8_t *w[R];
-        m40_gemv_rows<R>(p, glu, group * 32 * M40_GEMV_WARPS + threadIdx.x, row_bytes, mat, row, valid, w);
+        m40_gemv_rows<R>(p, GLU, group * 32 + lane, row_bytes, mat, row, valid, w);
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            const uint8_t *base = mat[j] == 0 ? w0 : mat[j] == 1 ? w1 : w2;
+            w[j] = base + row[j] * row_bytes;
+        }
         float acc[R][M40_GEMV_MAX_X];
 #pragma unroll
         for (int j = 0; j < R; j++)
 #pragma unroll
             for (int t = 0; t < M40_GEMV_MAX_X; t++) acc[j][t] = 0.0f;
 
-        for (int first = 0; first < cols; first += M40_BATCH_COLS) {
-            const int n_cols = min(M40_BATCH_COLS, cols - first);
-            __syncthreads();  // the previous range is read
+        for (int first = 0; first < cols; first += STAGE) {
+            const int n_cols = min(STAGE, cols - first);
+            __syncthreads();  // the previous round's activations (or sums) are read
             for (int i = threadIdx.x; i < n_x * n_cols / 4; i += blockDim.x) {
                 const int t = i / (n_cols / 4), c = 4 * (i % (n_cols / 4));
                 float4 a = __ldg(reinterpret_cast<const float4 *>(p.x + size_t(t) * cols + first + c));
@@ -580,8 +595,11 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_batch_kernel(M40Gemv
                 *reinterpret_cast<float4 *>(&xs[t][c]) = a;
             }
             __syncthreads();
-            for (int b = 0; b < n_cols / G::VALUES; b++) {
-                const size_t block = size_t(first / G::VALUES + b);
+            // This warp's columns of the round (none past the end).
+            const int mine = warp * M40_BATCH_COLS, n_mine = min(M40_BATCH_COLS, n_cols - mine);
+            for (int b = 0; b < n_mine / G::VALUES; b++) {
+                const size_t block = size_t((first + mine) / G::VALUES + b);
+                const int x_first = mine + b * G::VALUES;
 #pragma unroll 2
                 for (int u = 0; u < G::UNITS; u++) {
                     float v[R][G::UNIT], sc[R][GROUPS], of[R][GROUPS];
@@ -593,7 +611,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_batch_kernel(M40Gemv
                         float xv[G::UNIT];
 #pragma unroll
                         for (int g = 0; g < GROUPS; g++) {
-                            const float4 a = *reinterpret_cast<const float4 *>(&xs[t][b * G::VALUES + G::pos(u, g)]);
+                            const float4 a = *reinterpret_cast<const float4 *>(&xs[t][x_first + G::pos(u, g)]);
                             xv[4 * g] = a.x, xv[4 * g + 1] = a.y, xv[4 * g + 2] = a.z, xv[4 * g + 3] = a.w;
                         }
 #pragma unroll
@@ -603,13 +621,27 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_batch_kernel(M40Gemv
             }
         }
 
+        // Add the warps' sums: sums[warp][j][t][lane], then warp 0 finishes.
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < R; j++)
+#pragma unroll
+            for (int t = 0; t < M40_GEMV_MAX_X; t++)
+                sums[((warp * R + j) * M40_GEMV_MAX_X + t) * 32 + lane] = acc[j][t];
+        __syncthreads();
+        if (warp != 0) continue;
 #pragma unroll
         for (int t = 0; t < M40_GEMV_MAX_X; t++) {
             if (t >= n_x) break;
-            float sums[R];
+            float total[R];
 #pragma unroll
-            for (int j = 0; j < R; j++) sums[j] = acc[j][t] * (NORM ? inv_rms[t] : 1.0f);
-            m40_gemv_epilogue<R>(p, glu, mat, row, valid, sums, t);
+            for (int j = 0; j < R; j++) {
+                total[j] = 0.0f;
+#pragma unroll
+                for (int k = 0; k < M40_GEMV_WARPS; k++) total[j] += sums[((k * R + j) * M40_GEMV_MAX_X + t) * 32 + lane];
+                total[j] *= NORM ? inv_rms[t] : 1.0f;
+            }
+            m40_gemv_epilogue<R>(p, GLU, mat, row, valid, total, t);
         }
     }
 }
@@ -618,15 +650,17 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_batch_kernel(M40Gemv
 // every SM as far as the kernel's occupancy allows (computed once per
 // kernel, for the device of its first launch; another device only changes
 // the grid), or fewer when there is less work.
+// (Threads racing on the first launch compute the same value.)
 template <class Kernel>
-static unsigned m40_fill_grid(Kernel kernel, int &blocks_per_sm, size_t work, int sm_count) {
-    if (blocks_per_sm == 0) {
-        int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 32 * M40_GEMV_WARPS, 0) != cudaSuccess || n < 1)
-            n = 1;
-        blocks_per_sm = n;
+static unsigned m40_fill_grid(Kernel kernel, std::atomic<int> &blocks_per_sm, size_t work, int sm_count) {
+    int per_sm = blocks_per_sm.load(std::memory_order_relaxed);
+    if (per_sm == 0) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * M40_GEMV_WARPS, 0) != cudaSuccess ||
+            per_sm < 1)
+            per_sm = 1;
+        blocks_per_sm.store(per_sm, std::memory_order_relaxed);
     }
-    const size_t resident = size_t(blocks_per_sm) * size_t(sm_count > 0 ? sm_count : 1);
+    const size_t resident = size_t(per_sm) * size_t(sm_count > 0 ? sm_count : 1);
     return unsigned(work < resident ? work : resident);
 }
 
@@ -638,19 +672,29 @@ static int m40_gemv_slots(const M40Gemv &p, int rows_per_slot) {
 }
 
 template <class G, int R, bool NORM> static void m40_gemv_launch(const M40Gemv &p, cudaStream_t stream) {
-    static int blocks_per_sm = 0;
+    static std::atomic<int> blocks_per_sm{0};
     const size_t warps = size_t(m40_gemv_slots(p, R));
     const unsigned grid = m40_fill_grid(gemv_kernel<G, R, NORM>, blocks_per_sm,
                                         (warps + M40_GEMV_WARPS - 1) / M40_GEMV_WARPS, p.sm_count);
     gemv_kernel<G, R, NORM><<<grid, 32 * M40_GEMV_WARPS, 0, stream>>>(p);
 }
 
+// Batches: a GLU launch's lanes own a gate row and its up row; other
+// launches' lanes one row each (twice the row groups: the grid fills the GPU
+// for 4096-row matrices).
 template <class G, bool NORM> static void m40_gemv_batch_launch(const M40Gemv &p, cudaStream_t stream) {
-    static int blocks_per_sm = 0;
-    const size_t lanes = size_t(m40_gemv_slots(p, M40_BATCH_ROWS));
-    const unsigned grid = m40_fill_grid(gemv_batch_kernel<G, NORM>, blocks_per_sm,
-                                        (lanes + 32 * M40_GEMV_WARPS - 1) / (32 * M40_GEMV_WARPS), p.sm_count);
-    gemv_batch_kernel<G, NORM><<<grid, 32 * M40_GEMV_WARPS, 0, stream>>>(p);
+    const auto launch = [&](auto rows_per_lane, std::atomic<int> &blocks_per_sm) {
+        constexpr int R = decltype(rows_per_lane)::value;
+        const size_t lanes = size_t(m40_gemv_slots(p, R));
+        const unsigned grid =
+            m40_fill_grid(gemv_batch_kernel<G, R, NORM>, blocks_per_sm, (lanes + 31) / 32, p.sm_count);
+        gemv_batch_kernel<G, R, NORM><<<grid, 32 * M40_GEMV_WARPS, 0, stream>>>(p, p.m[0].w, p.m[1].w, p.m[2].w);
+    };
+    static std::atomic<int> pair_blocks{0}, single_blocks{0};
+    if (p.epilogue >= M40_GEMV_GLU_SILU)
+        launch(std::integral_constant<int, 2>{}, pair_blocks);
+    else
+        launch(std::integral_constant<int, 1>{}, single_blocks);
 }
 
 // rows_per_warp (2 or 4): weight rows per warp of the one-session kernel

@@ -89,7 +89,9 @@ __global__ void __launch_bounds__(M40_ROW_THREADS)
     if (isfinite(largest) && largest > 0.0f && (largest >= 32768.0f || largest < 0.0625f)) {
         int exponent;
         frexpf(largest, &exponent);  // 2^(exponent-1) ≤ largest < 2^exponent
-        scale = ldexpf(1.0f, exponent - 15);
+        // Rows below 2^-96 scale by at most 2^111 (1 / scale stays finite);
+        // their values are far below anything a product could show.
+        scale = ldexpf(1.0f, max(exponent, -96) - 15);
     }
     const float inverse = 1.0f / scale;  // exact: a power of two
     __half *o = out + size_t(blockIdx.x) * cols;

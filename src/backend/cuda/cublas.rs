@@ -74,6 +74,7 @@ struct Api {
     set_math_mode: unsafe extern "C" fn(Handle, c_int) -> c_int,
     sgemm: SgemmFn,
     gemm_ex: GemmExFn,
+    get_version: unsafe extern "C" fn(Handle, *mut c_int) -> c_int,
 }
 
 const LIBRARIES: [&str; 4] = [
@@ -111,6 +112,7 @@ fn load() -> Option<Api> {
             Some(set_math_mode),
             Some(sgemm),
             Some(gemm_ex),
+            Some(get_version),
         ) = (
             symbol("cublasCreate_v2"),
             symbol("cublasDestroy_v2"),
@@ -118,6 +120,7 @@ fn load() -> Option<Api> {
             symbol("cublasSetMathMode"),
             symbol("cublasSgemm_v2"),
             symbol("cublasGemmEx"),
+            symbol("cublasGetVersion_v2"),
         )
         else {
             continue;
@@ -144,6 +147,10 @@ fn load() -> Option<Api> {
                 >(set_math_mode),
                 sgemm: std::mem::transmute::<*mut c_void, SgemmFn>(sgemm),
                 gemm_ex: std::mem::transmute::<*mut c_void, GemmExFn>(gemm_ex),
+                get_version: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(Handle, *mut c_int) -> c_int,
+                >(get_version),
             }
         });
     }
@@ -165,6 +172,9 @@ fn check(status: c_int, what: &str) -> Result<()> {
 pub struct Cublas {
     api: &'static Api,
     handle: Handle,
+    /// cuBLAS 11 or newer: `cublasGemmEx` takes a cublasComputeType_t
+    /// (an older one, found as plain `libcublas.so`, takes a data type).
+    compute_types: bool,
 }
 
 // SAFETY: a handle may move between host threads; the backend uses it behind
@@ -183,7 +193,18 @@ impl Cublas {
         let mut handle = std::ptr::null_mut();
         // SAFETY: writes one handle.
         check(unsafe { (api.create)(&mut handle) }, "initialization")?;
-        let cublas = Cublas { api, handle };
+        let mut cublas = Cublas {
+            api,
+            handle,
+            compute_types: false,
+        };
+        let mut version = 0;
+        // SAFETY: a live handle; writes one int.
+        check(
+            unsafe { (api.get_version)(handle, &mut version) },
+            "version query",
+        )?;
+        cublas.compute_types = version >= 11000;
         // SAFETY: a live handle and stream.
         check(unsafe { (api.set_stream)(handle, stream) }, "stream setup")?;
         // An older cuBLAS without the TF32 mode keeps plain FP32 products.
@@ -194,6 +215,11 @@ impl Cublas {
 
     pub fn library(&self) -> &'static str {
         self.api.name
+    }
+
+    /// Whether [`gemm_xwt_f16`](Self::gemm_xwt_f16) can be called.
+    pub fn has_f16_products(&self) -> bool {
+        self.compute_types
     }
 
     /// out (n × m, row-major, row stride `ldo`) = x (n × k) · wᵀ, with w

@@ -408,7 +408,9 @@ impl CudaBackend {
             };
             // SAFETY: as the caller promises.
             return unsafe {
-                if w.ty != GgmlType::F32 && self.prefill_in_f16 {
+                // F32 and BF16 values may lie outside f16's range.
+                let f16_weights = !matches!(w.ty, GgmlType::F32 | GgmlType::Bf16);
+                if f16_weights && self.prefill_in_f16 && cublas.has_f16_products() {
                     self.gemm_f16(&mut st.arena, w, gemm)
                 } else {
                     self.gemm_f32(&mut st.arena, w, gemm)
@@ -471,7 +473,7 @@ impl CudaBackend {
     }
 
     /// A prefill product on f16 operands with FP32 sums (tensor cores):
-    /// F16 weights as they are, other types dequantized to f16 a band at a
+    /// F16 weights as they are, quantized types dequantized to f16 a band at a
     /// time, activation rows converted once with a power-of-two scale each
     /// (see `m40_rows_to_f16`) that the output rows get back at the end.
     /// The rounding is TF32's (10-bit mantissas); the range is f16's, which
