@@ -765,6 +765,22 @@ fn attention_matches_the_cpu_for_prefill_decode_gqa_windows_and_long_histories()
             chunk(900, 20),
         ),
         (
+            "chunk of 24 at 880, k 96 / v 64 wide, window 300 (3 ranges)",
+            AttentionShape {
+                head_dim_k: 96,
+                head_dim_v: 64,
+                ..shape(4, 2, 64, Some(300))
+            },
+            vec![904],
+            chunk(880, 24),
+        ),
+        (
+            "chunk of 16 at 0, d80",
+            shape(2, 2, 80, None),
+            vec![16],
+            chunk(0, 16),
+        ),
+        (
             "decode at 900, MHA d128",
             shape(8, 8, 128, None),
             vec![900],
