@@ -656,8 +656,10 @@ static unsigned m40_fill_grid(Kernel kernel, std::atomic<int> &blocks_per_sm, si
     int per_sm = blocks_per_sm.load(std::memory_order_relaxed);
     if (per_sm == 0) {
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * M40_GEMV_WARPS, 0) != cudaSuccess ||
-            per_sm < 1)
+            per_sm < 1) {
+            cudaGetLastError();  // a failed query leaves no error for the launch to report
             per_sm = 1;
+        }
         blocks_per_sm.store(per_sm, std::memory_order_relaxed);
     }
     const size_t resident = size_t(per_sm) * size_t(sm_count > 0 ? sm_count : 1);
@@ -699,17 +701,19 @@ template <class G, bool NORM> static void m40_gemv_batch_launch(const M40Gemv &p
 
 // rows_per_warp (2 or 4): weight rows per warp of the one-session kernel
 // (the caller picks per GPU). GLU epilogues need matrices 0 (gate) and 1
-// (up) of equal height. Unused matrices have 0 rows.
+// (up) of equal height. The first n_matrices have rows, the others none.
 M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_warp, cudaStream_t stream) {
     const M40Gemv &p = *params;
     if (p.n_x < 1 || p.n_x > M40_GEMV_MAX_X || p.cols % 32 != 0 || p.n_matrices < 1 || p.n_matrices > 3 ||
         (rows_per_warp != 2 && rows_per_warp != 4))
         return cudaErrorInvalidValue;
-    for (int m = p.n_matrices; m < 3; m++)
-        if (p.m[m].rows != 0) return cudaErrorInvalidValue;
+    for (int m = 0; m < 3; m++)
+        if ((m < p.n_matrices) != (p.m[m].rows > 0)) return cudaErrorInvalidValue;
     const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
     if (glu && (p.n_matrices != 2 || p.m[0].rows != p.m[1].rows)) return cudaErrorInvalidValue;
-    if (p.m[0].rows + p.m[1].rows + p.m[2].rows == 0) return cudaSuccess;
+    if (type == M40_Q2_K || type == M40_Q3_K || type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K) {
+        if (p.cols % 256 != 0) return cudaErrorInvalidValue;  // whole super-blocks
+    }
     return m40_with_format(type, [&](auto f) {
         using G = Gemv<FormatType<decltype(f)>::value>;
         const bool norm = p.norm != nullptr;
