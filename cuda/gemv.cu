@@ -15,9 +15,6 @@
 // Epilogues write, accumulate into (the residual add) or combine a gate and
 // an up row (SwiGLU/GeGLU), so a transformer layer's projections need no
 // separate element-wise kernels.
-#include <atomic>
-#include <type_traits>
-
 #include "quant.cuh"
 
 #define M40_GEMV_MAX_X 8
@@ -284,30 +281,7 @@ template <> struct Gemv<M40_Q6_K> {
     }
 };
 
-// ---- the kernels ----
-
-// Σ weight · x over one unit (weights as unit() gives them: codes v, a scale
-// per run of groups, an offset per group where OFFSET), x the unit's UNIT
-// activations in group order.
-template <class G>
-__device__ __forceinline__ float m40_unit_dot(const float *v, const float *sc, const float *of, const float *xv) {
-    constexpr int GROUPS = G::UNIT / 4;
-    constexpr int RUNS = G::SCALES > 0 ? G::SCALES : 1, RUN = GROUPS / RUNS;
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < RUNS; k++) {
-        float dot = 0.0f, sum = 0.0f;
-#pragma unroll
-        for (int g = k * RUN; g < (k + 1) * RUN; g++) {
-            const float *vg = v + 4 * g, *xg = xv + 4 * g;
-            dot = fmaf(vg[0], xg[0], fmaf(vg[1], xg[1], fmaf(vg[2], xg[2], fmaf(vg[3], xg[3], dot))));
-            if (G::OFFSET) sum += xg[0] + xg[1] + xg[2] + xg[3];
-        }
-        s = G::SCALES > 0 ? fmaf(dot, sc[k * RUN], s) : s + dot;
-        if (G::OFFSET) s = fmaf(sum, of[k * RUN], s);
-    }
-    return s;
-}
+// ---- the kernel ----
 
 // Matrix m of a launch, chosen without indexing the parameter array at run
 // time (which would copy the parameters to local memory).
@@ -340,79 +314,28 @@ __device__ void m40_gemv_inverse_rms(const M40Gemv &p, int n_x, float *inv_rms) 
     __syncthreads();
 }
 
-// Which weight rows a warp (or lane) owns: R rows from slot `slot` on —
-// consecutive rows of the launch's matrices one after another, or for GLU
-// epilogues gate row `slot` (first R/2) and up row `slot` (last R/2), paired.
-// Rows past the end read row 0 and are not written.
-template <int R>
-__device__ __forceinline__ void m40_gemv_rows(const M40Gemv &p, bool glu, int slot, size_t row_bytes, int *mat,
-                                              int *row, bool *valid, const uint8_t **w) {
-    constexpr int HALF = R / 2 > 0 ? R / 2 : 1;  // glu needs R ≥ 2
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        if (glu) {
-            mat[j] = j / HALF;
-            row[j] = slot * HALF + j % HALF;
-            valid[j] = row[j] < p.m[0].rows;
-        } else {
-            int s = slot * R + j, m = 0;
-            while (m + 1 < p.n_matrices && s >= m40_matrix(p, m).rows) s -= m40_matrix(p, m++).rows;
-            mat[j] = m;
-            row[j] = s;
-            valid[j] = s < m40_matrix(p, m).rows;
-        }
-        if (!valid[j]) row[j] = 0;
-        w[j] = m40_matrix(p, mat[j]).w + row[j] * row_bytes;
-    }
-}
-
-// Writes activation row t's results of the R rows (acc[j]: Σ weight · x,
-// normalized): bias, then store, accumulate or gate × up.
-template <int R>
-__device__ __forceinline__ void m40_gemv_epilogue(const M40Gemv &p, bool glu, const int *mat, const int *row,
-                                                  const bool *valid, const float *acc, int t) {
-    if (glu) {
-#pragma unroll
-        for (int j = 0; j < R / 2; j++) {
-            if (!valid[j]) continue;
-            const M40GemvMatrix &gm = p.m[0], &um = p.m[1];
-            const float g = acc[j] + (gm.bias ? gm.bias[row[j]] : 0.0f);
-            const float up = acc[j + R / 2] + (um.bias ? um.bias[row[j]] : 0.0f);
-            gm.y[size_t(t) * gm.rows + row[j]] = m40_activation(p.epilogue == M40_GEMV_GLU_GELU, g) * up;
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            if (!valid[j]) continue;
-            const M40GemvMatrix &m = m40_matrix(p, mat[j]);
-            const float value = acc[j] + (m.bias ? m.bias[row[j]] : 0.0f);
-            float *out = m.y + size_t(t) * m.rows + row[j];
-            *out = p.epilogue == M40_GEMV_ACCUMULATE ? *out + value : value;
-        }
-    }
-}
-
-// One session's decode: one activation row. NORM: x is RMS-normalized on
-// the fly (x · norm weights as it is loaded, each dot product times 1/rms
-// at the end).
+// NX: activation rows the kernel is built for: 1 (one session's decode,
+// straight-line code) or M40_GEMV_MAX_X (any n_x up to it). NORM: x is
+// RMS-normalized on the fly (x · norm weights as it is loaded, each dot
+// product times 1/rms at the end).
 //
 // Activations are read through the read-only cache rather than staged per
 // block: every block of an SM shares that copy, where staging would read x
 // from L2 once per block (as many bytes as the weights of a small matrix).
 // Blocks loop over warp-sized row groups, so the norm's prologue runs once
 // per block.
-template <class G, int R, bool NORM>
+template <class G, int R, int NX, bool NORM>
 __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int cols = p.cols;
+    const int cols = p.cols, n_x = NX == 1 ? 1 : p.n_x;
     const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
     const int rows_per_warp = glu ? R / 2 : R;
     int total_rows = p.m[0].rows;
     if (!glu) total_rows += p.m[1].rows + p.m[2].rows;
     const int n_warps = (total_rows + rows_per_warp - 1) / rows_per_warp;
 
-    __shared__ float inv_rms[1];
-    if (NORM) m40_gemv_inverse_rms(p, 1, inv_rms);
+    __shared__ float inv_rms[M40_GEMV_MAX_X];
+    if (NORM) m40_gemv_inverse_rms(p, n_x, inv_rms);
 
     const int n_blocks = cols / G::VALUES;
     const size_t row_bytes = size_t(n_blocks) * G::BYTES;
@@ -423,14 +346,33 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
     __shared__ uint4 staged[M40_GEMV_WARPS][R][G::DIRECT ? 1 : CHUNK_VECTORS];
     for (int warp_id = blockIdx.x * M40_GEMV_WARPS + warp; warp_id < n_warps;
          warp_id += gridDim.x * M40_GEMV_WARPS) {
+        // This warp's R rows: matrix and row of each (rows past the end read
+        // row 0 and are not written).
         int mat[R], row[R];
         bool valid[R];
         const uint8_t *w[R];
-        m40_gemv_rows<R>(p, glu, warp_id, row_bytes, mat, row, valid, w);
-
-        float acc[R];
 #pragma unroll
-        for (int j = 0; j < R; j++) acc[j] = 0.0f;
+        for (int j = 0; j < R; j++) {
+            if (glu) {
+                mat[j] = j / (R / 2);
+                row[j] = warp_id * (R / 2) + j % (R / 2);
+                valid[j] = row[j] < p.m[0].rows;
+            } else {
+                int s = warp_id * R + j, m = 0;
+                while (m + 1 < p.n_matrices && s >= m40_matrix(p, m).rows) s -= m40_matrix(p, m++).rows;
+                mat[j] = m;
+                row[j] = s;
+                valid[j] = s < m40_matrix(p, m).rows;
+            }
+            if (!valid[j]) row[j] = 0;
+            w[j] = m40_matrix(p, mat[j]).w + row[j] * row_bytes;
+        }
+
+        float acc[R][NX];
+#pragma unroll
+        for (int j = 0; j < R; j++)
+#pragma unroll
+            for (int t = 0; t < NX; t++) acc[j][t] = 0.0f;
 
         // Unit `u` of block `block` (of the row) for every row, its weights
         // read from `blocks[j]` (global memory or the staged chunk), times the
@@ -440,19 +382,42 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
             float v[R][G::UNIT], sc[R][GROUPS], of[R][GROUPS];
 #pragma unroll
             for (int j = 0; j < R; j++) G::unit(blocks[j], u, v[j], sc[j], of[j]);
-            const size_t first = size_t(block) * G::VALUES;
-            float xv[G::UNIT];
+            const float *xb = p.x + size_t(block) * G::VALUES;
+            float4 nw[GROUPS];
+            if (NORM) {
 #pragma unroll
-            for (int g = 0; g < GROUPS; g++) {
-                float4 a = __ldg(reinterpret_cast<const float4 *>(p.x + first + G::pos(u, g)));
-                if (NORM) {
-                    const float4 nw = __ldg(reinterpret_cast<const float4 *>(p.norm + first + G::pos(u, g)));
-                    a = make_float4(a.x * nw.x, a.y * nw.y, a.z * nw.z, a.w * nw.w);
-                }
-                xv[4 * g] = a.x, xv[4 * g + 1] = a.y, xv[4 * g + 2] = a.z, xv[4 * g + 3] = a.w;
+                for (int g = 0; g < GROUPS; g++)
+                    nw[g] = __ldg(reinterpret_cast<const float4 *>(p.norm + size_t(block) * G::VALUES + G::pos(u, g)));
             }
 #pragma unroll
-            for (int j = 0; j < R; j++) acc[j] += m40_unit_dot<G>(v[j], sc[j], of[j], xv);
+            for (int t = 0; t < NX; t++) {
+                if (NX > 1 && t >= n_x) break;
+                float xv[G::UNIT];
+#pragma unroll
+                for (int g = 0; g < GROUPS; g++) {
+                    float4 a = __ldg(reinterpret_cast<const float4 *>(xb + size_t(t) * cols + G::pos(u, g)));
+                    if (NORM) a = make_float4(a.x * nw[g].x, a.y * nw[g].y, a.z * nw[g].z, a.w * nw[g].w);
+                    xv[4 * g] = a.x, xv[4 * g + 1] = a.y, xv[4 * g + 2] = a.z, xv[4 * g + 3] = a.w;
+                }
+#pragma unroll
+                for (int j = 0; j < R; j++) {
+                    float s = 0.0f;
+                    constexpr int RUNS = G::SCALES > 0 ? G::SCALES : 1, RUN = GROUPS / RUNS;
+#pragma unroll
+                    for (int k = 0; k < RUNS; k++) {
+                        float dot = 0.0f, sum = 0.0f;
+#pragma unroll
+                        for (int g = k * RUN; g < (k + 1) * RUN; g++) {
+                            const float *vg = v[j] + 4 * g, *xg = xv + 4 * g;
+                            dot = fmaf(vg[0], xg[0], fmaf(vg[1], xg[1], fmaf(vg[2], xg[2], fmaf(vg[3], xg[3], dot))));
+                            if (G::OFFSET) sum += xg[0] + xg[1] + xg[2] + xg[3];
+                        }
+                        s = G::SCALES > 0 ? fmaf(dot, sc[j][k * RUN], s) : s + dot;
+                        if (G::OFFSET) s = fmaf(sum, of[j][k * RUN], s);
+                    }
+                    acc[j][t] += s;
+                }
+            }
         };
 
         // Several units per lane per round: without branches between them
@@ -525,183 +490,66 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
         }
 
 #pragma unroll
-        for (int j = 0; j < R; j++) acc[j] = m40_warp_sum(acc[j]) * (NORM ? inv_rms[0] : 1.0f);
-        if (lane == 0) m40_gemv_epilogue<R>(p, glu, mat, row, valid, acc, 0);
-    }
-}
-
-// Batched decode: 2 to M40_GEMV_MAX_X activation rows (one per session).
-// Here the roles turn around: each lane owns R weight rows (a GLU launch's
-// gate and up row, or one row) and the block's four warps split each row's
-// columns, M40_BATCH_COLS per warp per round, with the activation rows of
-// the round's columns in shared memory. All lanes of a warp decode the same
-// unit of their own rows at once, so every activation value is one
-// broadcast read serving R × n_x multiply-adds, and sums stay in registers
-// until the warps' partial sums are added once per row at the end (R × 8
-// accumulators per lane, where the one-session kernel's layout needed
-// R × 8 with R = 4 and ran at 2 blocks per SM). The weights come in as
-// restrict-qualified kernel parameters so their loads go through the
-// read-only (L1) path on every architecture, Maxwell included: a lane's
-// narrow loads of its own row fetch whole sectors that its next loads hit.
-#define M40_BATCH_COLS 256
-
-// R = 2: a GLU launch (gate and up row per lane); R = 1: any other.
-template <class G, int R, bool NORM>
-__global__ void __launch_bounds__(32 * M40_GEMV_WARPS)
-    gemv_batch_kernel(M40Gemv p, const uint8_t *__restrict__ w0, const uint8_t *__restrict__ w1,
-                      const uint8_t *__restrict__ w2) {
-    constexpr int GROUPS = G::UNIT / 4, STAGE = M40_GEMV_WARPS * M40_BATCH_COLS;
-    static_assert(M40_BATCH_COLS % G::VALUES == 0, "a warp's range holds whole blocks");
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    constexpr bool GLU = R == 2;
-    const int cols = p.cols, n_x = p.n_x;
-    const int total_rows = GLU ? p.m[0].rows : p.m[0].rows + p.m[1].rows + p.m[2].rows;
-    const int n_groups = (total_rows + 31) / 32;
-
-    __shared__ float inv_rms[M40_GEMV_MAX_X];
-    if (NORM) m40_gemv_inverse_rms(p, n_x, inv_rms);
-    // The round's activations; at the end of a row group, the warps' sums.
-    __shared__ __align__(16) float xs[M40_GEMV_MAX_X][STAGE];
-    static_assert(M40_GEMV_WARPS * R * M40_GEMV_MAX_X * 32 <= M40_GEMV_MAX_X * STAGE, "sums fit in xs");
-    float *sums = &xs[0][0];
-
-    const size_t row_bytes = size_t(cols / G::VALUES) * G::BYTES;
-    for (int group = blockIdx.x; group < n_groups; group += gridDim.x) {
-        int mat[R], row[R];
-        bool valid[R];
-        const uint8_t *w[R];
-        m40_gemv_rows<R>(p, GLU, group * 32 + lane, row_bytes, mat, row, valid, w);
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            const uint8_t *base = mat[j] == 0 ? w0 : mat[j] == 1 ? w1 : w2;
-            w[j] = base + row[j] * row_bytes;
-        }
-        float acc[R][M40_GEMV_MAX_X];
-#pragma unroll
         for (int j = 0; j < R; j++)
 #pragma unroll
-            for (int t = 0; t < M40_GEMV_MAX_X; t++) acc[j][t] = 0.0f;
+            for (int t = 0; t < NX; t++)
+                if (t < n_x) acc[j][t] = m40_warp_sum(acc[j][t]) * (NORM ? inv_rms[t] : 1.0f);
 
-        for (int first = 0; first < cols; first += STAGE) {
-            const int n_cols = min(STAGE, cols - first);
-            __syncthreads();  // the previous round's activations (or sums) are read
-            for (int i = threadIdx.x; i < n_x * n_cols / 4; i += blockDim.x) {
-                const int t = i / (n_cols / 4), c = 4 * (i % (n_cols / 4));
-                float4 a = __ldg(reinterpret_cast<const float4 *>(p.x + size_t(t) * cols + first + c));
-                if (NORM) {
-                    const float4 nw = __ldg(reinterpret_cast<const float4 *>(p.norm + first + c));
-                    a = make_float4(a.x * nw.x, a.y * nw.y, a.z * nw.z, a.w * nw.w);
+        // Lane t writes activation row t's results.
+#pragma unroll
+        for (int t = 0; t < NX; t++) {
+            if (t >= n_x || lane != t) continue;
+            if (glu) {
+#pragma unroll
+                for (int j = 0; j < R / 2; j++) {
+                    if (!valid[j]) continue;
+                    const M40GemvMatrix &gm = p.m[0], &um = p.m[1];
+                    const float g = acc[j][t] + (gm.bias ? gm.bias[row[j]] : 0.0f);
+                    const float up = acc[j + R / 2][t] + (um.bias ? um.bias[row[j]] : 0.0f);
+                    gm.y[size_t(t) * gm.rows + row[j]] = m40_activation(p.epilogue == M40_GEMV_GLU_GELU, g) * up;
                 }
-                *reinterpret_cast<float4 *>(&xs[t][c]) = a;
-            }
-            __syncthreads();
-            // This warp's columns of the round (none past the end).
-            const int mine = warp * M40_BATCH_COLS, n_mine = min(M40_BATCH_COLS, n_cols - mine);
-            for (int b = 0; b < n_mine / G::VALUES; b++) {
-                const size_t block = size_t((first + mine) / G::VALUES + b);
-                const int x_first = mine + b * G::VALUES;
-#pragma unroll 2
-                for (int u = 0; u < G::UNITS; u++) {
-                    float v[R][G::UNIT], sc[R][GROUPS], of[R][GROUPS];
+            } else {
 #pragma unroll
-                    for (int j = 0; j < R; j++) G::unit(w[j] + block * G::BYTES, u, v[j], sc[j], of[j]);
-#pragma unroll
-                    for (int t = 0; t < M40_GEMV_MAX_X; t++) {
-                        if (t >= n_x) break;
-                        float xv[G::UNIT];
-#pragma unroll
-                        for (int g = 0; g < GROUPS; g++) {
-                            const float4 a = *reinterpret_cast<const float4 *>(&xs[t][x_first + G::pos(u, g)]);
-                            xv[4 * g] = a.x, xv[4 * g + 1] = a.y, xv[4 * g + 2] = a.z, xv[4 * g + 3] = a.w;
-                        }
-#pragma unroll
-                        for (int j = 0; j < R; j++) acc[j][t] += m40_unit_dot<G>(v[j], sc[j], of[j], xv);
-                    }
+                for (int j = 0; j < R; j++) {
+                    if (!valid[j]) continue;
+                    const M40GemvMatrix &m = m40_matrix(p, mat[j]);
+                    const float value = acc[j][t] + (m.bias ? m.bias[row[j]] : 0.0f);
+                    float *out = m.y + size_t(t) * m.rows + row[j];
+                    *out = p.epilogue == M40_GEMV_ACCUMULATE ? *out + value : value;
                 }
             }
-        }
-
-        // Add the warps' sums: sums[warp][j][t][lane], then warp 0 finishes.
-        __syncthreads();
-#pragma unroll
-        for (int j = 0; j < R; j++)
-#pragma unroll
-            for (int t = 0; t < M40_GEMV_MAX_X; t++)
-                sums[((warp * R + j) * M40_GEMV_MAX_X + t) * 32 + lane] = acc[j][t];
-        __syncthreads();
-        if (warp != 0) continue;
-#pragma unroll
-        for (int t = 0; t < M40_GEMV_MAX_X; t++) {
-            if (t >= n_x) break;
-            float total[R];
-#pragma unroll
-            for (int j = 0; j < R; j++) {
-                total[j] = 0.0f;
-#pragma unroll
-                for (int k = 0; k < M40_GEMV_WARPS; k++) total[j] += sums[((k * R + j) * M40_GEMV_MAX_X + t) * 32 + lane];
-                total[j] *= NORM ? inv_rms[t] : 1.0f;
-            }
-            m40_gemv_epilogue<R>(p, GLU, mat, row, valid, total, t);
         }
     }
 }
 
-// Blocks for `work` units of a kernel's grid-stride loop: enough to fill
-// every SM as far as the kernel's occupancy allows (computed once per
-// kernel, for the device of its first launch; another device only changes
-// the grid), or fewer when there is less work.
-// (Threads racing on the first launch compute the same value.)
-template <class Kernel>
-static unsigned m40_fill_grid(Kernel kernel, std::atomic<int> &blocks_per_sm, size_t work, int sm_count) {
-    int per_sm = blocks_per_sm.load(std::memory_order_relaxed);
-    if (per_sm == 0) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * M40_GEMV_WARPS, 0) != cudaSuccess ||
-            per_sm < 1) {
+// Enough blocks to fill every SM as far as the kernel's occupancy allows
+// (the blocks loop over the rest). The occupancy is computed once per kernel,
+// for the device of its first launch; another device only changes the grid.
+template <class G, int R, int NX, bool NORM> static void m40_gemv_launch(const M40Gemv &p, cudaStream_t stream) {
+    static const int blocks_per_sm = [] {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<G, R, NX, NORM>, 32 * M40_GEMV_WARPS, 0) !=
+                cudaSuccess ||
+            n < 1) {
             cudaGetLastError();  // a failed query leaves no error for the launch to report
-            per_sm = 1;
+            n = 1;
         }
-        blocks_per_sm.store(per_sm, std::memory_order_relaxed);
-    }
-    const size_t resident = size_t(per_sm) * size_t(sm_count > 0 ? sm_count : 1);
-    return unsigned(work < resident ? work : resident);
-}
-
-static int m40_gemv_slots(const M40Gemv &p, int rows_per_slot) {
+        return n;
+    }();
     const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
     const int total_rows = glu ? p.m[0].rows : p.m[0].rows + p.m[1].rows + p.m[2].rows;
-    const int per_slot = glu ? rows_per_slot / 2 : rows_per_slot;
-    return (total_rows + per_slot - 1) / per_slot;
+    const int rows_per_warp = glu ? R / 2 : R;
+    const size_t warps = size_t((total_rows + rows_per_warp - 1) / rows_per_warp);
+    const size_t needed = (warps + M40_GEMV_WARPS - 1) / M40_GEMV_WARPS;
+    const size_t resident = size_t(blocks_per_sm) * size_t(p.sm_count > 0 ? p.sm_count : 1);
+    gemv_kernel<G, R, NX, NORM><<<unsigned(needed < resident ? needed : resident), 32 * M40_GEMV_WARPS, 0, stream>>>(p);
 }
 
-template <class G, int R, bool NORM> static void m40_gemv_launch(const M40Gemv &p, cudaStream_t stream) {
-    static std::atomic<int> blocks_per_sm{0};
-    const size_t warps = size_t(m40_gemv_slots(p, R));
-    const unsigned grid = m40_fill_grid(gemv_kernel<G, R, NORM>, blocks_per_sm,
-                                        (warps + M40_GEMV_WARPS - 1) / M40_GEMV_WARPS, p.sm_count);
-    gemv_kernel<G, R, NORM><<<grid, 32 * M40_GEMV_WARPS, 0, stream>>>(p);
-}
-
-// Batches: a GLU launch's lanes own a gate row and its up row; other
-// launches' lanes one row each (twice the row groups: the grid fills the GPU
-// for 4096-row matrices).
-template <class G, bool NORM> static void m40_gemv_batch_launch(const M40Gemv &p, cudaStream_t stream) {
-    const auto launch = [&](auto rows_per_lane, std::atomic<int> &blocks_per_sm) {
-        constexpr int R = decltype(rows_per_lane)::value;
-        const size_t lanes = size_t(m40_gemv_slots(p, R));
-        const unsigned grid =
-            m40_fill_grid(gemv_batch_kernel<G, R, NORM>, blocks_per_sm, (lanes + 31) / 32, p.sm_count);
-        gemv_batch_kernel<G, R, NORM><<<grid, 32 * M40_GEMV_WARPS, 0, stream>>>(p, p.m[0].w, p.m[1].w, p.m[2].w);
-    };
-    static std::atomic<int> pair_blocks{0}, single_blocks{0};
-    if (p.epilogue >= M40_GEMV_GLU_SILU)
-        launch(std::integral_constant<int, 2>{}, pair_blocks);
-    else
-        launch(std::integral_constant<int, 1>{}, single_blocks);
-}
-
-// rows_per_warp (2 or 4): weight rows per warp of the one-session kernel
-// (the caller picks per GPU). GLU epilogues need matrices 0 (gate) and 1
-// (up) of equal height. The first n_matrices have rows, the others none.
+// rows_per_warp (2 or 4): weight rows per warp for one activation row (the
+// caller picks per GPU; batches always take 4, each activation load serving
+// more rows). GLU epilogues need
+// matrices 0 (gate) and 1 (up) of equal height. The first n_matrices have
+// rows, the others none.
 M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_warp, cudaStream_t stream) {
     const M40Gemv &p = *params;
     if (p.n_x < 1 || p.n_x > M40_GEMV_MAX_X || p.cols % 32 != 0 || p.n_matrices < 1 || p.n_matrices > 3 ||
@@ -718,10 +566,11 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
         using G = Gemv<FormatType<decltype(f)>::value>;
         const bool norm = p.norm != nullptr;
         if (p.n_x > 1)
-            norm ? m40_gemv_batch_launch<G, true>(p, stream) : m40_gemv_batch_launch<G, false>(p, stream);
+            norm ? m40_gemv_launch<G, 4, M40_GEMV_MAX_X, true>(p, stream)
+                 : m40_gemv_launch<G, 4, M40_GEMV_MAX_X, false>(p, stream);
         else if (rows_per_warp == 4)
-            norm ? m40_gemv_launch<G, 4, true>(p, stream) : m40_gemv_launch<G, 4, false>(p, stream);
+            norm ? m40_gemv_launch<G, 4, 1, true>(p, stream) : m40_gemv_launch<G, 4, 1, false>(p, stream);
         else
-            norm ? m40_gemv_launch<G, 2, true>(p, stream) : m40_gemv_launch<G, 2, false>(p, stream);
+            norm ? m40_gemv_launch<G, 2, 1, true>(p, stream) : m40_gemv_launch<G, 2, 1, false>(p, stream);
     });
 }
