@@ -545,11 +545,18 @@ template <class G, int R, int NX, bool NORM> static void m40_gemv_launch(const M
     gemv_kernel<G, R, NX, NORM><<<unsigned(needed < resident ? needed : resident), 32 * M40_GEMV_WARPS, 0, stream>>>(p);
 }
 
-// rows_per_warp (2 or 4): weight rows per warp for one activation row (the
-// caller picks per GPU; batches always take 4, each activation load serving
-// more rows). GLU epilogues need
-// matrices 0 (gate) and 1 (up) of equal height. The first n_matrices have
-// rows, the others none.
+// Weight rows per warp of the batched launches (8 activation rows of
+// accumulators per weight row), by format, as measured on the H100
+// (tg128@8, llama-7b): the 32-value 4- and 5-bit formats gain from sharing
+// each activation load over 4 rows (Q4_0: 483 tok/s, 422 at 2 rows); the
+// others need the registers more (Q4_K 469 vs 442, Q8_0 395 vs 339 at 4).
+constexpr int m40_batch_rows(int type) {
+    return type == M40_Q4_0 || type == M40_Q4_1 || type == M40_Q5_0 || type == M40_Q5_1 ? 4 : 2;
+}
+
+// rows_per_warp (2 or 4): weight rows per warp of the one-session kernel
+// (the caller picks per GPU). GLU epilogues need matrices 0 (gate) and 1
+// (up) of equal height. The first n_matrices have rows, the others none.
 M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_warp, cudaStream_t stream) {
     const M40Gemv &p = *params;
     if (p.n_x < 1 || p.n_x > M40_GEMV_MAX_X || p.cols % 32 != 0 || p.n_matrices < 1 || p.n_matrices > 3 ||
@@ -565,9 +572,10 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
     return m40_with_format(type, [&](auto f) {
         using G = Gemv<FormatType<decltype(f)>::value>;
         const bool norm = p.norm != nullptr;
+        constexpr int BATCH_R = m40_batch_rows(FormatType<decltype(f)>::value);
         if (p.n_x > 1)
-            norm ? m40_gemv_launch<G, 4, M40_GEMV_MAX_X, true>(p, stream)
-                 : m40_gemv_launch<G, 4, M40_GEMV_MAX_X, false>(p, stream);
+            norm ? m40_gemv_launch<G, BATCH_R, M40_GEMV_MAX_X, true>(p, stream)
+                 : m40_gemv_launch<G, BATCH_R, M40_GEMV_MAX_X, false>(p, stream);
         else if (rows_per_warp == 4)
             norm ? m40_gemv_launch<G, 4, 1, true>(p, stream) : m40_gemv_launch<G, 4, 1, false>(p, stream);
         else
