@@ -16,6 +16,13 @@ struct Partial {
     float max, sum;
 };
 
+// One KV head of a row's cache at `layer` (keys or values, `width` values
+// per position): position p's head_dim values start at the result + p × width.
+__device__ __forceinline__ const __half *m40_cache_head(unsigned long long cache, int layer, int n_ctx, int width,
+                                                        int kv_head, int head_dim) {
+    return reinterpret_cast<const __half *>(cache) + size_t(layer) * n_ctx * width + size_t(kv_head) * head_dim;
+}
+
 // partial layout: per (row, head, split): [max, sum, acc[head_dim_v]].
 __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     attention_partial_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, int layer, int n_head,
@@ -33,10 +40,8 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
 
     const int kv_head = head / (n_head / n_head_kv);
     const int k_width = n_head_kv * head_dim_k, v_width = n_head_kv * head_dim_v;
-    const size_t layer_base = size_t(layer) * row.n_ctx;
-    const __half *keys = reinterpret_cast<const __half *>(row.keys) + layer_base * k_width + kv_head * head_dim_k;
-    const __half *values =
-        reinterpret_cast<const __half *>(row.values) + layer_base * v_width + kv_head * head_dim_v;
+    const __half *keys = m40_cache_head(row.keys, layer, row.n_ctx, k_width, kv_head, head_dim_k);
+    const __half *values = m40_cache_head(row.values, layer, row.n_ctx, v_width, kv_head, head_dim_v);
 
     float qv[M40_ATTN_MAX_PER_LANE], acc[M40_ATTN_MAX_PER_LANE];
     const float *qh = q + (size_t(r) * n_head + head) * head_dim_k;
@@ -122,21 +127,6 @@ __global__ void attention_combine_kernel(const float *__restrict__ partial, int 
     }
 }
 
-// partial: n_rows × n_head × n_splits × (head_dim_v + 2) floats of scratch.
-M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *rows, int layer, int n_head,
-                                     int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
-                                     int n_splits, float *partial, float *out, cudaStream_t stream) {
-    if (head_dim_k > 32 * M40_ATTN_MAX_PER_LANE || head_dim_v > 32 * M40_ATTN_MAX_PER_LANE || n_splits < 1 ||
-        n_head_kv < 1 || n_head % n_head_kv != 0 || n_head > 65535 || n_splits > 65535)
-        return cudaErrorInvalidValue;
-    attention_partial_kernel<<<dim3(n_rows, n_head, n_splits), 32 * M40_ATTN_WARPS, 0, stream>>>(
-        q, rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial);
-    cudaError_t status = m40_launch_status();
-    if (status != cudaSuccess) return status;
-    attention_combine_kernel<<<dim3(n_rows, n_head), 128, 0, stream>>>(partial, n_head, head_dim_v, n_splits, out);
-    return m40_launch_status();
-}
-
 // ---- Prefill: a tile of consecutive rows of one sequence per block ----
 //
 // The kernel above gives every (row, head) its own walk over the positions,
@@ -212,10 +202,8 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
 
     const int kv_head = head / (n_head / n_head_kv);
     const int k_width = n_head_kv * head_dim_k, v_width = n_head_kv * head_dim_v;
-    const size_t layer_base = size_t(layer) * row0.n_ctx;
-    const __half *keys = reinterpret_cast<const __half *>(row0.keys) + layer_base * k_width + kv_head * head_dim_k;
-    const __half *values =
-        reinterpret_cast<const __half *>(row0.values) + layer_base * v_width + kv_head * head_dim_v;
+    const __half *keys = m40_cache_head(row0.keys, layer, row0.n_ctx, k_width, kv_head, head_dim_k);
+    const __half *values = m40_cache_head(row0.values, layer, row0.n_ctx, v_width, kv_head, head_dim_v);
 
     for (int i = threadIdx.x; i < T::TILE_ROWS * MAX_D; i += 32 * T::WARPS) {
         const int r = i / MAX_D, d = i % MAX_D;
@@ -327,31 +315,38 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
     }
 }
 
-// Rows of one sequence at consecutive positions (a prompt chunk). Head sizes
-// a multiple of 8 up to 256; partial: n_rows × n_head × n_splits ×
-// (head_dim_v + 2) floats of scratch when n_splits > 1.
-M40_EXPORT cudaError_t m40_attention_prefill(const float *q, int n_rows, const M40Row *rows, int layer, int n_head,
-                                             int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
-                                             int n_splits, float *partial, float *out, cudaStream_t stream) {
+// Attention of n_rows rows. With prompt_chunk the rows are one sequence at
+// consecutive positions and go to the tiled kernel (head sizes a multiple of
+// 8); otherwise every (row, head, range) gets its own block. partial: n_rows
+// × n_head × n_splits × (head_dim_v + 2) floats of scratch (the tiled kernel
+// with one range writes out directly).
+M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *rows, int layer, int n_head,
+                                     int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
+                                     int prompt_chunk, int n_splits, float *partial, float *out,
+                                     cudaStream_t stream) {
     const int dim = max(head_dim_k, head_dim_v);
-    if (dim > 256 || head_dim_k % 8 != 0 || head_dim_v % 8 != 0 || n_splits < 1 || n_head_kv < 1 ||
-        n_head % n_head_kv != 0 || n_head > 65535 || n_splits > 65535 || n_rows < 1)
+    if (dim > 32 * M40_ATTN_MAX_PER_LANE || n_splits < 1 || n_head_kv < 1 || n_head % n_head_kv != 0 ||
+        n_head > 65535 || n_splits > 65535 || (prompt_chunk && (head_dim_k % 8 != 0 || head_dim_v % 8 != 0)))
         return cudaErrorInvalidValue;
-    const auto launch = [&](auto tile) {
+    if (n_rows < 1) return cudaSuccess;
+    const auto tiled = [&](auto tile) {
         constexpr int MAX_D = decltype(tile)::value;
         using T = PrefillTile<MAX_D>;
         const dim3 grid((n_rows + T::TILE_ROWS - 1) / T::TILE_ROWS, n_head, n_splits);
         attention_prefill_kernel<MAX_D><<<grid, 32 * T::WARPS, 0, stream>>>(
             q, n_rows, rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial, out);
     };
-    if (dim <= 64)
-        launch(std::integral_constant<int, 64>{});
+    if (!prompt_chunk)
+        attention_partial_kernel<<<dim3(n_rows, n_head, n_splits), 32 * M40_ATTN_WARPS, 0, stream>>>(
+            q, rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial);
+    else if (dim <= 64)
+        tiled(std::integral_constant<int, 64>{});
     else if (dim <= 128)
-        launch(std::integral_constant<int, 128>{});
+        tiled(std::integral_constant<int, 128>{});
     else
-        launch(std::integral_constant<int, 256>{});
+        tiled(std::integral_constant<int, 256>{});
     cudaError_t status = m40_launch_status();
-    if (status != cudaSuccess || n_splits == 1) return status;
+    if (status != cudaSuccess || (prompt_chunk && n_splits == 1)) return status;
     attention_combine_kernel<<<dim3(n_rows, n_head), 128, 0, stream>>>(partial, n_head, head_dim_v, n_splits, out);
     return m40_launch_status();
 }

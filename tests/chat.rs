@@ -56,33 +56,16 @@ fn apply(
             content: c.as_ptr(),
         })
         .collect();
-    let mut len = 0usize;
-    let status = unsafe {
-        m40_chat_apply_template(
-            model,
-            raw.as_ptr(),
-            raw.len(),
-            add_assistant,
-            std::ptr::null_mut(),
-            0,
-            &mut len,
-        )
+    let call = |buf: *mut c_char, cap: usize, len: &mut usize| unsafe {
+        m40_chat_apply_template(model, raw.as_ptr(), raw.len(), add_assistant, buf, cap, len)
     };
+    let mut len = 0usize;
+    let status = call(std::ptr::null_mut(), 0, &mut len);
     if status != m40_status::M40_ERR_BUFFER_TOO_SMALL {
         return Err((status, last_error()));
     }
     let mut buf = vec![0 as c_char; len + 1];
-    let status = unsafe {
-        m40_chat_apply_template(
-            model,
-            raw.as_ptr(),
-            raw.len(),
-            add_assistant,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut len,
-        )
-    };
+    let status = call(buf.as_mut_ptr(), buf.len(), &mut len);
     assert_eq!(status, m40_status::M40_OK, "{}", last_error());
     Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
         .to_str()

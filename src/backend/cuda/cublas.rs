@@ -126,35 +126,31 @@ fn load() -> Option<Api> {
             continue;
         };
         // SAFETY: these are the documented signatures of the cuBLAS v2 API,
-        // unchanged from CUDA 11 to 13.
+        // unchanged from CUDA 11 to 13 (each field's type is the symbol's).
         return Some(unsafe {
             Api {
                 name,
-                create: std::mem::transmute::<
-                    *mut c_void,
-                    unsafe extern "C" fn(*mut Handle) -> c_int,
-                >(create),
-                destroy: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(Handle) -> c_int>(
-                    destroy,
-                ),
-                set_stream: std::mem::transmute::<
-                    *mut c_void,
-                    unsafe extern "C" fn(Handle, Stream) -> c_int,
-                >(set_stream),
-                set_math_mode: std::mem::transmute::<
-                    *mut c_void,
-                    unsafe extern "C" fn(Handle, c_int) -> c_int,
-                >(set_math_mode),
-                sgemm: std::mem::transmute::<*mut c_void, SgemmFn>(sgemm),
-                gemm_ex: std::mem::transmute::<*mut c_void, GemmExFn>(gemm_ex),
-                get_version: std::mem::transmute::<
-                    *mut c_void,
-                    unsafe extern "C" fn(Handle, *mut c_int) -> c_int,
-                >(get_version),
+                create: as_fn(create),
+                destroy: as_fn(destroy),
+                set_stream: as_fn(set_stream),
+                set_math_mode: as_fn(set_math_mode),
+                sgemm: as_fn(sgemm),
+                gemm_ex: as_fn(gemm_ex),
+                get_version: as_fn(get_version),
             }
         });
     }
     None
+}
+
+/// A symbol's address as the function pointer type `F`.
+///
+/// # Safety
+/// `F` is a function pointer type matching the symbol's signature.
+unsafe fn as_fn<F: Copy>(symbol: *mut c_void) -> F {
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: same size (checked); the caller promises the type.
+    unsafe { std::mem::transmute_copy(&symbol) }
 }
 
 fn check(status: c_int, what: &str) -> Result<()> {

@@ -224,22 +224,6 @@ extern "C" {
         layer: c_int,
         stream: Stream,
     ) -> c_int;
-    pub fn m40_attention_prefill(
-        q: *const f32,
-        n_rows: c_int,
-        rows: *const DeviceRow,
-        layer: c_int,
-        n_head: c_int,
-        n_head_kv: c_int,
-        head_dim_k: c_int,
-        head_dim_v: c_int,
-        window: c_int,
-        scale: f32,
-        n_splits: c_int,
-        partial: *mut f32,
-        out: *mut f32,
-        stream: Stream,
-    ) -> c_int;
     pub fn m40_attention(
         q: *const f32,
         n_rows: c_int,
@@ -251,6 +235,7 @@ extern "C" {
         head_dim_v: c_int,
         window: c_int,
         scale: f32,
+        prompt_chunk: c_int,
         n_splits: c_int,
         partial: *mut f32,
         out: *mut f32,

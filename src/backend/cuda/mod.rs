@@ -68,7 +68,7 @@ pub struct CudaBackend {
     /// Weight rows per warp of the one-session decode kernel (2 or 4).
     gemv_rows_per_warp: c_int,
     /// Prefill products on f16 operands (GPUs with f16 tensor cores: Volta,
-    /// sm_70, and newer); older GPUs multiply in FP32.
+    /// sm_70, and newer, with cuBLAS 11 or newer); otherwise FP32.
     prefill_in_f16: bool,
     bandwidth: std::sync::OnceLock<f64>,
     state: Mutex<State>,
@@ -272,6 +272,8 @@ impl CudaBackend {
         } else {
             None
         };
+        let prefill_in_f16 =
+            info.compute_capability.0 >= 7 && cublas.as_ref().is_some_and(|c| c.has_f16_products());
         let gemv_rows_per_warp = match options.gemv_rows_per_warp {
             None | Some(2) => 2,
             Some(4) => 4,
@@ -281,7 +283,6 @@ impl CudaBackend {
                 )))
             }
         };
-        let prefill_in_f16 = info.compute_capability.0 >= 7;
         Ok(CudaBackend {
             info,
             allocator,
@@ -410,7 +411,7 @@ impl CudaBackend {
             return unsafe {
                 // F32 and BF16 values may lie outside f16's range.
                 let f16_weights = !matches!(w.ty, GgmlType::F32 | GgmlType::Bf16);
-                if f16_weights && self.prefill_in_f16 && cublas.has_f16_products() {
+                if f16_weights && self.prefill_in_f16 {
                     self.gemm_f16(&mut st.arena, w, gemm)
                 } else {
                     self.gemm_f32(&mut st.arena, w, gemm)
@@ -1129,21 +1130,21 @@ impl Backend for CudaBackend {
         } else {
             attention_splits(rows.len() * shape.n_head, longest, sms)
         };
-        let partial_len = rows.len() * shape.n_head * n_splits * (shape.head_dim_v + 2);
+        // The tiled kernel over one range writes the output directly.
+        let partial_len = if tiled && n_splits == 1 {
+            0
+        } else {
+            rows.len() * shape.n_head * n_splits * (shape.head_dim_v + 2)
+        };
         st.arena
             .begin(&self.allocator, Arena::footprint(&[partial_len * 4]))?;
         let partial = st.arena.take::<f32>(partial_len);
-        let launch = if tiled {
-            m40_attention_prefill
-        } else {
-            m40_attention
-        };
         // SAFETY: q and out hold rows.len() × n_head heads; the partials
         // piece is sized for the launch; the row table names live caches
         // (for the tiled kernel, one sequence at consecutive positions).
         unsafe {
             check(
-                launch(
+                m40_attention(
                     q.as_ptr(),
                     rows.len() as c_int,
                     device_rows,
@@ -1156,6 +1157,7 @@ impl Backend for CudaBackend {
                         .window
                         .map_or(0, |w| w.min(i32::MAX as usize) as c_int),
                     shape.scale,
+                    c_int::from(tiled),
                     n_splits as c_int,
                     partial,
                     out.as_mut_ptr(),
