@@ -1,8 +1,12 @@
 //! Where a forward pass's time goes, operation by operation: the model runs
-//! through a wrapper backend that waits for the device before and after each
-//! operation and sums the time by operation and shape. The waits cost a few
-//! microseconds each, so a decode step's small operations read high; a
-//! prompt's large ones read true. `m40-bench` measures speed; this says why.
+//! through a wrapper backend that sums the time of each operation by
+//! operation and shape. A prompt's operations are timed between waits for
+//! the device (each large enough for the waits not to matter). A decode
+//! step's small operations are timed on the device's own timeline where the
+//! backend has one (CUDA: an event recorded after each operation, no waits),
+//! next to the host's time to enqueue them: when the two are close, the
+//! device was waiting for the host. Without a timeline (CPU) decode steps
+//! are timed between waits too. `m40-bench` measures speed; this says why.
 //!
 //!   cargo bench --features cuda --bench op_profile -- MODEL.gguf [DEVICE] [PROMPT] [BATCHES]
 //!
@@ -11,7 +15,7 @@
 //! counts whose decode step (one row per session, after the prompt) is
 //! profiled, comma-separated (default 1,8).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -23,6 +27,52 @@ use m40llm::error::Result;
 use m40llm::model::transformer::forward;
 use m40llm::model::{LoadOptions, Model, Weight};
 
+/// Marks in a device's stream of work, read back once the work is done.
+trait Timeline {
+    /// Records mark `i` after the work enqueued so far.
+    fn mark(&self, i: usize) -> Result<()>;
+    /// Device time between marks `a` and `b`, both done.
+    fn between(&self, a: usize, b: usize) -> Result<Duration>;
+}
+
+#[cfg(feature = "cuda")]
+struct CudaTimeline<'a> {
+    backend: &'a m40llm::backend::cuda::CudaBackend,
+    events: Vec<m40llm::backend::cuda::runtime::OwnedEvent>,
+}
+
+#[cfg(feature = "cuda")]
+impl<'a> CudaTimeline<'a> {
+    fn new(backend: &'a m40llm::backend::cuda::CudaBackend, marks: usize) -> Result<Self> {
+        let events = (0..marks)
+            .map(|_| m40llm::backend::cuda::runtime::OwnedEvent::timed())
+            .collect::<Result<_>>()?;
+        Ok(CudaTimeline { backend, events })
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Timeline for CudaTimeline<'_> {
+    fn mark(&self, i: usize) -> Result<()> {
+        let event = self.events.get(i).ok_or_else(|| {
+            m40llm::error::Error::internal("more operations in a step than timeline marks")
+        })?;
+        self.backend.record_event(event)
+    }
+    fn between(&self, a: usize, b: usize) -> Result<Duration> {
+        let ms = self.events[b].elapsed_since(&self.events[a])?;
+        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) * 1e-3))
+    }
+}
+
+/// One timeline-timed step: per operation, its name and the host's time
+/// (since the step began) when it had been enqueued; mark i + 1 follows it.
+#[derive(Default)]
+struct Step {
+    started: Option<Instant>,
+    ops: Vec<(String, Duration)>,
+}
+
 /// A backend that times each operation of the one it wraps.
 struct Profiled<'a, B: Backend> {
     inner: &'a B,
@@ -30,6 +80,11 @@ struct Profiled<'a, B: Backend> {
     probe: B::Buffer,
     /// Per operation: calls and total time.
     times: RefCell<BTreeMap<String, (u32, Duration)>>,
+    /// Set while decode steps are timed on the device's timeline.
+    timeline: Cell<Option<&'a dyn Timeline>>,
+    step: RefCell<Step>,
+    /// Per timeline-timed pass: device time and host time to enqueue it.
+    pass_times: RefCell<(Duration, Duration)>,
 }
 
 impl<'a, B: Backend> Profiled<'a, B> {
@@ -38,6 +93,9 @@ impl<'a, B: Backend> Profiled<'a, B> {
             inner,
             probe: inner.buffer(1)?,
             times: RefCell::new(BTreeMap::new()),
+            timeline: Cell::new(None),
+            step: RefCell::new(Step::default()),
+            pass_times: RefCell::new(Default::default()),
         })
     }
 
@@ -46,15 +104,62 @@ impl<'a, B: Backend> Profiled<'a, B> {
     }
 
     fn time<T>(&self, op: String, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        if let Some(timeline) = self.timeline.get() {
+            let result = f()?;
+            let mut step = self.step.borrow_mut();
+            let host = step.started.expect("a timed step began").elapsed();
+            step.ops.push((op, host));
+            timeline.mark(step.ops.len())?;
+            return Ok(result);
+        }
         self.wait()?;
         let start = Instant::now();
         let result = f()?;
         self.wait()?;
+        self.add(op, start.elapsed());
+        Ok(result)
+    }
+
+    fn add(&self, op: String, time: Duration) {
         let mut times = self.times.borrow_mut();
         let entry = times.entry(op).or_default();
         entry.0 += 1;
-        entry.1 += start.elapsed();
-        Ok(result)
+        entry.1 += time;
+    }
+
+    /// Runs `pass` (one forward pass) timed on `timeline`, after the device
+    /// has finished earlier work: each operation's device time is from the
+    /// mark before it to the mark after it.
+    fn on_timeline(
+        &self,
+        timeline: &'a dyn Timeline,
+        pass: impl FnOnce(&Self) -> Result<()>,
+    ) -> Result<()> {
+        self.wait()?;
+        *self.step.borrow_mut() = Step {
+            started: Some(Instant::now()),
+            ops: Vec::new(),
+        };
+        timeline.mark(0)?;
+        self.timeline.set(Some(timeline));
+        let result = pass(self);
+        self.timeline.set(None);
+        result?;
+        self.wait()?;
+        let step = std::mem::take(&mut *self.step.borrow_mut());
+        let device = timeline.between(0, step.ops.len())?;
+        let mut enqueued = Duration::ZERO;
+        for (i, (op, host)) in step.ops.into_iter().enumerate() {
+            // The host's time excludes the final read, which waits.
+            if op != "read to host" {
+                enqueued = host;
+            }
+            self.add(op, timeline.between(i, i + 1)?);
+        }
+        let mut totals = self.pass_times.borrow_mut();
+        totals.0 += device;
+        totals.1 += enqueued;
+        Ok(())
     }
 
     /// Prints the operations, slowest first, and clears the table.
@@ -64,15 +169,24 @@ impl<'a, B: Backend> Profiled<'a, B> {
             .collect();
         rows.sort_by_key(|r| std::cmp::Reverse(r.1 .1));
         let total: Duration = rows.iter().map(|r| r.1 .1).sum();
+        let per_pass = |d: Duration| d.as_secs_f64() * 1e3 / f64::from(repeats);
         println!(
             "\n{title}: {:.3} ms per pass (sum of timed operations)",
-            total.as_secs_f64() * 1e3 / f64::from(repeats)
+            per_pass(total)
         );
+        let (device, host) = std::mem::take(&mut *self.pass_times.borrow_mut());
+        if device > Duration::ZERO {
+            println!(
+                "device timeline: {:.3} ms per pass; the host enqueued it in {:.3} ms",
+                per_pass(device),
+                per_pass(host)
+            );
+        }
         println!("{:>9} {:>7} {:>6}  operation", "ms/pass", "calls", "share");
         for (op, (calls, time)) in rows {
             println!(
                 "{:9.3} {:7} {:5.1}%  {op}",
-                time.as_secs_f64() * 1e3 / f64::from(repeats),
+                per_pass(time),
                 calls / repeats,
                 100.0 * time.as_secs_f64() / total.as_secs_f64()
             );
@@ -242,7 +356,13 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     }
 }
 
-fn profile<B: Backend>(b: &B, model: &Model, prompt: usize, batches: &[usize]) -> Result<()> {
+fn profile<'a, B: Backend>(
+    b: &'a B,
+    timeline: Option<&'a dyn Timeline>,
+    model: &Model,
+    prompt: usize,
+    batches: &[usize],
+) -> Result<()> {
     let (_, hp) = model.config();
     let n_ctx = prompt + 16;
     let (n_layer, n_vocab) = (hp.n_layer as usize, hp.n_vocab as usize);
@@ -280,7 +400,13 @@ fn profile<B: Backend>(b: &B, model: &Model, prompt: usize, batches: &[usize]) -
         let mut own: Vec<&mut B::KvCache> = caches.iter_mut().take(batch).collect();
         forward(b, model, &mut own, &step_tokens, &rows, &logit_rows)?;
         for _ in 0..STEPS {
-            forward(&profiled, model, &mut own, &step_tokens, &rows, &logit_rows)?;
+            let mut pass = |p: &Profiled<B>| {
+                forward(p, model, &mut own, &step_tokens, &rows, &logit_rows).map(drop)
+            };
+            match timeline {
+                Some(timeline) => profiled.on_timeline(timeline, pass)?,
+                None => pass(&profiled)?,
+            }
         }
         profiled.report(
             &format!("decode step of {batch} session(s) at position {prompt}"),
@@ -325,9 +451,13 @@ fn main() {
     let result = Model::load(path.as_ref(), options).and_then(|model| {
         println!("{} on {}", path, model.device().name());
         match model.backend() {
-            ModelBackend::Cpu(b) => profile(b, &model, prompt, &batches),
+            ModelBackend::Cpu(b) => profile(b, None, &model, prompt, &batches),
             #[cfg(feature = "cuda")]
-            ModelBackend::Cuda(b) => profile(&**b, &model, prompt, &batches),
+            ModelBackend::Cuda(b) => {
+                // Marks for every operation of a decode step, with room to spare.
+                let timeline = CudaTimeline::new(b, 4096)?;
+                profile(&**b, Some(&timeline), &model, prompt, &batches)
+            }
         }
     });
     if let Err(e) = result {

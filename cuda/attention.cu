@@ -1,9 +1,11 @@
 // Causal attention of each row's query heads over its sequence's f16 KV
-// cache, in two kernels: the positions a row sees are split into n_splits
-// ranges, one block per (head, row, range) computing an online-softmax
-// partial (max, sum, weighted values), then one block per (head, row)
-// combines the partials. One launch shape serves decode (one row, long
-// history: many splits keep every SM busy) and prefill (many rows: one split).
+// cache: the positions a row sees are split into n_splits ranges, one block
+// per (head, row, range) computing an online-softmax partial (max, sum,
+// weighted values), then one block per (head, row) combines the partials
+// (or, with one range, the block writes the output itself). Decode rows take
+// a kernel whose lanes score 32 positions at once; prompt chunks a tiled
+// kernel sharing each key and value among 32 rows; odd head sizes a kernel
+// with a warp per position.
 #include <type_traits>
 
 #include "ops.cuh"
@@ -315,38 +317,169 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
     }
 }
 
+// ---- Decode: a lane per position ----
+//
+// attention_partial_kernel walks a warp's positions one after another, each
+// a chain of dependent loads and a warp reduction: at decode's short ranges
+// the step is a handful of memory round trips per position. Here lane c of a
+// warp scores position t + c on its own (its key read with 16-byte loads,
+// all independent, the query broadcast from shared memory), the warp takes
+// one online-softmax step per 32 positions, and the 32 value rows are then
+// read coalesced (lane owns value pairs lane + 32 j), none of those loads
+// waiting on another. Heads of a multiple of 8 values; one split writes the
+// normalized output directly, more write partials for the combine kernel.
+template <int MAX_D>
+__global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
+    attention_decode_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, int layer, int n_head,
+                            int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale, int n_splits,
+                            float *__restrict__ partial, float *__restrict__ out) {
+    constexpr int CHUNKS = MAX_D / 8;       // 16-byte pieces of a key, at most
+    constexpr int LANE_PAIRS = MAX_D / 64;  // value pairs per lane
+    const int r = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const M40Row row = rows[r];
+    const int first = window > 0 ? max(0, row.pos + 1 - window) : 0;
+    const int per_split = (row.pos + 1 - first + n_splits - 1) / n_splits;
+    const int begin = first + split * per_split;
+    const int end = min(row.pos + 1, begin + per_split);
+
+    const int kv_head = head / (n_head / n_head_kv);
+    const int k_width = n_head_kv * head_dim_k, v_width = n_head_kv * head_dim_v;
+    const __half *keys = m40_cache_head(row.keys, layer, row.n_ctx, k_width, kv_head, head_dim_k);
+    const __half *values = m40_cache_head(row.values, layer, row.n_ctx, v_width, kv_head, head_dim_v);
+
+    __shared__ __align__(16) float query[MAX_D];
+    const float *qh = q + (size_t(r) * n_head + head) * head_dim_k;
+    for (int d = threadIdx.x; d < head_dim_k; d += blockDim.x) query[d] = qh[d] * scale;
+    __syncthreads();
+
+    float acc[2 * LANE_PAIRS];
+#pragma unroll
+    for (int j = 0; j < 2 * LANE_PAIRS; j++) acc[j] = 0.0f;
+    float run_max = -INFINITY, run_sum = 0.0f;
+    for (int t = begin + 32 * warp; t < end; t += 32 * M40_ATTN_WARPS) {
+        const bool valid = t + lane < end;
+        float s = -INFINITY;
+        if (valid) {
+            const uint4 *key = reinterpret_cast<const uint4 *>(keys + size_t(t + lane) * k_width);
+            uint4 pieces[CHUNKS];
+#pragma unroll
+            for (int i = 0; i < CHUNKS; i++)
+                if (8 * i < head_dim_k) pieces[i] = key[i];
+            float dot = 0.0f;
+#pragma unroll
+            for (int i = 0; i < CHUNKS; i++) {
+                if (8 * i >= head_dim_k) break;
+                const float4 qa = *reinterpret_cast<const float4 *>(&query[8 * i]);
+                const float4 qb = *reinterpret_cast<const float4 *>(&query[8 * i + 4]);
+                const float2 k0 = m40_half2_bits(pieces[i].x), k1 = m40_half2_bits(pieces[i].y);
+                const float2 k2 = m40_half2_bits(pieces[i].z), k3 = m40_half2_bits(pieces[i].w);
+                dot = fmaf(qa.x, k0.x, fmaf(qa.y, k0.y, fmaf(qa.z, k1.x, fmaf(qa.w, k1.y, dot))));
+                dot = fmaf(qb.x, k2.x, fmaf(qb.y, k2.y, fmaf(qb.z, k3.x, fmaf(qb.w, k3.y, dot))));
+            }
+            s = dot;
+        }
+        // Lane 0's position is always valid: new_max is finite.
+        const float new_max = fmaxf(run_max, m40_warp_max(s));
+        const float correction = expf(run_max - new_max);
+        const float weight = valid ? expf(s - new_max) : 0.0f;
+        run_sum = run_sum * correction + m40_warp_sum(weight);
+#pragma unroll
+        for (int j = 0; j < 2 * LANE_PAIRS; j++) acc[j] *= correction;
+        const int n = min(32, end - t);
+#pragma unroll 8
+        for (int c = 0; c < n; c++) {
+            const float w = __shfl_sync(0xffffffffu, weight, c);
+            const uint32_t *value = reinterpret_cast<const uint32_t *>(values + size_t(t + c) * v_width);
+#pragma unroll
+            for (int j = 0; j < LANE_PAIRS; j++) {
+                const int pair = lane + 32 * j;
+                if (2 * pair < head_dim_v) {
+                    const float2 v = m40_half2_bits(value[pair]);
+                    acc[2 * j] = fmaf(w, v.x, acc[2 * j]);
+                    acc[2 * j + 1] = fmaf(w, v.y, acc[2 * j + 1]);
+                }
+            }
+        }
+        run_max = new_max;
+    }
+
+    // Combine the warps' states (a warp that saw no position has max −∞).
+    __shared__ Partial states[M40_ATTN_WARPS];
+    __shared__ float accs[M40_ATTN_WARPS][MAX_D];
+    if (lane == 0) states[warp] = {run_max, run_sum};
+#pragma unroll
+    for (int j = 0; j < LANE_PAIRS; j++) {
+        const int d = 2 * (lane + 32 * j);
+        if (d < head_dim_v) accs[warp][d] = acc[2 * j], accs[warp][d + 1] = acc[2 * j + 1];
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    float block_max = -INFINITY;
+    for (int w = 0; w < M40_ATTN_WARPS; w++) block_max = fmaxf(block_max, states[w].max);
+    float block_sum = 0.0f, factor[M40_ATTN_WARPS];
+    for (int w = 0; w < M40_ATTN_WARPS; w++) {
+        factor[w] = states[w].sum > 0.0f ? expf(states[w].max - block_max) : 0.0f;
+        block_sum += states[w].sum * factor[w];
+    }
+    const size_t row_head = size_t(r) * n_head + head;
+    float *o = n_splits == 1 ? out + row_head * head_dim_v : partial + (row_head * n_splits + split) * (head_dim_v + 2);
+    if (n_splits > 1 && lane == 0) o[0] = block_max, o[1] = block_sum;
+    for (int d = lane; d < head_dim_v; d += 32) {
+        float a = 0.0f;
+        for (int w = 0; w < M40_ATTN_WARPS; w++) a += accs[w][d] * factor[w];
+        if (n_splits == 1)
+            o[d] = a / block_sum;
+        else
+            o[2 + d] = a;
+    }
+}
+
 // Attention of n_rows rows. With prompt_chunk the rows are one sequence at
-// consecutive positions and go to the tiled kernel (head sizes a multiple of
-// 8); otherwise every (row, head, range) gets its own block. partial: n_rows
-// × n_head × n_splits × (head_dim_v + 2) floats of scratch (the tiled kernel
-// with one range writes out directly).
+// consecutive positions and go to the tiled kernel; other rows to the
+// lane-per-position kernel; both need head sizes of a multiple of 8, and
+// other sizes take attention_partial_kernel (a warp per position). partial:
+// n_rows × n_head × n_splits × (head_dim_v + 2) floats of scratch (the tiled
+// and lane-per-position kernels with one range write out directly).
 M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *rows, int layer, int n_head,
                                      int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
                                      int prompt_chunk, int n_splits, float *partial, float *out,
                                      cudaStream_t stream) {
     const int dim = max(head_dim_k, head_dim_v);
+    const bool multiple_of_8 = head_dim_k % 8 == 0 && head_dim_v % 8 == 0;
     if (dim > 32 * M40_ATTN_MAX_PER_LANE || n_splits < 1 || n_head_kv < 1 || n_head % n_head_kv != 0 ||
-        n_head > 65535 || n_splits > 65535 || (prompt_chunk && (head_dim_k % 8 != 0 || head_dim_v % 8 != 0)))
+        n_head > 65535 || n_splits > 65535 || (prompt_chunk && !multiple_of_8))
         return cudaErrorInvalidValue;
     if (n_rows < 1) return cudaSuccess;
-    const auto tiled = [&](auto tile) {
-        constexpr int MAX_D = decltype(tile)::value;
-        using T = PrefillTile<MAX_D>;
-        const dim3 grid((n_rows + T::TILE_ROWS - 1) / T::TILE_ROWS, n_head, n_splits);
-        attention_prefill_kernel<MAX_D><<<grid, 32 * T::WARPS, 0, stream>>>(
-            q, n_rows, rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial, out);
+    const auto by_head_size = [&](auto launch) {
+        if (dim <= 64)
+            launch(std::integral_constant<int, 64>{});
+        else if (dim <= 128)
+            launch(std::integral_constant<int, 128>{});
+        else
+            launch(std::integral_constant<int, 256>{});
     };
-    if (!prompt_chunk)
+    if (prompt_chunk) {
+        by_head_size([&](auto tile) {
+            constexpr int MAX_D = decltype(tile)::value;
+            using T = PrefillTile<MAX_D>;
+            const dim3 grid((n_rows + T::TILE_ROWS - 1) / T::TILE_ROWS, n_head, n_splits);
+            attention_prefill_kernel<MAX_D><<<grid, 32 * T::WARPS, 0, stream>>>(
+                q, n_rows, rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial,
+                out);
+        });
+    } else if (multiple_of_8) {
+        by_head_size([&](auto size) {
+            attention_decode_kernel<decltype(size)::value>
+                <<<dim3(n_rows, n_head, n_splits), 32 * M40_ATTN_WARPS, 0, stream>>>(
+                    q, rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial, out);
+        });
+    } else {
         attention_partial_kernel<<<dim3(n_rows, n_head, n_splits), 32 * M40_ATTN_WARPS, 0, stream>>>(
             q, rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial);
-    else if (dim <= 64)
-        tiled(std::integral_constant<int, 64>{});
-    else if (dim <= 128)
-        tiled(std::integral_constant<int, 128>{});
-    else
-        tiled(std::integral_constant<int, 256>{});
+    }
     cudaError_t status = m40_launch_status();
-    if (status != cudaSuccess || (prompt_chunk && n_splits == 1)) return status;
+    if (status != cudaSuccess || (multiple_of_8 && n_splits == 1)) return status;
     attention_combine_kernel<<<dim3(n_rows, n_head), 128, 0, stream>>>(partial, n_head, head_dim_v, n_splits, out);
     return m40_launch_status();
 }

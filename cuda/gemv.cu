@@ -9,6 +9,9 @@
 //   - weights are decoded in registers with integer tricks instead of int →
 //     float conversions (a quarter-rate instruction on sm_80+): a small
 //     integer q placed in the mantissa of 2^23 is the float 2^23 + q;
+//   - weights, read once per step, go through L2 only (ld.global.cg), so
+//     that their stream does not evict from L1 the activations every warp
+//     reads again and again;
 //   - activations come through the read-only cache (optionally
 //     RMS-normalized on the way: the norm that precedes a projection), and
 //     every value loaded serves all R rows.
@@ -111,7 +114,7 @@ template <> struct Gemv<M40_F32> {
     __device__ static int pos(int, int g) { return 4 * g; }
     __device__ static void unit(const uint8_t *b, int, float *v, float *sc, float *) {
         const float4 *p = reinterpret_cast<const float4 *>(b);
-        const float4 a = p[0], c = p[1];
+        const float4 a = __ldcg(p), c = __ldcg(p + 1);
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = c.x, v[5] = c.y, v[6] = c.z, v[7] = c.w;
         sc[0] = sc[1] = 1.0f;
     }
@@ -125,7 +128,7 @@ template <float (*WIDEN)(uint32_t)> struct GemvHalf {
     static constexpr bool DIRECT = true;
     __device__ static int pos(int, int g) { return 4 * g; }
     __device__ static void unit(const uint8_t *b, int, float *v, float *sc, float *) {
-        m40_words8(*reinterpret_cast<const uint4 *>(b), v, WIDEN);
+        m40_words8(__ldcg(reinterpret_cast<const uint4 *>(b)), v, WIDEN);
         sc[0] = sc[1] = 1.0f;
     }
 };
@@ -314,17 +317,55 @@ __device__ void m40_gemv_inverse_rms(const M40Gemv &p, int n_x, float *inv_rms) 
     __syncthreads();
 }
 
+// The rows of one warp's row group: matrix, row and weights of each (rows
+// past the end read row 0 and are not written).
+template <int R> struct M40RowGroup {
+    const uint8_t *w[R];
+    int mat[R], row[R];
+    bool valid[R];
+};
+
+template <int R>
+__device__ __forceinline__ void m40_row_group(const M40Gemv &p, bool glu, int group, size_t row_bytes,
+                                              M40RowGroup<R> &g) {
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        if (glu) {
+            g.mat[j] = j / (R / 2);
+            g.row[j] = group * (R / 2) + j % (R / 2);
+            g.valid[j] = g.row[j] < p.m[0].rows;
+        } else {
+            int s = group * R + j, m = 0;
+            while (m + 1 < p.n_matrices && s >= m40_matrix(p, m).rows) s -= m40_matrix(p, m++).rows;
+            g.mat[j] = m;
+            g.row[j] = s;
+            g.valid[j] = s < m40_matrix(p, m).rows;
+        }
+        if (!g.valid[j]) g.row[j] = 0;
+        g.w[j] = m40_matrix(p, g.mat[j]).w + g.row[j] * row_bytes;
+    }
+}
+
+// Blocks per staged chunk: about CHUNK_ROW_BYTES of each row, in whole
+// rounds of the warp's 32 lanes (each lane takes one unit per round).
+template <class G, int CHUNK_ROW_BYTES> __host__ __device__ constexpr int m40_chunk_blocks() {
+    constexpr int round = G::UNITS >= 32 ? 1 : 32 / G::UNITS;
+    constexpr int blocks = CHUNK_ROW_BYTES / G::BYTES / round * round;
+    return blocks < round ? round : blocks;
+}
+
 // NX: activation rows the kernel is built for: 1 (one session's decode,
 // straight-line code) or M40_GEMV_MAX_X (any n_x up to it). NORM: x is
 // RMS-normalized on the fly (x · norm weights as it is loaded, each dot
-// product times 1/rms at the end).
+// product times 1/rms at the end). CHUNK_ROW_BYTES: bytes of each row staged
+// per chunk (formats read through shared memory).
 //
 // Activations are read through the read-only cache rather than staged per
 // block: every block of an SM shares that copy, where staging would read x
 // from L2 once per block (as many bytes as the weights of a small matrix).
 // Blocks loop over warp-sized row groups, so the norm's prologue runs once
 // per block.
-template <class G, int R, int NX, bool NORM>
+template <class G, int R, int NX, bool NORM, int CHUNK_ROW_BYTES>
 __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int cols = p.cols, n_x = NX == 1 ? 1 : p.n_x;
@@ -332,104 +373,116 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
     const int rows_per_warp = glu ? R / 2 : R;
     int total_rows = p.m[0].rows;
     if (!glu) total_rows += p.m[1].rows + p.m[2].rows;
-    const int n_warps = (total_rows + rows_per_warp - 1) / rows_per_warp;
+    const int n_groups = (total_rows + rows_per_warp - 1) / rows_per_warp;
+    const int group_stride = gridDim.x * M40_GEMV_WARPS;
 
     __shared__ float inv_rms[M40_GEMV_MAX_X];
     if (NORM) m40_gemv_inverse_rms(p, n_x, inv_rms);
 
     const int n_blocks = cols / G::VALUES;
     const size_t row_bytes = size_t(n_blocks) * G::BYTES;
-    // A chunk is the blocks whose units the warp's lanes take in one round.
-    constexpr int CHUNK_BLOCKS = 32 * (G::UNIT == 8 ? 4 : 2) / G::UNITS;
-    constexpr int CHUNK_VECTORS = (CHUNK_BLOCKS * G::BYTES + 15) / 16 + 1;
-    constexpr int CHUNK_VECTORS_PER_LANE = (CHUNK_VECTORS + 31) / 32;
-    __shared__ uint4 staged[M40_GEMV_WARPS][R][G::DIRECT ? 1 : CHUNK_VECTORS];
-    for (int warp_id = blockIdx.x * M40_GEMV_WARPS + warp; warp_id < n_warps;
-         warp_id += gridDim.x * M40_GEMV_WARPS) {
-        // This warp's R rows: matrix and row of each (rows past the end read
-        // row 0 and are not written).
-        int mat[R], row[R];
-        bool valid[R];
-        const uint8_t *w[R];
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            if (glu) {
-                mat[j] = j / (R / 2);
-                row[j] = warp_id * (R / 2) + j % (R / 2);
-                valid[j] = row[j] < p.m[0].rows;
-            } else {
-                int s = warp_id * R + j, m = 0;
-                while (m + 1 < p.n_matrices && s >= m40_matrix(p, m).rows) s -= m40_matrix(p, m++).rows;
-                mat[j] = m;
-                row[j] = s;
-                valid[j] = s < m40_matrix(p, m).rows;
-            }
-            if (!valid[j]) row[j] = 0;
-            w[j] = m40_matrix(p, mat[j]).w + row[j] * row_bytes;
-        }
 
-        float acc[R][NX];
+    float acc[R][NX];
+    const auto clear = [&] {
 #pragma unroll
         for (int j = 0; j < R; j++)
 #pragma unroll
             for (int t = 0; t < NX; t++) acc[j][t] = 0.0f;
+    };
 
-        // Unit `u` of block `block` (of the row) for every row, its weights
-        // read from `blocks[j]` (global memory or the staged chunk), times the
-        // activations: loads first, then math.
-        const auto step = [&](const uint8_t *const *blocks, int block, int u) {
-            constexpr int GROUPS = G::UNIT / 4;
-            float v[R][G::UNIT], sc[R][GROUPS], of[R][GROUPS];
+    // Unit `u` of block `block` (of the row) for every row, its weights
+    // read from `blocks[j]` (global memory or the staged chunk), times the
+    // activations: loads first, then math.
+    const auto step = [&](const uint8_t *const *blocks, int block, int u) {
+        constexpr int GROUPS = G::UNIT / 4;
+        float v[R][G::UNIT], sc[R][GROUPS], of[R][GROUPS];
 #pragma unroll
-            for (int j = 0; j < R; j++) G::unit(blocks[j], u, v[j], sc[j], of[j]);
-            const float *xb = p.x + size_t(block) * G::VALUES;
-            float4 nw[GROUPS];
-            if (NORM) {
+        for (int j = 0; j < R; j++) G::unit(blocks[j], u, v[j], sc[j], of[j]);
+        const float *xb = p.x + size_t(block) * G::VALUES;
+        float4 nw[GROUPS];
+        if (NORM) {
 #pragma unroll
-                for (int g = 0; g < GROUPS; g++)
-                    nw[g] = __ldg(reinterpret_cast<const float4 *>(p.norm + size_t(block) * G::VALUES + G::pos(u, g)));
+            for (int g = 0; g < GROUPS; g++)
+                nw[g] = __ldg(reinterpret_cast<const float4 *>(p.norm + size_t(block) * G::VALUES + G::pos(u, g)));
+        }
+#pragma unroll
+        for (int t = 0; t < NX; t++) {
+            if (NX > 1 && t >= n_x) break;
+            float xv[G::UNIT];
+#pragma unroll
+            for (int g = 0; g < GROUPS; g++) {
+                float4 a = __ldg(reinterpret_cast<const float4 *>(xb + size_t(t) * cols + G::pos(u, g)));
+                if (NORM) a = make_float4(a.x * nw[g].x, a.y * nw[g].y, a.z * nw[g].z, a.w * nw[g].w);
+                xv[4 * g] = a.x, xv[4 * g + 1] = a.y, xv[4 * g + 2] = a.z, xv[4 * g + 3] = a.w;
             }
 #pragma unroll
-            for (int t = 0; t < NX; t++) {
-                if (NX > 1 && t >= n_x) break;
-                float xv[G::UNIT];
+            for (int j = 0; j < R; j++) {
+                float s = 0.0f;
+                constexpr int RUNS = G::SCALES > 0 ? G::SCALES : 1, RUN = GROUPS / RUNS;
 #pragma unroll
-                for (int g = 0; g < GROUPS; g++) {
-                    float4 a = __ldg(reinterpret_cast<const float4 *>(xb + size_t(t) * cols + G::pos(u, g)));
-                    if (NORM) a = make_float4(a.x * nw[g].x, a.y * nw[g].y, a.z * nw[g].z, a.w * nw[g].w);
-                    xv[4 * g] = a.x, xv[4 * g + 1] = a.y, xv[4 * g + 2] = a.z, xv[4 * g + 3] = a.w;
+                for (int k = 0; k < RUNS; k++) {
+                    float dot = 0.0f, sum = 0.0f;
+#pragma unroll
+                    for (int g = k * RUN; g < (k + 1) * RUN; g++) {
+                        const float *vg = v[j] + 4 * g, *xg = xv + 4 * g;
+                        dot = fmaf(vg[0], xg[0], fmaf(vg[1], xg[1], fmaf(vg[2], xg[2], fmaf(vg[3], xg[3], dot))));
+                        if (G::OFFSET) sum += xg[0] + xg[1] + xg[2] + xg[3];
+                    }
+                    s = G::SCALES > 0 ? fmaf(dot, sc[j][k * RUN], s) : s + dot;
+                    if (G::OFFSET) s = fmaf(sum, of[j][k * RUN], s);
                 }
+                acc[j][t] += s;
+            }
+        }
+    };
+
+    // The row group's sums, reduced across the warp, through the epilogue;
+    // lane t writes activation row t's results.
+    const auto finish = [&](const M40RowGroup<R> &g) {
+#pragma unroll
+        for (int j = 0; j < R; j++)
+#pragma unroll
+            for (int t = 0; t < NX; t++)
+                if (t < n_x) acc[j][t] = m40_warp_sum(acc[j][t]) * (NORM ? inv_rms[t] : 1.0f);
+#pragma unroll
+        for (int t = 0; t < NX; t++) {
+            if (t >= n_x || lane != t) continue;
+            if (glu) {
+#pragma unroll
+                for (int j = 0; j < R / 2; j++) {
+                    if (!g.valid[j]) continue;
+                    const M40GemvMatrix &gm = p.m[0], &um = p.m[1];
+                    const float gate = acc[j][t] + (gm.bias ? gm.bias[g.row[j]] : 0.0f);
+                    const float up = acc[j + R / 2][t] + (um.bias ? um.bias[g.row[j]] : 0.0f);
+                    gm.y[size_t(t) * gm.rows + g.row[j]] = m40_activation(p.epilogue == M40_GEMV_GLU_GELU, gate) * up;
+                }
+            } else {
 #pragma unroll
                 for (int j = 0; j < R; j++) {
-                    float s = 0.0f;
-                    constexpr int RUNS = G::SCALES > 0 ? G::SCALES : 1, RUN = GROUPS / RUNS;
-#pragma unroll
-                    for (int k = 0; k < RUNS; k++) {
-                        float dot = 0.0f, sum = 0.0f;
-#pragma unroll
-                        for (int g = k * RUN; g < (k + 1) * RUN; g++) {
-                            const float *vg = v[j] + 4 * g, *xg = xv + 4 * g;
-                            dot = fmaf(vg[0], xg[0], fmaf(vg[1], xg[1], fmaf(vg[2], xg[2], fmaf(vg[3], xg[3], dot))));
-                            if (G::OFFSET) sum += xg[0] + xg[1] + xg[2] + xg[3];
-                        }
-                        s = G::SCALES > 0 ? fmaf(dot, sc[j][k * RUN], s) : s + dot;
-                        if (G::OFFSET) s = fmaf(sum, of[j][k * RUN], s);
-                    }
-                    acc[j][t] += s;
+                    if (!g.valid[j]) continue;
+                    const M40GemvMatrix &m = m40_matrix(p, g.mat[j]);
+                    const float value = acc[j][t] + (m.bias ? m.bias[g.row[j]] : 0.0f);
+                    float *out = m.y + size_t(t) * m.rows + g.row[j];
+                    *out = p.epilogue == M40_GEMV_ACCUMULATE ? *out + value : value;
                 }
             }
-        };
+        }
+    };
 
+    if constexpr (G::DIRECT) {
         // Several units per lane per round: without branches between them
         // the compiler issues all their loads before the first use.
-        constexpr int UNROLL = G::UNIT == 8 ? 4 : 2;
+        constexpr int UNROLL = 4;
         const int units = n_blocks * G::UNITS;
-        if constexpr (G::DIRECT) {
+        for (int group = blockIdx.x * M40_GEMV_WARPS + warp; group < n_groups; group += group_stride) {
+            M40RowGroup<R> g;
+            m40_row_group(p, glu, group, row_bytes, g);
+            clear();
             const auto direct = [&](int i) {
                 const int block = i / G::UNITS;
                 const uint8_t *blocks[R];
 #pragma unroll
-                for (int j = 0; j < R; j++) blocks[j] = w[j] + size_t(block) * G::BYTES;
+                for (int j = 0; j < R; j++) blocks[j] = g.w[j] + size_t(block) * G::BYTES;
                 step(blocks, block, i % G::UNITS);
             };
             int i = lane;
@@ -438,86 +491,92 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
                 for (int k = 0; k < UNROLL; k++) direct(i + 32 * k);
             }
             for (; i < units; i += 32) direct(i);
-        } else {
-            // The rows' bytes go through shared memory a chunk of CHUNK_BLOCKS
-            // blocks at a time, read with 16-byte loads (the blocks of these
-            // formats are only 2- or 4-byte aligned, and loads that narrow
-            // cannot keep enough bytes in flight); the next chunk's loads
-            // are issued before this chunk's math.
-            uint4 next[R][CHUNK_VECTORS_PER_LANE];
-            const auto fetch = [&](int chunk) {
-#pragma unroll
-                for (int j = 0; j < R; j++) {
-                    const uint8_t *start = w[j] + size_t(chunk) * CHUNK_BLOCKS * G::BYTES;
-                    const uint4 *aligned = reinterpret_cast<const uint4 *>(uintptr_t(start) & ~uintptr_t(15));
-                    const int blocks = min(CHUNK_BLOCKS, n_blocks - chunk * CHUNK_BLOCKS);
-                    const int vectors = int((start + blocks * G::BYTES - reinterpret_cast<const uint8_t *>(aligned) + 15) / 16);
-#pragma unroll
-                    for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++) {
-                        const int index = lane + 32 * k;
-                        if (index < vectors) next[j][k] = __ldg(aligned + index);
-                    }
-                }
-            };
-            const int n_chunks = (n_blocks + CHUNK_BLOCKS - 1) / CHUNK_BLOCKS;
-            fetch(0);
-            for (int chunk = 0; chunk < n_chunks; chunk++) {
-                __syncwarp();
-#pragma unroll
-                for (int j = 0; j < R; j++)
-#pragma unroll
-                    for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++)
-                        if (lane + 32 * k < CHUNK_VECTORS) staged[warp][j][lane + 32 * k] = next[j][k];
-                __syncwarp();
-                if (chunk + 1 < n_chunks) fetch(chunk + 1);
-                const int first_block = chunk * CHUNK_BLOCKS;
-                const int chunk_units = min(CHUNK_BLOCKS, n_blocks - first_block) * G::UNITS;
-                const auto from_stage = [&](int i) {
-                    const int block = i / G::UNITS;
-                    const uint8_t *blocks[R];
-#pragma unroll
-                    for (int j = 0; j < R; j++) {
-                        const uint8_t *start = w[j] + size_t(first_block) * G::BYTES;
-                        blocks[j] = reinterpret_cast<const uint8_t *>(staged[warp][j]) + (uintptr_t(start) & 15) +
-                                    block * G::BYTES;
-                    }
-                    step(blocks, first_block + block, i % G::UNITS);
-                };
-#pragma unroll
-                for (int k = 0; k < UNROLL; k++)
-                    if (lane + 32 * k < chunk_units) from_stage(lane + 32 * k);
-            }
+            finish(g);
         }
+    } else {
+        // The rows' bytes go through shared memory a chunk of CHUNK_BLOCKS
+        // blocks at a time, read with 16-byte loads (the blocks of these
+        // formats are only 2- or 4-byte aligned, and loads that narrow
+        // cannot keep enough bytes in flight). The warp's work is one
+        // sequence of (row group, chunk) items, and the next item's loads
+        // are issued before this item's math, across row groups too: the
+        // loads never stop while the warp has rows left.
+        constexpr int CHUNK_BLOCKS = m40_chunk_blocks<G, CHUNK_ROW_BYTES>();
+        constexpr int CHUNK_VECTORS = (CHUNK_BLOCKS * G::BYTES + 15) / 16 + 1;
+        constexpr int CHUNK_VECTORS_PER_LANE = (CHUNK_VECTORS + 31) / 32;
+        constexpr int ROUNDS = CHUNK_BLOCKS * G::UNITS / 32;
+        __shared__ uint4 staged[M40_GEMV_WARPS][R][CHUNK_VECTORS];
+        const int n_chunks = (n_blocks + CHUNK_BLOCKS - 1) / CHUNK_BLOCKS;
 
+        uint4 next[R][CHUNK_VECTORS_PER_LANE];
+        const auto fetch = [&](const M40RowGroup<R> &g, int chunk) {
 #pragma unroll
-        for (int j = 0; j < R; j++)
+            for (int j = 0; j < R; j++) {
+                const uint8_t *start = g.w[j] + size_t(chunk) * CHUNK_BLOCKS * G::BYTES;
+                const uint4 *aligned = reinterpret_cast<const uint4 *>(uintptr_t(start) & ~uintptr_t(15));
+                const int blocks = min(CHUNK_BLOCKS, n_blocks - chunk * CHUNK_BLOCKS);
+                const int vectors = int((start + blocks * G::BYTES - reinterpret_cast<const uint8_t *>(aligned) + 15) / 16);
 #pragma unroll
-            for (int t = 0; t < NX; t++)
-                if (t < n_x) acc[j][t] = m40_warp_sum(acc[j][t]) * (NORM ? inv_rms[t] : 1.0f);
-
-        // Lane t writes activation row t's results.
-#pragma unroll
-        for (int t = 0; t < NX; t++) {
-            if (t >= n_x || lane != t) continue;
-            if (glu) {
-#pragma unroll
-                for (int j = 0; j < R / 2; j++) {
-                    if (!valid[j]) continue;
-                    const M40GemvMatrix &gm = p.m[0], &um = p.m[1];
-                    const float g = acc[j][t] + (gm.bias ? gm.bias[row[j]] : 0.0f);
-                    const float up = acc[j + R / 2][t] + (um.bias ? um.bias[row[j]] : 0.0f);
-                    gm.y[size_t(t) * gm.rows + row[j]] = m40_activation(p.epilogue == M40_GEMV_GLU_GELU, g) * up;
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < R; j++) {
-                    if (!valid[j]) continue;
-                    const M40GemvMatrix &m = m40_matrix(p, mat[j]);
-                    const float value = acc[j][t] + (m.bias ? m.bias[row[j]] : 0.0f);
-                    float *out = m.y + size_t(t) * m.rows + row[j];
-                    *out = p.epilogue == M40_GEMV_ACCUMULATE ? *out + value : value;
+                for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++) {
+                    const int index = lane + 32 * k;
+                    if (index < vectors) next[j][k] = __ldcg(aligned + index);
                 }
             }
+        };
+
+        int group = blockIdx.x * M40_GEMV_WARPS + warp, chunk = 0;
+        if (group >= n_groups) return;
+        M40RowGroup<R> g, fetched;
+        m40_row_group(p, glu, group, row_bytes, g);
+        fetch(g, 0);
+        clear();
+        for (;;) {
+            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < R; j++)
+#pragma unroll
+                for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++)
+                    if (lane + 32 * k < CHUNK_VECTORS) staged[warp][j][lane + 32 * k] = next[j][k];
+            __syncwarp();
+            // The next item: this group's next chunk, or the next group's first.
+            const bool last_chunk = chunk + 1 == n_chunks;
+            const int next_group = last_chunk ? group + group_stride : group;
+            if (next_group < n_groups) {
+                if (last_chunk) {
+                    m40_row_group(p, glu, next_group, row_bytes, fetched);
+                    fetch(fetched, 0);
+                } else {
+                    fetch(g, chunk + 1);
+                }
+            }
+            const int first_block = chunk * CHUNK_BLOCKS;
+            const int chunk_units = min(CHUNK_BLOCKS, n_blocks - first_block) * G::UNITS;
+            const uint8_t *stage_base[R];
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                const uint8_t *start = g.w[j] + size_t(first_block) * G::BYTES;
+                stage_base[j] = reinterpret_cast<const uint8_t *>(staged[warp][j]) + (uintptr_t(start) & 15);
+            }
+#pragma unroll 2
+            for (int k = 0; k < ROUNDS; k++) {
+                const int i = lane + 32 * k;
+                if (i >= chunk_units) break;
+                const int block = i / G::UNITS;
+                const uint8_t *blocks[R];
+#pragma unroll
+                for (int j = 0; j < R; j++) blocks[j] = stage_base[j] + block * G::BYTES;
+                step(blocks, first_block + block, i % G::UNITS);
+            }
+            if (!last_chunk) {
+                chunk++;
+                continue;
+            }
+            finish(g);
+            if (next_group >= n_groups) break;
+            clear();
+            g = fetched;
+            group = next_group;
+            chunk = 0;
         }
     }
 }
@@ -525,10 +584,11 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
 // Enough blocks to fill every SM as far as the kernel's occupancy allows
 // (the blocks loop over the rest). The occupancy is computed once per kernel,
 // for the device of its first launch; another device only changes the grid.
-template <class G, int R, int NX, bool NORM> static void m40_gemv_launch(const M40Gemv &p, cudaStream_t stream) {
+template <class G, int R, int NX, bool NORM, int CHUNK>
+static void m40_gemv_launch(const M40Gemv &p, cudaStream_t stream) {
     static const int blocks_per_sm = [] {
         int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<G, R, NX, NORM>, 32 * M40_GEMV_WARPS, 0) !=
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<G, R, NX, NORM, CHUNK>, 32 * M40_GEMV_WARPS, 0) !=
                 cudaSuccess ||
             n < 1) {
             cudaGetLastError();  // a failed query leaves no error for the launch to report
@@ -542,7 +602,7 @@ template <class G, int R, int NX, bool NORM> static void m40_gemv_launch(const M
     const size_t warps = size_t((total_rows + rows_per_warp - 1) / rows_per_warp);
     const size_t needed = (warps + M40_GEMV_WARPS - 1) / M40_GEMV_WARPS;
     const size_t resident = size_t(blocks_per_sm) * size_t(p.sm_count > 0 ? p.sm_count : 1);
-    gemv_kernel<G, R, NX, NORM><<<unsigned(needed < resident ? needed : resident), 32 * M40_GEMV_WARPS, 0, stream>>>(p);
+    gemv_kernel<G, R, NX, NORM, CHUNK><<<unsigned(needed < resident ? needed : resident), 32 * M40_GEMV_WARPS, 0, stream>>>(p);
 }
 
 // Weight rows per warp of the batched launches (8 activation rows of
@@ -552,6 +612,16 @@ template <class G, int R, int NX, bool NORM> static void m40_gemv_launch(const M
 // others need the registers more (Q4_K 469 vs 442, Q8_0 395 vs 339 at 4).
 constexpr int m40_batch_rows(int type) {
     return type == M40_Q4_0 || type == M40_Q4_1 || type == M40_Q5_0 || type == M40_Q5_1 ? 4 : 2;
+}
+
+// Bytes of each row a warp stages per chunk in the one-session kernel, by
+// format, as measured on the H100 (tg64, llama-7b; chunks of 576 / 1152 /
+// 2048 / 3072 bytes): Q4_0 208.6 / 220.1 / 209.2 / 209.1 tok/s, Q4_K 194.7
+// / 193.0 / 181.2 / 166.8, Q8_0 185.4 / 174.6 / 168.3 / 164.9. More bytes
+// in flight did not help: the kernel is bound by its work per weight, and
+// larger chunks cost registers.
+constexpr int m40_chunk_row_bytes(int type) {
+    return type == M40_Q4_0 || type == M40_Q4_1 || type == M40_Q5_0 || type == M40_Q5_1 ? 1152 : 576;
 }
 
 // rows_per_warp (2 or 4): weight rows per warp of the one-session kernel
@@ -573,12 +643,15 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
         using G = Gemv<FormatType<decltype(f)>::value>;
         const bool norm = p.norm != nullptr;
         constexpr int BATCH_R = m40_batch_rows(FormatType<decltype(f)>::value);
-        if (p.n_x > 1)
-            norm ? m40_gemv_launch<G, BATCH_R, M40_GEMV_MAX_X, true>(p, stream)
-                 : m40_gemv_launch<G, BATCH_R, M40_GEMV_MAX_X, false>(p, stream);
-        else if (rows_per_warp == 4)
-            norm ? m40_gemv_launch<G, 4, 1, true>(p, stream) : m40_gemv_launch<G, 4, 1, false>(p, stream);
+        if (p.n_x > 1) {
+            norm ? m40_gemv_launch<G, BATCH_R, M40_GEMV_MAX_X, true, 576>(p, stream)
+                 : m40_gemv_launch<G, BATCH_R, M40_GEMV_MAX_X, false, 576>(p, stream);
+            return;
+        }
+        constexpr int CHUNK = m40_chunk_row_bytes(FormatType<decltype(f)>::value);
+        if (rows_per_warp == 4)
+            norm ? m40_gemv_launch<G, 4, 1, true, CHUNK>(p, stream) : m40_gemv_launch<G, 4, 1, false, CHUNK>(p, stream);
         else
-            norm ? m40_gemv_launch<G, 2, 1, true>(p, stream) : m40_gemv_launch<G, 2, 1, false>(p, stream);
+            norm ? m40_gemv_launch<G, 2, 1, true, CHUNK>(p, stream) : m40_gemv_launch<G, 2, 1, false, CHUNK>(p, stream);
     });
 }

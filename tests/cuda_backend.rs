@@ -793,6 +793,18 @@ fn attention_matches_the_cpu_for_prefill_decode_gqa_windows_and_long_histories()
             decode_long.to_vec(),
         ),
         (
+            "decode at 60, GQA 8/2, d128 (one range, written directly)",
+            shape(8, 2, 128, None),
+            vec![61],
+            vec![SeqPos { seq: 0, pos: 60 }],
+        ),
+        (
+            "decode at 300, d36 (a warp per position)",
+            shape(4, 2, 36, None),
+            vec![301],
+            vec![SeqPos { seq: 0, pos: 300 }],
+        ),
+        (
             "batched rows of 3 sequences",
             shape(8, 2, 64, None),
             vec![40, 701, 1],

@@ -357,6 +357,12 @@ impl CudaBackend {
         Ok(*self.bandwidth.get_or_init(|| gbps))
     }
 
+    /// Marks the device work enqueued so far, for timelines of the device's
+    /// work that do not wait between operations (`benches/op_profile.rs`).
+    pub fn record_event(&self, event: &OwnedEvent) -> Result<()> {
+        event.record(&self.lock().stream)
+    }
+
     /// The cuBLAS library in use, if any.
     pub fn cublas_library(&self) -> Option<&'static str> {
         self.lock().cublas.as_ref().map(|c| c.library())
@@ -1117,21 +1123,25 @@ impl Backend for CudaBackend {
             .max()
             .unwrap_or(1);
         let sms = self.info.multiprocessors;
-        let tiled = is_prompt_chunk(rows)
-            && shape.head_dim_k.is_multiple_of(8)
-            && shape.head_dim_v.is_multiple_of(8);
+        // Heads of a multiple of 8 values take the tiled kernel (prompt
+        // chunks) or the lane-per-position kernel (other rows).
+        let multiple_of_8 =
+            shape.head_dim_k.is_multiple_of(8) && shape.head_dim_v.is_multiple_of(8);
+        let tiled = multiple_of_8 && is_prompt_chunk(rows);
         let n_splits = if tiled {
             let tile_rows = if shape.head_dim_k.max(shape.head_dim_v) > 128 {
                 16
             } else {
                 32
             };
-            tiled_attention_splits(rows.len().div_ceil(tile_rows) * shape.n_head, longest, sms)
+            block_attention_splits(rows.len().div_ceil(tile_rows) * shape.n_head, longest, sms)
+        } else if multiple_of_8 {
+            block_attention_splits(rows.len() * shape.n_head, longest, sms)
         } else {
             attention_splits(rows.len() * shape.n_head, longest, sms)
         };
-        // The tiled kernel over one range writes the output directly.
-        let partial_len = if tiled && n_splits == 1 {
+        // Those two kernels write the output directly over one range.
+        let partial_len = if multiple_of_8 && n_splits == 1 {
             0
         } else {
             rows.len() * shape.n_head * n_splits * (shape.head_dim_v + 2)
@@ -1412,12 +1422,18 @@ fn is_prompt_chunk(rows: &[SeqPos]) -> bool {
             .all(|p| p[1].seq == p[0].seq && p[1].pos == p[0].pos + 1)
 }
 
-/// Position ranges of the tiled prefill kernel: one per (tile, head) when
-/// those fill the GPU twice; else enough ranges to, each of at least 128
-/// positions (4 rounds of the kernel's 32).
-fn tiled_attention_splits(tile_heads: usize, longest: usize, multiprocessors: usize) -> usize {
+/// Position ranges of the tiled and lane-per-position kernels, given how
+/// many blocks one range takes (tiles or rows, times heads): one range when
+/// those blocks fill the GPU twice; else enough ranges to, each of at least
+/// 128 positions (4 rounds of the tiled kernel's 32 positions, one round of
+/// the 4 warps × 32 lanes of the other).
+fn block_attention_splits(
+    blocks_per_range: usize,
+    longest: usize,
+    multiprocessors: usize,
+) -> usize {
     const MIN_POSITIONS_PER_SPLIT: usize = 128;
-    let fill = (2 * multiprocessors).div_ceil(tile_heads.max(1));
+    let fill = (2 * multiprocessors).div_ceil(blocks_per_range.max(1));
     fill.min(longest.div_ceil(MIN_POSITIONS_PER_SPLIT)).max(1)
 }
 
