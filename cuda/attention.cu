@@ -25,6 +25,54 @@ __device__ __forceinline__ const __half *m40_cache_head(unsigned long long cache
     return reinterpret_cast<const __half *>(cache) + size_t(layer) * n_ctx * width + size_t(kv_head) * head_dim;
 }
 
+// What block (row r, head, split) of a decode-style launch attends to: its
+// range begin .. end of the positions the row sees, and its KV head's keys
+// and values (`k_width` / `v_width` halves per position).
+struct M40Range {
+    int begin, end, k_width, v_width;
+    const __half *keys, *values;
+};
+
+__device__ __forceinline__ M40Range m40_range(const M40Row &row, int layer, int head, int n_head, int n_head_kv,
+                                              int head_dim_k, int head_dim_v, int window, int n_splits, int split) {
+    M40Range g;
+    const int first = window > 0 ? max(0, row.pos + 1 - window) : 0;
+    const int per_split = (row.pos + 1 - first + n_splits - 1) / n_splits;
+    g.begin = first + split * per_split;
+    g.end = min(row.pos + 1, g.begin + per_split);
+    const int kv_head = head / (n_head / n_head_kv);
+    g.k_width = n_head_kv * head_dim_k;
+    g.v_width = n_head_kv * head_dim_v;
+    g.keys = m40_cache_head(row.keys, layer, row.n_ctx, g.k_width, kv_head, head_dim_k);
+    g.values = m40_cache_head(row.values, layer, row.n_ctx, g.v_width, kv_head, head_dim_v);
+    return g;
+}
+
+// Warp 0 of a block merges its warps' online-softmax states (states[w],
+// values accs[w * stride + d]; a warp that saw no position has max −∞ and
+// sum 0) into `o`: the normalized output (o[d]) when `normalize`, else a
+// partial [max, sum, acc[head_dim_v]] for the combine kernel.
+__device__ void m40_merge_warps(const Partial *states, const float *accs, int stride, int head_dim_v, bool normalize,
+                                float *o) {
+    const int lane = threadIdx.x % 32;
+    float block_max = -INFINITY;
+    for (int w = 0; w < M40_ATTN_WARPS; w++) block_max = fmaxf(block_max, states[w].max);
+    float block_sum = 0.0f, factor[M40_ATTN_WARPS];
+    for (int w = 0; w < M40_ATTN_WARPS; w++) {
+        factor[w] = states[w].sum > 0.0f ? expf(states[w].max - block_max) : 0.0f;
+        block_sum += states[w].sum * factor[w];
+    }
+    if (!normalize && lane == 0) o[0] = block_max, o[1] = block_sum;
+    for (int d = lane; d < head_dim_v; d += 32) {
+        float a = 0.0f;
+        for (int w = 0; w < M40_ATTN_WARPS; w++) a += accs[w * stride + d] * factor[w];
+        if (normalize)
+            o[d] = a / block_sum;
+        else
+            o[2 + d] = a;
+    }
+}
+
 // partial layout: per (row, head, split): [max, sum, acc[head_dim_v]].
 __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     attention_partial_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, int layer, int n_head,
@@ -33,17 +81,8 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     // Rows on x, whose limit (2^31 − 1) no batch reaches; heads and splits on y and z.
     const int r = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const M40Row row = rows[r];
-    const int first = window > 0 ? max(0, row.pos + 1 - window) : 0;
-    const int n_pos = row.pos + 1 - first;
-    const int per_split = (n_pos + n_splits - 1) / n_splits;
-    const int begin = first + split * per_split;
-    const int end = min(row.pos + 1, begin + per_split);
-
-    const int kv_head = head / (n_head / n_head_kv);
-    const int k_width = n_head_kv * head_dim_k, v_width = n_head_kv * head_dim_v;
-    const __half *keys = m40_cache_head(row.keys, layer, row.n_ctx, k_width, kv_head, head_dim_k);
-    const __half *values = m40_cache_head(row.values, layer, row.n_ctx, v_width, kv_head, head_dim_v);
+    const M40Range g =
+        m40_range(rows[r], layer, head, n_head, n_head_kv, head_dim_k, head_dim_v, window, n_splits, split);
 
     float qv[M40_ATTN_MAX_PER_LANE], acc[M40_ATTN_MAX_PER_LANE];
     const float *qh = q + (size_t(r) * n_head + head) * head_dim_k;
@@ -54,8 +93,8 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
         acc[j] = 0.0f;
     }
     float run_max = -INFINITY, run_sum = 0.0f;
-    for (int p = begin + warp; p < end; p += M40_ATTN_WARPS) {
-        const __half *key = keys + size_t(p) * k_width;
+    for (int p = g.begin + warp; p < g.end; p += M40_ATTN_WARPS) {
+        const __half *key = g.keys + size_t(p) * g.k_width;
         float s = 0.0f;
 #pragma unroll
         for (int j = 0; j < M40_ATTN_MAX_PER_LANE; j++) {
@@ -66,7 +105,7 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
         const float new_max = fmaxf(run_max, s);
         const float correction = expf(run_max - new_max), weight = expf(s - new_max);
         run_sum = run_sum * correction + weight;
-        const __half *value = values + size_t(p) * v_width;
+        const __half *value = g.values + size_t(p) * g.v_width;
 #pragma unroll
         for (int j = 0; j < M40_ATTN_MAX_PER_LANE; j++) {
             const int d = lane + 32 * j;
@@ -84,25 +123,8 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     for (int j = 0; j < M40_ATTN_MAX_PER_LANE; j++) accs[warp][lane + 32 * j] = acc[j];
     __syncthreads();
     if (warp != 0) return;
-    float block_max = -INFINITY;
-    for (int w = 0; w < M40_ATTN_WARPS; w++) block_max = fmaxf(block_max, states[w].max);
-    float *out = partial + ((size_t(r) * n_head + head) * n_splits + split) * (head_dim_v + 2);
-    float block_sum = 0.0f;
-    float factor[M40_ATTN_WARPS];
-    for (int w = 0; w < M40_ATTN_WARPS; w++) {
-        // A warp that saw no position has max −∞ and contributes nothing.
-        factor[w] = states[w].sum > 0.0f ? expf(states[w].max - block_max) : 0.0f;
-        block_sum += states[w].sum * factor[w];
-    }
-    if (lane == 0) {
-        out[0] = block_max;
-        out[1] = block_sum;
-    }
-    for (int d = lane; d < head_dim_v; d += 32) {
-        float a = 0.0f;
-        for (int w = 0; w < M40_ATTN_WARPS; w++) a += accs[w][d] * factor[w];
-        out[2 + d] = a;
-    }
+    m40_merge_warps(states, &accs[0][0], 32 * M40_ATTN_MAX_PER_LANE, head_dim_v, false,
+                    partial + ((size_t(r) * n_head + head) * n_splits + split) * (head_dim_v + 2));
 }
 
 __global__ void attention_combine_kernel(const float *__restrict__ partial, int n_head, int head_dim_v,
@@ -337,16 +359,8 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     constexpr int LANE_PAIRS = MAX_D / 64;  // value pairs per lane
     const int r = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const M40Row row = rows[r];
-    const int first = window > 0 ? max(0, row.pos + 1 - window) : 0;
-    const int per_split = (row.pos + 1 - first + n_splits - 1) / n_splits;
-    const int begin = first + split * per_split;
-    const int end = min(row.pos + 1, begin + per_split);
-
-    const int kv_head = head / (n_head / n_head_kv);
-    const int k_width = n_head_kv * head_dim_k, v_width = n_head_kv * head_dim_v;
-    const __half *keys = m40_cache_head(row.keys, layer, row.n_ctx, k_width, kv_head, head_dim_k);
-    const __half *values = m40_cache_head(row.values, layer, row.n_ctx, v_width, kv_head, head_dim_v);
+    const M40Range g =
+        m40_range(rows[r], layer, head, n_head, n_head_kv, head_dim_k, head_dim_v, window, n_splits, split);
 
     __shared__ __align__(16) float query[MAX_D];
     const float *qh = q + (size_t(r) * n_head + head) * head_dim_k;
@@ -357,11 +371,11 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
 #pragma unroll
     for (int j = 0; j < 2 * LANE_PAIRS; j++) acc[j] = 0.0f;
     float run_max = -INFINITY, run_sum = 0.0f;
-    for (int t = begin + 32 * warp; t < end; t += 32 * M40_ATTN_WARPS) {
-        const bool valid = t + lane < end;
+    for (int t = g.begin + 32 * warp; t < g.end; t += 32 * M40_ATTN_WARPS) {
+        const bool valid = t + lane < g.end;
         float s = -INFINITY;
         if (valid) {
-            const uint4 *key = reinterpret_cast<const uint4 *>(keys + size_t(t + lane) * k_width);
+            const uint4 *key = reinterpret_cast<const uint4 *>(g.keys + size_t(t + lane) * g.k_width);
             uint4 pieces[CHUNKS];
 #pragma unroll
             for (int i = 0; i < CHUNKS; i++)
@@ -386,11 +400,11 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
         run_sum = run_sum * correction + m40_warp_sum(weight);
 #pragma unroll
         for (int j = 0; j < 2 * LANE_PAIRS; j++) acc[j] *= correction;
-        const int n = min(32, end - t);
+        const int n = min(32, g.end - t);
 #pragma unroll 8
         for (int c = 0; c < n; c++) {
             const float w = __shfl_sync(0xffffffffu, weight, c);
-            const uint32_t *value = reinterpret_cast<const uint32_t *>(values + size_t(t + c) * v_width);
+            const uint32_t *value = reinterpret_cast<const uint32_t *>(g.values + size_t(t + c) * g.v_width);
 #pragma unroll
             for (int j = 0; j < LANE_PAIRS; j++) {
                 const int pair = lane + 32 * j;
@@ -415,24 +429,10 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     }
     __syncthreads();
     if (warp != 0) return;
-    float block_max = -INFINITY;
-    for (int w = 0; w < M40_ATTN_WARPS; w++) block_max = fmaxf(block_max, states[w].max);
-    float block_sum = 0.0f, factor[M40_ATTN_WARPS];
-    for (int w = 0; w < M40_ATTN_WARPS; w++) {
-        factor[w] = states[w].sum > 0.0f ? expf(states[w].max - block_max) : 0.0f;
-        block_sum += states[w].sum * factor[w];
-    }
     const size_t row_head = size_t(r) * n_head + head;
-    float *o = n_splits == 1 ? out + row_head * head_dim_v : partial + (row_head * n_splits + split) * (head_dim_v + 2);
-    if (n_splits > 1 && lane == 0) o[0] = block_max, o[1] = block_sum;
-    for (int d = lane; d < head_dim_v; d += 32) {
-        float a = 0.0f;
-        for (int w = 0; w < M40_ATTN_WARPS; w++) a += accs[w][d] * factor[w];
-        if (n_splits == 1)
-            o[d] = a / block_sum;
-        else
-            o[2 + d] = a;
-    }
+    m40_merge_warps(states, &accs[0][0], MAX_D, head_dim_v, n_splits == 1,
+                    n_splits == 1 ? out + row_head * head_dim_v
+                                  : partial + (row_head * n_splits + split) * (head_dim_v + 2));
 }
 
 // Attention of n_rows rows. With prompt_chunk the rows are one sequence at
