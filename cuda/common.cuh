@@ -4,7 +4,9 @@
 // Maxwell (sm_52) rules for all of cuda/: arithmetic in FP32 only; FP16 is a
 // storage format, converted with __half2float / __float2half_rn (plain
 // conversion instructions on every architecture); no dp4a, no half
-// arithmetic intrinsics, no tensor-core instructions.
+// arithmetic intrinsics, no tensor-core instructions. One exception, kept
+// off the M40's path: gemv.cu's integer path runs dp4a on sm_61 and newer,
+// and the host launches it only where the device runs that code.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -42,6 +44,29 @@ __device__ __forceinline__ float m40_warp_max(float v) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
     return v;
+}
+
+// Threads of the kernels that reduce over a whole row (norms, quantization).
+#define M40_NORM_THREADS 256
+
+// The sum of v over a block of M40_NORM_THREADS threads, returned to all.
+__device__ float m40_block_sum(float v) {
+    __shared__ float partial[M40_NORM_THREADS / 32];
+    v = m40_warp_sum(v);
+    __syncthreads();  // a previous call's readers are done with `partial`
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+    __syncthreads();
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < M40_NORM_THREADS / 32; w++) sum += partial[w];
+    return sum;
+}
+
+// 1 / rms of a group of values.
+__device__ float m40_inverse_rms(const float *g, int group, float eps) {
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < group; i += M40_NORM_THREADS) sum += g[i] * g[i];
+    return 1.0f / sqrtf(m40_block_sum(sum) / float(group) + eps);
 }
 
 // The gate activation of SwiGLU (SiLU) or GeGLU (tanh-GELU, written as

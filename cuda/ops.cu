@@ -3,28 +3,6 @@
 // store. Definitions follow src/backend/cpu/ops.rs.
 #include "ops.cuh"
 
-#define M40_NORM_THREADS 256
-
-// The sum of v over a block of M40_NORM_THREADS threads, returned to all.
-__device__ float m40_block_sum(float v) {
-    __shared__ float partial[M40_NORM_THREADS / 32];
-    v = m40_warp_sum(v);
-    __syncthreads();  // a previous call's readers are done with `partial`
-    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
-    __syncthreads();
-    float sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < M40_NORM_THREADS / 32; w++) sum += partial[w];
-    return sum;
-}
-
-// 1 / rms of a group of values.
-__device__ float m40_inverse_rms(const float *g, int group, float eps) {
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < group; i += M40_NORM_THREADS) sum += g[i] * g[i];
-    return 1.0f / sqrtf(m40_block_sum(sum) / float(group) + eps);
-}
-
 // Each of n_groups groups of `group` values: out ← x / rms(x) · w (out may be x).
 __global__ void __launch_bounds__(M40_NORM_THREADS)
     rms_norm_kernel(const float *x, const float *__restrict__ w, int group, float eps, float *out) {

@@ -7,7 +7,9 @@
 //!
 //! Bounds, as a fraction of the largest reference magnitude of each output:
 //! - matrix products, against f64 products of the CPU's bit-exact
-//!   dequantization, per output row: 2e-5 for the decode kernel (FP32),
+//!   dequantization, per output row: 2e-5 for the decode kernel (FP32);
+//!   on its integer path (8-bit activations, sm_61+), each output within
+//!   `dot_error_bound`, the rounding bound of the CPU's 8-bit activations;
 //!   2e-3 for prefill's cuBLAS products (on tensor cores, f16 operands from
 //!   Volta on and TF32 for F32 weights from Ampere on, both rounding the
 //!   inputs to 10-bit mantissas as llama.cpp's f16 products do; rows far
@@ -20,7 +22,8 @@
 //!   same steps composed of the backend's single operations: 1e-5;
 //! - whole forward passes, GPU logits against CPU logits: 1.5% of the logit
 //!   scale (the CPU quantizes activations to 8 bits for quantized weights, as
-//!   llama.cpp does; the GPU multiplies f32 activations), and the same top-1
+//!   llama.cpp does; the GPU does too on sm_61+, and multiplies f32
+//!   activations on the M40 and in the PTX build), and the same top-1
 //!   token wherever the CPU's top-2 margin exceeds 2% of the scale.
 #![cfg(feature = "cuda")]
 
@@ -40,6 +43,7 @@ use m40llm::error::ErrorKind;
 use m40llm::gguf::{GgufFile, ReadOptions};
 use m40llm::model::{LoadOptions, Model, Weight, Weights};
 use m40llm::quant::dequantize_row;
+use m40llm::quant::q8::dot_error_bound;
 use m40llm::sampling::argmax;
 use m40llm::session::{Session, SessionParams};
 
@@ -64,7 +68,17 @@ fn synth_script() -> PathBuf {
 
 /// A random-weight model of `arch` with all matrices of type `ty`.
 fn synth(arch: &str, ty: &str) -> PathBuf {
-    let path = common::scratch_path(&format!("cuda-{arch}-{ty}.gguf"));
+    synth_shaped(arch, ty, "tiny", N_VOCAB, None)
+}
+
+/// As `synth`, of a given preset, vocabulary and (when given) layer count.
+fn synth_shaped(arch: &str, ty: &str, preset: &str, n_vocab: u32, layers: Option<u32>) -> PathBuf {
+    let name = match layers {
+        Some(n) => format!("cuda-{arch}-{ty}-{preset}-{n_vocab}-{n}l.gguf"),
+        None if preset == "tiny" && n_vocab == N_VOCAB => format!("cuda-{arch}-{ty}.gguf"),
+        None => format!("cuda-{arch}-{ty}-{preset}-{n_vocab}.gguf"),
+    };
+    let path = common::scratch_path(&name);
     if path.exists() {
         return path;
     }
@@ -73,8 +87,14 @@ fn synth(arch: &str, ty: &str) -> PathBuf {
     let partial = path.with_extension(format!("{:?}.partial", std::thread::current().id()));
     let out = Command::new("python3")
         .arg(synth_script())
-        .args(["--arch", arch, "--preset", "tiny", "--type", ty])
-        .args(["--n-vocab", &N_VOCAB.to_string()])
+        .args(["--arch", arch, "--preset", preset, "--type", ty])
+        .args(["--n-vocab", &n_vocab.to_string()])
+        .args(
+            layers
+                .map(|n| ["--layers".to_string(), n.to_string()])
+                .into_iter()
+                .flatten(),
+        )
         .arg("--out")
         .arg(&partial)
         .output()
@@ -103,15 +123,19 @@ fn pair(arch: &str, ty: &str, use_cublas: bool) -> Pair {
         CudaOptions {
             use_cublas,
             gemv_rows_per_warp: None,
+            integer_products: true,
         },
     )
 }
 
 fn pair_with(arch: &str, ty: &str, options: CudaOptions) -> Pair {
-    let path = synth(arch, ty);
+    pair_of(arch, &synth(arch, ty), options)
+}
+
+fn pair_of(arch: &str, path: &Path, options: CudaOptions) -> Pair {
     let file = Arc::new(
         GgufFile::open(
-            &path,
+            path,
             ReadOptions {
                 use_mmap: true,
                 load_data: true,
@@ -184,57 +208,97 @@ fn dequantized(file: &GgufFile, w: &Weight) -> Vec<f32> {
     out
 }
 
+/// The decode kernel's paths a matrix product test takes: (cuBLAS, integer).
+const PRODUCT_PATHS: [(bool, bool); 3] = [(true, true), (false, true), (false, false)];
+
 #[test]
-fn matrix_products_match_f64_products_for_every_type_with_and_without_cublas() {
+fn matrix_products_match_f64_products_for_every_type_on_every_path() {
     if !have_gpu() {
         return;
     }
     let mut report = Vec::new();
     for ty in TYPES {
-        let (mut worst, mut worst_rounded) = (0f64, 0f64);
-        for use_cublas in [true, false] {
-            let p = pair("llama", ty, use_cublas);
-            let l = &p.weights.layers[0];
-            for w in [&l.ffn_up, &l.ffn_down, &p.weights.output] {
-                let dense = dequantized(&p.file, w);
-                for rows in [1usize, 3, 8, 9, 20, 40] {
-                    let mut x = random(rows * w.cols, (rows * 31 + w.rows) as u64);
-                    if rows >= 3 {
-                        // Rows past f16's range and far below 1: the
-                        // tensor-core path scales them into range and back.
-                        x[..w.cols].iter_mut().for_each(|v| *v *= 1e6);
-                        x[w.cols..2 * w.cols].iter_mut().for_each(|v| *v *= 1e-6);
-                    }
-                    let want: Vec<f32> = (0..rows)
-                        .flat_map(|r| {
-                            let xr = &x[r * w.cols..(r + 1) * w.cols];
-                            (0..w.rows)
-                                .map(|o| {
-                                    dense[o * w.cols..(o + 1) * w.cols]
-                                        .iter()
-                                        .zip(xr)
-                                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                                        .sum::<f64>() as f32
-                                })
-                                .collect::<Vec<_>>()
-                        })
-                        .collect();
+        // One layer of the "small" shapes: its FFN matrices have too few
+        // rows to fill the GPU (the decode kernel splits their columns over
+        // a block's warps) and the 16384-row output enough not to.
+        let path = synth_shaped("llama", ty, "small", 16384, Some(1));
+        let pairs: Vec<(bool, Pair)> = PRODUCT_PATHS
+            .iter()
+            .map(|&(use_cublas, integer_products)| {
+                let options = CudaOptions {
+                    use_cublas,
+                    gemv_rows_per_warp: None,
+                    integer_products,
+                };
+                (use_cublas, pair_of("llama", &path, options))
+            })
+            .collect();
+        let (file, weights) = (&pairs[0].1.file, &pairs[0].1.weights);
+        let l = &weights.layers[0];
+        let (mut worst, mut worst_rounded, mut worst_integer) = (0f64, 0f64, 0f64);
+        for w in [&l.ffn_up, &l.ffn_down, &weights.output] {
+            let dense = dequantized(file, w);
+            // The output matrix, 16384 rows: the decode kernel's rows only.
+            let row_counts: &[usize] = if w.rows > 10_000 {
+                &[1, 8, 9]
+            } else {
+                &[1, 3, 8, 9, 20, 40]
+            };
+            for &rows in row_counts {
+                let mut x = random(rows * w.cols, (rows * 31 + w.rows) as u64);
+                if rows >= 3 {
+                    // Rows past f16's range and far below 1: the
+                    // tensor-core path scales them into range and back.
+                    x[..w.cols].iter_mut().for_each(|v| *v *= 1e6);
+                    x[w.cols..2 * w.cols].iter_mut().for_each(|v| *v *= 1e-6);
+                }
+                // Per output: the f64 product and the 8-bit activations' bound.
+                let (want, bounds): (Vec<f64>, Vec<f64>) = (0..rows * w.rows)
+                    .map(|i| {
+                        let (r, o) = (i / w.rows, i % w.rows);
+                        let xr = &x[r * w.cols..(r + 1) * w.cols];
+                        let wr = &dense[o * w.cols..(o + 1) * w.cols];
+                        let exact = wr
+                            .iter()
+                            .zip(xr)
+                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                            .sum::<f64>();
+                        (exact, dot_error_bound(wr, xr))
+                    })
+                    .unzip();
+                let want32: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+                for (use_cublas, p) in &pairs {
+                    let integer = p.gpu.integer_products(w.ty);
                     let xd = upload(&p.gpu, &x);
                     let mut out = p.gpu.buffer(rows * w.rows).unwrap();
                     p.gpu.matmul(w, &xd, rows, &mut out).unwrap();
                     let got = download(&p.gpu, &out, rows * w.rows);
+                    let rounded = *use_cublas && rows >= 16;
+                    let what = format!(
+                        "{ty} {}×{} × {rows} rows (cuBLAS {use_cublas}, integer {integer})",
+                        w.rows, w.cols
+                    );
+                    if integer && !rounded {
+                        // 8-bit activations: each output within the bound
+                        // of its activations' rounding (as the CPU's).
+                        let ratio = got
+                            .iter()
+                            .zip(want.iter().zip(&bounds))
+                            .map(|(&g, (&exact, &bound))| (f64::from(g) - exact).abs() / bound)
+                            .fold(0f64, f64::max);
+                        assert!(ratio <= 1.0, "{what}: error {ratio:.2} of the 8-bit bound");
+                        worst_integer = worst_integer.max(ratio);
+                        continue;
+                    }
                     // Each row against its own magnitude.
                     let err = got
                         .chunks(w.rows)
-                        .zip(want.chunks(w.rows))
+                        .zip(want32.chunks(w.rows))
                         .map(|(g, r)| relative_error(g, r))
                         .fold(0f64, f64::max);
-                    let rounded = use_cublas && rows >= 16;
                     assert!(
                         err < if rounded { 2e-3 } else { 2e-5 },
-                        "{ty} {}×{} × {rows} rows (cuBLAS {use_cublas}): error {err:e}",
-                        w.rows,
-                        w.cols
+                        "{what}: error {err:e}"
                     );
                     if rounded {
                         worst_rounded = worst_rounded.max(err);
@@ -244,10 +308,17 @@ fn matrix_products_match_f64_products_for_every_type_with_and_without_cublas() {
                 }
             }
         }
-        report.push(format!("{ty} {worst:.1e} (cuBLAS {worst_rounded:.1e})"));
+        let integer = if pairs[0].1.gpu.integer_products(l.ffn_up.ty) {
+            format!(", 8-bit {worst_integer:.2} of its bound")
+        } else {
+            String::new()
+        };
+        report.push(format!(
+            "{ty} {worst:.1e} (cuBLAS {worst_rounded:.1e}{integer})"
+        ));
     }
     println!(
-        "matmul, largest relative error per type, decode kernel (prefill cuBLAS): {}",
+        "matmul, largest error per type, FP32 decode kernel (prefill cuBLAS, integer decode kernel): {}",
         report.join(", ")
     );
 }
@@ -354,6 +425,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
     let options = CudaOptions {
         use_cublas: true,
         gemv_rows_per_warp: Some(gemv_rows_per_warp),
+        integer_products: true,
     };
     let p = pair_with(arch, ty, options);
     let g = &p.gpu;

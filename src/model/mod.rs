@@ -135,6 +135,7 @@ impl Model {
                     gemv_rows_per_warp: std::env::var("M40_GEMV_ROWS_PER_WARP")
                         .ok()
                         .and_then(|v| v.parse().ok()),
+                    integer_products: std::env::var("M40_GEMV_INTEGER").map_or(true, |v| v != "0"),
                 };
                 ModelBackend::Cuda(Box::new(CudaBackend::new(
                     Arc::clone(&gguf),

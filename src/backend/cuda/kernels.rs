@@ -72,6 +72,16 @@ pub struct GemvLaunch {
     pub eps: f32,
     /// Multiprocessors of the device (the grid fills them).
     pub sm_count: c_int,
+    /// Scratch of `q8_bytes(cols, n_x)` bytes for x quantized to 8 bits: the
+    /// integer (dp4a) path for the formats that have one; null for FP32.
+    pub x_q8: *mut i8,
+}
+
+/// Bytes of `n_x` activation rows of `cols` values quantized to 8 bits in
+/// blocks of 32 (codes, then a (d, d·Σcodes) pair of f32 per block; M40Q8Row
+/// in cuda/gemv.cu).
+pub fn q8_bytes(cols: usize, n_x: usize) -> usize {
+    n_x * cols / 32 * 40
 }
 
 /// One layer's attention-input step (M40AttentionInputs in cuda/ops.cuh).
@@ -108,6 +118,9 @@ extern "C" {
         rows_per_warp: c_int,
         stream: Stream,
     ) -> c_int;
+    /// 1 when decode products of type `ty` take the integer (dp4a) path on
+    /// the current device, given a scratch.
+    pub fn m40_gemv_integer_path(ty: c_int) -> c_int;
     pub fn m40_dequantize_rows(
         ty: c_int,
         w: *const u8,

@@ -56,6 +56,11 @@ pub struct CudaOptions {
     /// the default, 2, the faster on the H100; hosts tune it per GPU with
     /// `M40_GEMV_ROWS_PER_WARP`).
     pub gemv_rows_per_warp: Option<u32>,
+    /// Decode products of the quantized formats on 8-bit activations with
+    /// dp4a, on GPUs that have it (sm_61 and newer) and in builds that carry
+    /// code for them; false keeps every product in FP32, the M40's path
+    /// (`M40_GEMV_INTEGER=0`).
+    pub integer_products: bool,
 }
 
 pub struct CudaBackend {
@@ -85,6 +90,10 @@ struct State {
     positions: RowTable,
     /// The row table of the rows the KV kernels were last given.
     cache_rows: RowTable,
+    /// Where the decode kernel quantizes its activation rows to 8 bits
+    /// (`q8_bytes` for GEMV_MAX_X rows of the widest matrix), when products
+    /// take the integer path.
+    activations_q8: Option<DevicePtr<i8>>,
     stream: OwnedStream,
 }
 
@@ -274,6 +283,14 @@ impl CudaBackend {
         };
         let prefill_in_f16 =
             info.compute_capability.0 >= 7 && cublas.as_ref().is_some_and(|c| c.has_f16_products());
+        let matrices = || file.tensors().iter().filter(|t| !is_vector(t));
+        let activations_q8 =
+            if options.integer_products && matrices().any(|t| integer_path(t.ggml_type)) {
+                let widest = matrices().map(|t| t.dims[0] as usize).max().unwrap_or(0);
+                Some(allocator.alloc::<i8>(q8_bytes(widest, GEMV_MAX_X))?)
+            } else {
+                None
+            };
         let gemv_rows_per_warp = match options.gemv_rows_per_warp {
             None | Some(2) => 2,
             Some(4) => 4,
@@ -298,6 +315,7 @@ impl CudaBackend {
                 cublas,
                 positions: RowTable::new(),
                 cache_rows: RowTable::new(),
+                activations_q8,
             }),
         })
     }
@@ -361,6 +379,12 @@ impl CudaBackend {
     /// work that do not wait between operations (`benches/op_profile.rs`).
     pub fn record_event(&self, event: &OwnedEvent) -> Result<()> {
         event.record(&self.lock().stream)
+    }
+
+    /// Whether decode products of type `ty` run on 8-bit activations (dp4a).
+    pub fn integer_products(&self, ty: GgmlType) -> bool {
+        let state = self.lock();
+        state.activations_q8.is_some() && integer_path(ty)
     }
 
     /// The cuBLAS library in use, if any.
@@ -615,6 +639,12 @@ impl CudaBackend {
                 norm: norm.map_or(std::ptr::null(), |n| n.0),
                 eps: norm.map_or(0.0, |n| n.1),
                 sm_count: self.info.multiprocessors as c_int,
+                // The scratch is device memory that only kernels on this
+                // state's stream touch, one launch after another.
+                x_q8: st
+                    .activations_q8
+                    .as_ref()
+                    .map_or(std::ptr::null_mut(), |q| q.as_ptr().cast_mut()),
             };
             // SAFETY: the launch names live device memory (see above); the
             // struct is read before the call returns.
@@ -756,6 +786,13 @@ fn upload(data: &[u8], dst: &mut DevicePtr<u8>) -> Result<()> {
         done[slot].record(&stream)?;
     }
     runtime::synchronize(&stream)
+}
+
+/// Whether the decode kernel has an integer path for `ty` that runs dp4a on
+/// the current device.
+fn integer_path(ty: GgmlType) -> bool {
+    // SAFETY: a query of the current device's kernel attributes.
+    unsafe { m40_gemv_integer_path(ty.id() as c_int) == 1 }
 }
 
 /// One-row weights (norms, biases, RoPE factors), which the backend keeps as f32.
