@@ -73,12 +73,10 @@ fn synth(arch: &str, ty: &str) -> PathBuf {
 
 /// As `synth`, of a given preset, vocabulary and (when given) layer count.
 fn synth_shaped(arch: &str, ty: &str, preset: &str, n_vocab: u32, layers: Option<u32>) -> PathBuf {
-    let name = match layers {
-        Some(n) => format!("cuda-{arch}-{ty}-{preset}-{n_vocab}-{n}l.gguf"),
-        None if preset == "tiny" && n_vocab == N_VOCAB => format!("cuda-{arch}-{ty}.gguf"),
-        None => format!("cuda-{arch}-{ty}-{preset}-{n_vocab}.gguf"),
-    };
-    let path = common::scratch_path(&name);
+    let layers_tag = layers.map_or(String::new(), |n| format!("-{n}l"));
+    let path = common::scratch_path(&format!(
+        "cuda-{arch}-{ty}-{preset}-{n_vocab}{layers_tag}.gguf"
+    ));
     if path.exists() {
         return path;
     }
