@@ -78,6 +78,8 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     attention_partial_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, int layer, int n_head,
                              int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale, int n_splits,
                              float *__restrict__ partial) {
+    m40_wait_for_prior_kernels();
+    m40_allow_next_kernel();
     // Rows on x, whose limit (2^31 − 1) no batch reaches; heads and splits on y and z.
     const int r = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -129,6 +131,8 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
 
 __global__ void attention_combine_kernel(const float *__restrict__ partial, int n_head, int head_dim_v,
                                          int n_splits, float *__restrict__ out) {
+    m40_wait_for_prior_kernels();
+    m40_allow_next_kernel();
     const int r = blockIdx.x, head = blockIdx.y;
     const float *parts = partial + (size_t(r) * n_head + head) * n_splits * (head_dim_v + 2);
     float max_all = -INFINITY;
@@ -205,6 +209,8 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
     attention_prefill_kernel(const float *__restrict__ q, int n_rows, const M40Row *__restrict__ rows, int layer,
                              int n_head, int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
                              int n_splits, float *__restrict__ partial, float *__restrict__ out) {
+    m40_wait_for_prior_kernels();
+    m40_allow_next_kernel();
     using T = PrefillTile<MAX_D>;
     constexpr int ROWS = T::ROWS;
     __shared__ __align__(16) float queries[T::TILE_ROWS][MAX_D];
@@ -355,6 +361,8 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     attention_decode_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, int layer, int n_head,
                             int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale, int n_splits,
                             float *__restrict__ partial, float *__restrict__ out) {
+    m40_wait_for_prior_kernels();
+    m40_allow_next_kernel();
     constexpr int CHUNKS = MAX_D / 8;       // 16-byte pieces of a key, at most
     constexpr int LANE_PAIRS = MAX_D / 64;  // value pairs per lane
     const int r = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
@@ -441,9 +449,10 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
 // other sizes take attention_partial_kernel (a warp per position). partial:
 // n_rows × n_head × n_splits × (head_dim_v + 2) floats of scratch (the tiled
 // and lane-per-position kernels with one range write out directly).
+// overlap: see m40_launch.
 M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *rows, int layer, int n_head,
                                      int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
-                                     int prompt_chunk, int n_splits, float *partial, float *out,
+                                     int prompt_chunk, int n_splits, float *partial, float *out, int overlap,
                                      cudaStream_t stream) {
     const int dim = max(head_dim_k, head_dim_v);
     const bool multiple_of_8 = head_dim_k % 8 == 0 && head_dim_v % 8 == 0;
@@ -464,22 +473,22 @@ M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *r
             constexpr int MAX_D = decltype(tile)::value;
             using T = PrefillTile<MAX_D>;
             const dim3 grid((n_rows + T::TILE_ROWS - 1) / T::TILE_ROWS, n_head, n_splits);
-            attention_prefill_kernel<MAX_D><<<grid, 32 * T::WARPS, 0, stream>>>(
-                q, n_rows, rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial,
-                out);
+            m40_launch(overlap, attention_prefill_kernel<MAX_D>, grid, 32 * T::WARPS, stream, q, n_rows, rows, layer,
+                       n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial, out);
         });
     } else if (multiple_of_8) {
         by_head_size([&](auto size) {
-            attention_decode_kernel<decltype(size)::value>
-                <<<dim3(n_rows, n_head, n_splits), 32 * M40_ATTN_WARPS, 0, stream>>>(
-                    q, rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial, out);
+            m40_launch(overlap, attention_decode_kernel<decltype(size)::value>, dim3(n_rows, n_head, n_splits),
+                       32 * M40_ATTN_WARPS, stream, q, rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window,
+                       scale, n_splits, partial, out);
         });
     } else {
-        attention_partial_kernel<<<dim3(n_rows, n_head, n_splits), 32 * M40_ATTN_WARPS, 0, stream>>>(
-            q, rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial);
+        m40_launch(overlap, attention_partial_kernel, dim3(n_rows, n_head, n_splits), 32 * M40_ATTN_WARPS, stream, q,
+                   rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial);
     }
     cudaError_t status = m40_launch_status();
     if (status != cudaSuccess || (multiple_of_8 && n_splits == 1)) return status;
-    attention_combine_kernel<<<dim3(n_rows, n_head), 128, 0, stream>>>(partial, n_head, head_dim_v, n_splits, out);
+    m40_launch(overlap, attention_combine_kernel, dim3(n_rows, n_head), 128, stream, partial, n_head, head_dim_v,
+               n_splits, out);
     return m40_launch_status();
 }

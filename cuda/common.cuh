@@ -19,6 +19,49 @@
 
 static inline cudaError_t m40_launch_status() { return cudaGetLastError(); }
 
+// Overlapping launches (programmatic dependent launch, sm_90 and newer): a
+// decode step is ~300 small dependent kernels, and between two of them the
+// GPU would otherwise drain the first grid before it starts the second. A
+// kernel launched with `overlap` may start while the stream's previous
+// kernel is still running, so it calls m40_wait_for_prior_kernels() before
+// it reads or writes any memory a prior kernel writes or reads (its
+// weights, which nothing writes, may be loaded before); the wait returns
+// once the prior kernel has finished and its writes are visible. The short
+// kernels let their successor start as soon as all their blocks are running
+// (m40_allow_next_kernel), so that a product's blocks are resident, their
+// first weights loaded, when its input is ready. Compiled for sm_52–sm_86
+// both are no-ops, and the host sets `overlap` only where the device runs
+// this build's sm_90 code (m40_launch_overlap).
+__device__ __forceinline__ void m40_wait_for_prior_kernels() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void m40_allow_next_kernel() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// kernel<<<grid, threads, 0, stream>>>(args...), overlapping the stream's
+// previous kernel where `overlap` (its status, as a launch's, through
+// m40_launch_status).
+template <class... Params, class... Args>
+static void m40_launch(bool overlap, void (*kernel)(Params...), dim3 grid, unsigned threads,
+                              cudaStream_t stream, Args... args) {
+    cudaLaunchAttribute attribute = {};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(threads);
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = overlap ? 1 : 0;
+    cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 __device__ __forceinline__ float m40_f16(const uint8_t *p) {
     // Every f16 inside a GGUF block sits at an even address: tensors are
     // 32-byte aligned and every block size is even.

@@ -151,6 +151,8 @@ M40_EXPORT cudaError_t m40_store_kv(const float *k, const float *v, int n_rows, 
 __global__ void __launch_bounds__(M40_NORM_THREADS)
     attention_inputs_kernel(float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,
                             M40AttentionInputs a) {
+    m40_wait_for_prior_kernels();
+    m40_allow_next_kernel();
     __shared__ float head[M40_MAX_HEAD_DIM];
     const int r = blockIdx.x, h = blockIdx.y;
     const M40Row row = a.rows[r];
@@ -200,6 +202,7 @@ M40_EXPORT cudaError_t m40_attention_inputs(float *q, const float *k, const floa
         a.rope_dims % 2 != 0 || a.n_head + 2 * a.n_head_kv > 65535)
         return cudaErrorInvalidValue;
     if (n_rows == 0) return cudaSuccess;
-    attention_inputs_kernel<<<dim3(n_rows, a.n_head + 2 * a.n_head_kv), M40_NORM_THREADS, 0, stream>>>(q, k, v, a);
+    m40_launch(a.overlap, attention_inputs_kernel, dim3(n_rows, a.n_head + 2 * a.n_head_kv), M40_NORM_THREADS, stream,
+               q, k, v, a);
     return m40_launch_status();
 }

@@ -35,4 +35,5 @@ struct M40AttentionInputs {
     int head_dim_v;
     int neox;
     int rope_dims;
+    int overlap;  // overlap the stream's previous kernel (see m40_launch)
 };

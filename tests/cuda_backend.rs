@@ -41,9 +41,10 @@ use m40llm::backend::{
 };
 use m40llm::error::ErrorKind;
 use m40llm::gguf::{GgufFile, ReadOptions};
+use m40llm::model::transformer::forward;
 use m40llm::model::{LoadOptions, Model, Weight, Weights};
-use m40llm::quant::dequantize_row;
 use m40llm::quant::q8::dot_error_bound;
+use m40llm::quant::{dequantize_row, GgmlType};
 use m40llm::sampling::argmax;
 use m40llm::session::{Session, SessionParams};
 
@@ -122,6 +123,7 @@ fn pair(arch: &str, ty: &str, use_cublas: bool) -> Pair {
             use_cublas,
             gemv_rows_per_warp: None,
             integer_products: true,
+            overlap_launches: true,
         },
     )
 }
@@ -227,6 +229,7 @@ fn matrix_products_match_f64_products_for_every_type_on_every_path() {
                     use_cublas,
                     gemv_rows_per_warp: None,
                     integer_products,
+                    overlap_launches: true,
                 };
                 (use_cublas, pair_of("llama", &path, options))
             })
@@ -424,6 +427,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         use_cublas: true,
         gemv_rows_per_warp: Some(gemv_rows_per_warp),
         integer_products: true,
+        overlap_launches: true,
     };
     let p = pair_with(arch, ty, options);
     let g = &p.gpu;
@@ -1035,6 +1039,191 @@ fn batched_decode_across_sessions_matches_single_cpu_sessions() {
         ));
     }
     println!("batched decode, largest logit error: {:.3}%", worst * 100.0);
+}
+
+/// A llama model whose V projections are Q6_K and every other matrix Q4_K,
+/// as in Q4_K_M files: the Q4_K file of `synth`, its V tensors' infos
+/// pointed at Q6_K data (from the Q6_K file, same seed and shapes) appended
+/// after its data.
+fn synth_mixed_q4_k_q6_k() -> PathBuf {
+    let path = common::scratch_path("cuda-llama-q4_k-v-q6_k-tiny.gguf");
+    if path.exists() {
+        return path;
+    }
+    let open = |p: &Path| {
+        GgufFile::open(
+            p,
+            ReadOptions {
+                use_mmap: true,
+                load_data: true,
+            },
+        )
+        .unwrap()
+    };
+    let (base_path, v_path) = (synth("llama", "q4_k"), synth("llama", "q6_k"));
+    let (base, v_file) = (open(&base_path), open(&v_path));
+    let mut bytes = std::fs::read(&base_path).unwrap();
+    let align = base.alignment() as usize;
+    for t in base
+        .tensors()
+        .iter()
+        .filter(|t| t.name.ends_with("attn_v.weight"))
+    {
+        let data = v_file
+            .tensor_bytes(v_file.tensor(&t.name).unwrap())
+            .unwrap();
+        bytes.resize(bytes.len().next_multiple_of(align), 0);
+        let offset = (bytes.len() - base.data_offset() as usize) as u64;
+        bytes.extend_from_slice(data);
+        // The tensor info: name (u64 length, bytes), n_dims u32, dims u64
+        // each, type u32, offset u64.
+        let mut name = (t.name.len() as u64).to_le_bytes().to_vec();
+        name.extend_from_slice(t.name.as_bytes());
+        let at = bytes
+            .windows(name.len())
+            .position(|w| w == name.as_slice())
+            .unwrap();
+        let type_at = at + name.len() + 4 + 8 * t.dims.len();
+        bytes[type_at..type_at + 4].copy_from_slice(&GgmlType::Q6K.id().to_le_bytes());
+        bytes[type_at + 4..type_at + 12].copy_from_slice(&offset.to_le_bytes());
+    }
+    let partial = path.with_extension(format!("{:?}.partial", std::thread::current().id()));
+    std::fs::write(&partial, bytes).unwrap();
+    std::fs::rename(&partial, &path).unwrap();
+    path
+}
+
+#[test]
+fn projections_of_mixed_types_match_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let path = synth_mixed_q4_k_q6_k();
+    let file = GgufFile::open(
+        &path,
+        ReadOptions {
+            use_mmap: true,
+            load_data: false,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        file.tensor("blk.0.attn_v.weight").unwrap().ggml_type,
+        GgmlType::Q6K
+    );
+    assert_eq!(
+        file.tensor("blk.0.attn_k.weight").unwrap().ggml_type,
+        GgmlType::Q4K
+    );
+    // Q and K in one launch, V in another that (on the integer path) reads
+    // the activations the first quantized.
+    let err = forward_error(&path, 40, 16, 3, "llama Q4_K with Q6_K V");
+    println!(
+        "mixed Q4_K / Q6_K projections, largest logit error: {:.3}%",
+        err * 100.0
+    );
+}
+
+/// Logits of a prompt, single-session decode steps and a three-session
+/// decode step, straight through the forward pass on a backend of its own.
+fn decode_logits(model: &Model, path: &Path, options: CudaOptions) -> (bool, Vec<Vec<f32>>) {
+    let file = Arc::new(
+        GgufFile::open(
+            path,
+            ReadOptions {
+                use_mmap: true,
+                load_data: true,
+            },
+        )
+        .unwrap(),
+    );
+    let gpu = CudaBackend::new(file, 0, options).unwrap();
+    let (_, hp) = model.config();
+    let cache = || {
+        gpu.kv_cache(
+            64,
+            hp.n_layer as usize,
+            (hp.n_head_kv * hp.head_dim_k) as usize,
+            (hp.n_head_kv * hp.head_dim_v) as usize,
+        )
+        .unwrap()
+    };
+    let mut caches = [cache(), cache(), cache()];
+    let mut logits = Vec::new();
+    let prompt = tokens(12, 5);
+    let rows: Vec<SeqPos> = (0..prompt.len())
+        .map(|pos| SeqPos { seq: 0, pos })
+        .collect();
+    for (seq, cache) in caches.iter_mut().enumerate() {
+        let last = [prompt.len() - 1 - seq];
+        let mut one = [&mut *cache];
+        let n = prompt.len() - seq;
+        logits.push(forward(&gpu, model, &mut one, &prompt[..n], &rows[..n], &last).unwrap());
+    }
+    for step in 0..4 {
+        let pos = prompt.len() + step;
+        let mut one = [&mut caches[0]];
+        let row = [SeqPos { seq: 0, pos }];
+        logits.push(forward(&gpu, model, &mut one, &[7 + step as u32], &row, &[0]).unwrap());
+    }
+    let mut all: Vec<&mut _> = caches.iter_mut().collect();
+    let rows = [
+        SeqPos {
+            seq: 0,
+            pos: prompt.len() + 4,
+        },
+        SeqPos {
+            seq: 1,
+            pos: prompt.len() - 1,
+        },
+        SeqPos {
+            seq: 2,
+            pos: prompt.len() - 2,
+        },
+    ];
+    logits.push(forward(&gpu, model, &mut all, &[3, 4, 5], &rows, &[0, 1, 2]).unwrap());
+    (gpu.overlaps_launches(), logits)
+}
+
+#[test]
+fn overlapping_launches_change_no_logit() {
+    if !have_gpu() {
+        return;
+    }
+    let mut report = Vec::new();
+    // The integer path (quantize + product launches) and the FP32 one; a
+    // Gemma model for its windows, post-norms and per-head norms.
+    for (arch, ty) in [("llama", "q4_k"), ("gemma3", "q8_0"), ("qwen2", "f16")] {
+        let path = synth(arch, ty);
+        let model = load(&path, -1);
+        let options = |overlap_launches| CudaOptions {
+            use_cublas: true,
+            gemv_rows_per_warp: None,
+            integer_products: true,
+            overlap_launches,
+        };
+        let (overlapped, with) = decode_logits(&model, &path, options(true));
+        let (serial, without) = decode_logits(&model, &path, options(false));
+        assert!(!serial);
+        // The kernels are deterministic: any difference is a kernel reading
+        // what its predecessor had not finished writing.
+        for (step, (a, b)) in with.iter().zip(&without).enumerate() {
+            assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{arch} {ty}: step {step}'s logits differ with overlapping launches"
+            );
+        }
+        report.push(format!(
+            "{arch} {ty}: {} steps identical{}",
+            with.len(),
+            if overlapped {
+                ""
+            } else {
+                " (this device does not overlap launches)"
+            }
+        ));
+    }
+    println!("overlapping launches: {}", report.join("; "));
 }
 
 #[test]

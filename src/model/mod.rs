@@ -136,6 +136,8 @@ impl Model {
                         .ok()
                         .and_then(|v| v.parse().ok()),
                     integer_products: std::env::var("M40_GEMV_INTEGER").map_or(true, |v| v != "0"),
+                    overlap_launches: std::env::var("M40_LAUNCH_OVERLAP")
+                        .map_or(true, |v| v != "0"),
                 };
                 ModelBackend::Cuda(Box::new(CudaBackend::new(
                     Arc::clone(&gguf),

@@ -75,6 +75,12 @@ pub struct GemvLaunch {
     /// Scratch of `q8_bytes(cols, n_x)` bytes for x quantized to 8 bits: the
     /// integer (dp4a) path for the formats that have one; null for FP32.
     pub x_q8: *mut i8,
+    /// 1: x_q8 already holds x, normalized and quantized by the previous
+    /// launch of the same fused step.
+    pub x_quantized: c_int,
+    /// 1: the kernels may start while the stream's previous kernel finishes
+    /// (`m40_launch_overlap`).
+    pub overlap: c_int,
 }
 
 /// Bytes of `n_x` activation rows of `cols` values quantized to 8 bits in
@@ -102,6 +108,8 @@ pub struct AttentionInputs {
     pub head_dim_v: c_int,
     pub neox: c_int,
     pub rope_dims: c_int,
+    /// As `GemvLaunch::overlap`.
+    pub overlap: c_int,
 }
 
 /// Head sizes the attention kernel handles (32 lanes × M40_ATTN_MAX_PER_LANE).
@@ -121,6 +129,9 @@ extern "C" {
     /// 1 when decode products of type `ty` take the integer (dp4a) path on
     /// the current device, given a scratch.
     pub fn m40_gemv_integer_path(ty: c_int) -> c_int;
+    /// 1 when launches may overlap the stream's previous kernel on the
+    /// current device (programmatic dependent launch: sm_90+ code).
+    pub fn m40_launch_overlap() -> c_int;
     pub fn m40_dequantize_rows(
         ty: c_int,
         w: *const u8,
@@ -252,6 +263,7 @@ extern "C" {
         n_splits: c_int,
         partial: *mut f32,
         out: *mut f32,
+        overlap: c_int,
         stream: Stream,
     ) -> c_int;
 }
