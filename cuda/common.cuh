@@ -48,8 +48,8 @@ __device__ __forceinline__ void m40_allow_next_kernel() {
 // previous kernel where `overlap` (its status, as a launch's, through
 // m40_launch_status).
 template <class... Params, class... Args>
-static void m40_launch(bool overlap, void (*kernel)(Params...), dim3 grid, unsigned threads,
-                              cudaStream_t stream, Args... args) {
+static void m40_launch(bool overlap, void (*kernel)(Params...), dim3 grid, unsigned threads, cudaStream_t stream,
+                       Args... args) {
     cudaLaunchAttribute attribute = {};
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attribute.val.programmaticStreamSerializationAllowed = 1;

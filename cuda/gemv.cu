@@ -1045,28 +1045,24 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
     });
 }
 
-// Whether decode products of `type` take the integer path (given a scratch):
-// the format has one, and this build's integer kernels run dp4a on the
-// current device (compiled for sm_61 or newer, not from the compute_52 PTX).
-M40_EXPORT int m40_gemv_integer_path(int type) {
-    if (!m40_integer_format(type)) return 0;
-    cudaFuncAttributes attributes;
-    const auto kernel = gemv_kernel<GemvQ8<M40_Q4_0>, 2, 1, false, m40_chunk_row_bytes(M40_Q4_0), false>;
-    if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return attributes.ptxVersion >= 61;
-}
-
-// Whether launches may overlap on the current device (m40_launch): this
-// build's kernels run its sm_90 code there (not the compute_52 PTX, whose
-// kernels do not wait), so the device has programmatic dependent launch.
-M40_EXPORT int m40_launch_overlap() {
+// The virtual architecture (e.g. 52, 61, 90) of the code this build runs on
+// the current device: the SASS compiled for it, or 52 for the compute_52 PTX
+// the driver compiles for newer GPUs; 0 if the query fails.
+static int m40_code_version() {
     cudaFuncAttributes attributes;
     if (cudaFuncGetAttributes(&attributes, quantize_q8_kernel) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
-    return attributes.ptxVersion >= 90;
+    return attributes.ptxVersion;
 }
+
+// Whether decode products of `type` take the integer path (given a scratch):
+// the format has one, and this build's integer kernels run dp4a on the
+// current device (compiled for sm_61 or newer, not from the compute_52 PTX).
+M40_EXPORT int m40_gemv_integer_path(int type) { return m40_integer_format(type) && m40_code_version() >= 61; }
+
+// Whether launches may overlap on the current device (m40_launch): this
+// build's kernels run its sm_90 code there (not the compute_52 PTX, whose
+// kernels do not wait), so the device has programmatic dependent launch.
+M40_EXPORT int m40_launch_overlap() { return m40_code_version() >= 90; }

@@ -132,17 +132,20 @@ fn pair_with(arch: &str, ty: &str, options: CudaOptions) -> Pair {
     pair_of(arch, &synth(arch, ty), options)
 }
 
+/// A model file, its data mapped.
+fn open_mapped(path: &Path) -> GgufFile {
+    GgufFile::open(
+        path,
+        ReadOptions {
+            use_mmap: true,
+            load_data: true,
+        },
+    )
+    .unwrap()
+}
+
 fn pair_of(arch: &str, path: &Path, options: CudaOptions) -> Pair {
-    let file = Arc::new(
-        GgufFile::open(
-            path,
-            ReadOptions {
-                use_mmap: true,
-                load_data: true,
-            },
-        )
-        .unwrap(),
-    );
+    let file = Arc::new(open_mapped(path));
     let n_layer = file
         .require(&format!("{arch}.block_count"))
         .unwrap()
@@ -1050,18 +1053,8 @@ fn synth_mixed_q4_k_q6_k() -> PathBuf {
     if path.exists() {
         return path;
     }
-    let open = |p: &Path| {
-        GgufFile::open(
-            p,
-            ReadOptions {
-                use_mmap: true,
-                load_data: true,
-            },
-        )
-        .unwrap()
-    };
     let (base_path, v_path) = (synth("llama", "q4_k"), synth("llama", "q6_k"));
-    let (base, v_file) = (open(&base_path), open(&v_path));
+    let (base, v_file) = (open_mapped(&base_path), open_mapped(&v_path));
     let mut bytes = std::fs::read(&base_path).unwrap();
     let align = base.alignment() as usize;
     for t in base
@@ -1099,14 +1092,7 @@ fn projections_of_mixed_types_match_the_cpu() {
         return;
     }
     let path = synth_mixed_q4_k_q6_k();
-    let file = GgufFile::open(
-        &path,
-        ReadOptions {
-            use_mmap: true,
-            load_data: false,
-        },
-    )
-    .unwrap();
+    let file = open_mapped(&path);
     assert_eq!(
         file.tensor("blk.0.attn_v.weight").unwrap().ggml_type,
         GgmlType::Q6K
@@ -1127,16 +1113,7 @@ fn projections_of_mixed_types_match_the_cpu() {
 /// Logits of a prompt, single-session decode steps and a three-session
 /// decode step, straight through the forward pass on a backend of its own.
 fn decode_logits(model: &Model, path: &Path, options: CudaOptions) -> (bool, Vec<Vec<f32>>) {
-    let file = Arc::new(
-        GgufFile::open(
-            path,
-            ReadOptions {
-                use_mmap: true,
-                load_data: true,
-            },
-        )
-        .unwrap(),
-    );
+    let file = Arc::new(open_mapped(path));
     let gpu = CudaBackend::new(file, 0, options).unwrap();
     let (_, hp) = model.config();
     let cache = || {
