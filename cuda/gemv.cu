@@ -3,9 +3,10 @@
 // token's time goes (every weight is read once per step), so the kernel is
 // built for memory throughput:
 //   - a warp owns R weight rows; its lanes walk the rows together, lane i
-//     taking "unit" i, i + 32, ... (a unit is 8 or 16 values of one block),
-//     so consecutive lanes read consecutive bytes and each weight word is
-//     loaded with the widest load its alignment in the GGUF layout allows;
+//     taking "unit" i, i + 32, ... (a unit is 8 or 16 values of one block,
+//     32 on the integer path), so consecutive lanes read consecutive bytes
+//     and each weight word is loaded with the widest load its alignment in
+//     the GGUF layout allows;
 //   - weights are decoded in registers with integer tricks instead of int →
 //     float conversions (a quarter-rate instruction on sm_80+): a small
 //     integer q placed in the mantissa of 2^23 is the float 2^23 + q;
@@ -337,8 +338,7 @@ __device__ __forceinline__ M40Q8Row m40_q8_row(const int8_t *q8, int cols, int n
     return {q8 + size_t(t) * cols, m40_q8_scales(q8, cols, n_x, t)};
 }
 
-// Four codes from a 4-byte-aligned position of a row.
-__device__ __forceinline__ int m40_q8_word(const int8_t *q) { return __ldg(reinterpret_cast<const int *>(q)); }
+// Eight codes from an 8-byte-aligned position of a row.
 __device__ __forceinline__ int2 m40_q8_words2(const int8_t *q) { return __ldg(reinterpret_cast<const int2 *>(q)); }
 
 // Activation row blockIdx.y of x (RMS-normalized with `norm` first, when
@@ -373,46 +373,73 @@ __global__ void __launch_bounds__(M40_NORM_THREADS)
 // block scales (X), and `dot` is the unit's share of the row's dot product.
 // A term that belongs to a whole block of activations (a code offset times
 // the block's d·Σcodes) is split evenly over the units that cover the block.
+//
+// A unit is 32 weights: per weight row, a lane's unit costs eight dp4a, one
+// scale conversion and one pair of 16-byte activation loads. Units of 8 or
+// 16 weights (as the FP32 path has) spent as much again on loads, address
+// arithmetic and scales per weight, and the products ran well short of the
+// memory's speed; measured on the H100 (gemv alone, llama-7b shapes, one
+// session, Q/K/V / gate+up / down): Q4_0 20.1 / 30.1 / 17.7 µs → 12.9 / 21.7
+// / 15.7, Q4_K 24.3 / 35.7 / 21.6 → 18.9 / 24.2 / 17.2, Q8_0 23.5 / 42.4 /
+// 26.6 → 21.2 / 36.1 / 21.5; eight sessions gained more (Q4_0 60.0 / 108.8
+// / 92.6 → 37.0 / 67.8 / 54.2).
 template <int TYPE> struct GemvQ8;
 
-// Q4_0 / Q4_1 / Q5_0 / Q5_1: unit u is quant word u, values 4u..4u+3 (low
-// nibbles) and 16+4u..16+4u+3 (high); codes are q − OFFSET, or d·q + m
-// (MIN) with the minimum m at byte 2.
+// Σ codes w[0..3] · a (four dp4a), plus c.
+__device__ __forceinline__ int m40_dp4a_16(const int *w, int4 a, int c) {
+    return m40_dp4a(w[3], a.w, m40_dp4a(w[2], a.z, m40_dp4a(w[1], a.y, m40_dp4a(w[0], a.x, c))));
+}
+
+// Σ codes w[0..7] · (lo, hi), plus c.
+__device__ __forceinline__ int m40_dp4a_32(const int *w, int4 lo, int4 hi, int c) {
+    return m40_dp4a_16(w + 4, hi, m40_dp4a_16(w, lo, c));
+}
+
+// Activation codes 16h..16h+15 of block `sub` of a row, 16-byte aligned.
+__device__ __forceinline__ int4 m40_q8_codes16(M40Q8Row x, int sub, int h) {
+    return __ldg(reinterpret_cast<const int4 *>(x.qs + 32 * sub + 16 * h));
+}
+
+// Q4_0 / Q4_1 / Q5_0 / Q5_1: a unit is a whole block; quant word k holds
+// values 4k..4k+3 (low nibbles) and 16+4k..16+4k+3 (high); codes are
+// q − OFFSET, or d·q + m (MIN) with the minimum m at byte 2.
 template <int BYTES_, int QS, int QH, bool MIN, int OFFSET> struct GemvQ8Nibbles {
-    static constexpr int VALUES = 32, BYTES = BYTES_, UNITS = 4;
+    static constexpr int VALUES = 32, BYTES = BYTES_, UNITS = 1;
     static constexpr bool DIRECT = false;
     struct W {
-        int low, high;
+        int q[8];  // values 0..15, then 16..31
         float d, m;
     };
     struct X {
-        int low, high;
+        int4 low, high;
         float d, d_sum;
     };
-    __device__ static void weights(const uint8_t *b, int u, W &w) {
-        const uint32_t q = QS % 4 == 0 ? m40_u32_4(b + QS + 4 * u) : m40_u32_2(b + QS + 4 * u);
-        w.low = int(q & 0x0F0F0F0Fu);
-        w.high = int((q >> 4) & 0x0F0F0F0Fu);
-        if (QH >= 0) {
-            const uint32_t qh = QH % 4 == 0 ? m40_u32_4(b + QH) : m40_u32_2(b + QH);
-            w.low |= int(m40_spread4_to_bit4(qh >> (4 * u)));
-            w.high |= int(m40_spread4_to_bit4(qh >> (16 + 4 * u)));
+    __device__ static void weights(const uint8_t *b, int, W &w) {
+        const uint32_t qh = QH < 0 ? 0 : QH % 4 == 0 ? m40_u32_4(b + QH) : m40_u32_2(b + QH);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t q = QS % 4 == 0 ? m40_u32_4(b + QS + 4 * k) : m40_u32_2(b + QS + 4 * k);
+            w.q[k] = int(q & 0x0F0F0F0Fu);
+            w.q[4 + k] = int((q >> 4) & 0x0F0F0F0Fu);
+            if (QH >= 0) {
+                w.q[k] |= int(m40_spread4_to_bit4(qh >> (4 * k)));
+                w.q[4 + k] |= int(m40_spread4_to_bit4(qh >> (16 + 4 * k)));
+            }
         }
         w.d = m40_f16(b);
         w.m = MIN ? m40_f16(b + 2) : 0.0f;
     }
-    __device__ static void activations(M40Q8Row x, int block, int u, X &a) {
-        const int8_t *q = x.qs + 32 * block;
-        a.low = m40_q8_word(q + 4 * u);
-        a.high = m40_q8_word(q + 16 + 4 * u);
+    __device__ static void activations(M40Q8Row x, int block, int, X &a) {
+        a.low = m40_q8_codes16(x, block, 0);
+        a.high = m40_q8_codes16(x, block, 1);
         const float2 ds = __ldg(x.ds + block);
         a.d = ds.x;
         a.d_sum = ds.y;
     }
     __device__ static float dot(const W &w, const X &a) {
-        const float s = float(m40_dp4a(w.low, a.low, m40_dp4a(w.high, a.high, 0)));
-        if (MIN) return fmaf(w.d * a.d, s, 0.25f * w.m * a.d_sum);
-        return w.d * fmaf(a.d, s, -0.25f * float(OFFSET) * a.d_sum);
+        const float s = float(m40_dp4a_32(w.q, a.low, a.high, 0));
+        if (MIN) return fmaf(w.d * a.d, s, w.m * a.d_sum);
+        return w.d * fmaf(a.d, s, -float(OFFSET) * a.d_sum);
     }
 };
 
@@ -421,80 +448,85 @@ template <> struct GemvQ8<M40_Q4_1> : GemvQ8Nibbles<20, 4, -1, true, 0> {};
 template <> struct GemvQ8<M40_Q5_0> : GemvQ8Nibbles<22, 6, 2, false, 16> {};
 template <> struct GemvQ8<M40_Q5_1> : GemvQ8Nibbles<24, 8, 4, true, 0> {};
 
-// Q8_0: unit u is values 8u..8u+7.
+// Q8_0: a unit is a whole block.
 template <> struct GemvQ8<M40_Q8_0> {
-    static constexpr int VALUES = 32, BYTES = 34, UNITS = 4;
+    static constexpr int VALUES = 32, BYTES = 34, UNITS = 1;
     static constexpr bool DIRECT = false;
     struct W {
-        int q0, q1;
+        int q[8];
         float d;
     };
     struct X {
-        int2 q;
+        int4 low, high;
         float d;
     };
-    __device__ static void weights(const uint8_t *b, int u, W &w) {
-        w.q0 = int(m40_u32_2(b + 2 + 8 * u));
-        w.q1 = int(m40_u32_2(b + 6 + 8 * u));
+    __device__ static void weights(const uint8_t *b, int, W &w) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) w.q[k] = int(m40_u32_2(b + 2 + 4 * k));
         w.d = m40_f16(b);
     }
-    __device__ static void activations(M40Q8Row x, int block, int u, X &a) {
-        a.q = m40_q8_words2(x.qs + 32 * block + 8 * u);
+    __device__ static void activations(M40Q8Row x, int block, int, X &a) {
+        a.low = m40_q8_codes16(x, block, 0);
+        a.high = m40_q8_codes16(x, block, 1);
         a.d = __ldg(&x.ds[block].x);
     }
     __device__ static float dot(const W &w, const X &a) {
-        return w.d * a.d * float(m40_dp4a(w.q0, a.q.x, m40_dp4a(w.q1, a.q.y, 0)));
+        return w.d * a.d * float(m40_dp4a_32(w.q, a.low, a.high, 0));
     }
 };
 
-// Q4_K / Q5_K: unit u (of 16) is quant bytes 8u..8u+7 of the 128, as in the
-// FP32 path: with c = u / 4 and l = 8 (u % 4), the low nibbles are values l..l+7
-// of sub-block 2c and the high nibbles those of sub-block 2c + 1; each
-// sub-block of 32 is one activation block, and d·scale·q − dmin·min the weight.
+// Q4_K / Q5_K: unit u (of 8) is quant bytes 16u..16u+15 of the 128: with
+// c = u / 2 and h = u % 2, the low nibbles are values 16h..16h+15 of
+// sub-block 2c and the high nibbles those of sub-block 2c + 1; each
+// sub-block of 32 is one activation block, and d·scale·q − dmin·min the
+// weight.
 template <int TYPE> struct GemvQ8K {
-    static constexpr int VALUES = 256, UNITS = 16;
+    static constexpr int VALUES = 256, UNITS = 8;
     static constexpr bool DIRECT = false;
     struct W {
-        int low0, low1, high0, high1;
+        int q[8];  // sub-block 2c's 16 values, then 2c + 1's
         float scale_low, min_low, scale_high, min_high;
     };
     struct X {
-        int2 low, high;
+        int4 low, high;
         float d_low, d_sum_low, d_high, d_sum_high;
     };
     __device__ static void scales(const uint8_t *b, int u, W &w) {
         const float d = m40_f16(b), dmin = m40_f16(b + 2);
         int scale, min;
-        m40_k_scale_min(b + 4, 2 * (u / 4), scale, min);
+        m40_k_scale_min(b + 4, 2 * (u / 2), scale, min);
         w.scale_low = d * float(scale);
         w.min_low = dmin * float(min);
-        m40_k_scale_min(b + 4, 2 * (u / 4) + 1, scale, min);
+        m40_k_scale_min(b + 4, 2 * (u / 2) + 1, scale, min);
         w.scale_high = d * float(scale);
         w.min_high = dmin * float(min);
     }
     __device__ static void activations(M40Q8Row x, int block, int u, X &a) {
-        const int sub = 8 * block + 2 * (u / 4);
-        const int8_t *q = x.qs + 32 * sub + 8 * (u % 4);
-        a.low = m40_q8_words2(q);
-        a.high = m40_q8_words2(q + 32);
+        const int sub = 8 * block + 2 * (u / 2);
+        a.low = m40_q8_codes16(x, sub, u % 2);
+        a.high = m40_q8_codes16(x, sub + 1, u % 2);
         const float2 lo = __ldg(x.ds + sub), hi = __ldg(x.ds + sub + 1);
         a.d_low = lo.x, a.d_sum_low = lo.y, a.d_high = hi.x, a.d_sum_high = hi.y;
     }
-    // Each sub-block's minimum term is shared by its 4 units.
+    // Each sub-block's minimum term is shared by its 2 units.
     __device__ static float dot(const W &w, const X &a) {
-        const float low = float(m40_dp4a(w.low0, a.low.x, m40_dp4a(w.low1, a.low.y, 0)));
-        const float high = float(m40_dp4a(w.high0, a.high.x, m40_dp4a(w.high1, a.high.y, 0)));
+        const float low = float(m40_dp4a_16(w.q, a.low, 0));
+        const float high = float(m40_dp4a_16(w.q + 4, a.high, 0));
         const float s = fmaf(w.scale_low * a.d_low, low, w.scale_high * a.d_high * high);
-        return fmaf(-0.25f, fmaf(w.min_low, a.d_sum_low, w.min_high * a.d_sum_high), s);
+        return fmaf(-0.5f, fmaf(w.min_low, a.d_sum_low, w.min_high * a.d_sum_high), s);
     }
 };
 
 template <> struct GemvQ8<M40_Q4_K> : GemvQ8K<M40_Q4_K> {
     static constexpr int BYTES = 144;
     __device__ static void weights(const uint8_t *b, int u, W &w) {
-        const uint2 q = *reinterpret_cast<const uint2 *>(b + 16 + 8 * u);
-        w.low0 = int(q.x & 0x0F0F0F0Fu), w.low1 = int(q.y & 0x0F0F0F0Fu);
-        w.high0 = int((q.x >> 4) & 0x0F0F0F0Fu), w.high1 = int((q.y >> 4) & 0x0F0F0F0Fu);
+        const uint4 q = *reinterpret_cast<const uint4 *>(b + 16 + 16 * u);
+        const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w.q[k] = int(words[k] & 0x0F0F0F0Fu);
+            w.q[4 + k] = int((words[k] >> 4) & 0x0F0F0F0Fu);
+        }
         scales(b, u, w);
     }
 };
@@ -502,59 +534,71 @@ template <> struct GemvQ8<M40_Q4_K> : GemvQ8K<M40_Q4_K> {
 template <> struct GemvQ8<M40_Q5_K> : GemvQ8K<M40_Q5_K> {
     static constexpr int BYTES = 176;
     __device__ static void weights(const uint8_t *b, int u, W &w) {
-        const int c = u / 4;
-        const uint2 q = *reinterpret_cast<const uint2 *>(b + 48 + 8 * u);
-        const uint2 h = *reinterpret_cast<const uint2 *>(b + 16 + 8 * (u % 4));
+        const int c = u / 2;
+        const uint4 q = *reinterpret_cast<const uint4 *>(b + 48 + 16 * u);
+        const uint4 h = *reinterpret_cast<const uint4 *>(b + 16 + 16 * (u % 2));
+        const uint32_t words[4] = {q.x, q.y, q.z, q.w}, high_bits[4] = {h.x, h.y, h.z, h.w};
         const auto fifth = [](uint32_t bits, int shift) { return ((bits >> shift) & 0x01010101u) << 4; };
-        w.low0 = int((q.x & 0x0F0F0F0Fu) | fifth(h.x, 2 * c));
-        w.low1 = int((q.y & 0x0F0F0F0Fu) | fifth(h.y, 2 * c));
-        w.high0 = int(((q.x >> 4) & 0x0F0F0F0Fu) | fifth(h.x, 2 * c + 1));
-        w.high1 = int(((q.y >> 4) & 0x0F0F0F0Fu) | fifth(h.y, 2 * c + 1));
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w.q[k] = int((words[k] & 0x0F0F0F0Fu) | fifth(high_bits[k], 2 * c));
+            w.q[4 + k] = int(((words[k] >> 4) & 0x0F0F0F0Fu) | fifth(high_bits[k], 2 * c + 1));
+        }
         scales(b, u, w);
     }
 };
 
-// Q6_K: unit u (of 16) as in the FP32 path — half h = u / 8, l = 4 (u % 8),
-// group g the values 128h + 32g + l + 0..3 — each group in its own
-// activation block and under its own 8-bit scale. Codes are q − 32: the
-// activations carry 32·Σcodes per group, taken out inside the dp4a.
+// Q6_K: unit u (of 8): half h = u / 4, l = 8 (u % 4); group g is values
+// 128h + 32g + l + 0..7, whose low nibbles come from ql bytes 64h + l (g
+// even) or 64h + 32 + l (g odd), low (g < 2) or high half, and high bits
+// from qh bytes 32h + l at bits 2g; each group lies in its own activation
+// block and under its own 8-bit scale. Codes are q − 32: the activations
+// carry 32·Σcodes per group, taken out inside the dp4a.
 template <> struct GemvQ8<M40_Q6_K> {
-    static constexpr int VALUES = 256, BYTES = 210, UNITS = 16;
+    static constexpr int VALUES = 256, BYTES = 210, UNITS = 8;
     static constexpr bool DIRECT = false;
     struct W {
-        int q[4], scale[4];
+        int q[4][2], scale[4];
         float d;
     };
     struct X {
-        int q[4], offset[4];
+        int2 q[4];
+        int offset[4];
         float d[4];
     };
     __device__ static void weights(const uint8_t *b, int u, W &w) {
-        const int h = u / 8, l = 4 * (u % 8);
-        const uint32_t ql0 = m40_u32_2(b + 64 * h + l), ql1 = m40_u32_2(b + 64 * h + 32 + l);
-        const uint32_t qh = m40_u32_2(b + 128 + 32 * h + l);
+        const int h = u / 4, l = 8 * (u % 4);
 #pragma unroll
-        for (int g = 0; g < 4; g++) {
-            const uint32_t low = ((g & 1 ? ql1 : ql0) >> (4 * (g >> 1))) & 0x0F0F0F0Fu;
-            w.q[g] = int(low | (((qh >> (2 * g)) & 0x03030303u) << 4));
-            w.scale[g] = int8_t(b[192 + 8 * h + 2 * g + l / 16]);
+        for (int k = 0; k < 2; k++) {
+            const uint32_t ql0 = m40_u32_2(b + 64 * h + l + 4 * k), ql1 = m40_u32_2(b + 64 * h + 32 + l + 4 * k);
+            const uint32_t qh = m40_u32_2(b + 128 + 32 * h + l + 4 * k);
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                const uint32_t low = ((g & 1 ? ql1 : ql0) >> (4 * (g >> 1))) & 0x0F0F0F0Fu;
+                w.q[g][k] = int(low | (((qh >> (2 * g)) & 0x03030303u) << 4));
+            }
         }
+#pragma unroll
+        for (int g = 0; g < 4; g++) w.scale[g] = int8_t(b[192 + 8 * h + 2 * g + l / 16]);
         w.d = m40_f16(b + 208);
     }
     __device__ static void activations(M40Q8Row x, int block, int u, X &a) {
-        const int h = u / 8, l = 4 * (u % 8);
+        const int h = u / 4, l = 8 * (u % 4);
 #pragma unroll
         for (int g = 0; g < 4; g++) {
             const int sub = 8 * block + 4 * h + g;
-            a.q[g] = m40_q8_word(x.qs + 32 * sub + l);
-            a.offset[g] = -m40_dp4a(0x20202020, a.q[g], 0);
+            a.q[g] = m40_q8_words2(x.qs + 32 * sub + l);
+            a.offset[g] = -m40_dp4a(0x20202020, a.q[g].x, m40_dp4a(0x20202020, a.q[g].y, 0));
             a.d[g] = __ldg(&x.ds[sub].x);
         }
     }
     __device__ static float dot(const W &w, const X &a) {
         float s = 0.0f;
 #pragma unroll
-        for (int g = 0; g < 4; g++) s = fmaf(a.d[g], float(w.scale[g] * m40_dp4a(w.q[g], a.q[g], a.offset[g])), s);
+        for (int g = 0; g < 4; g++) {
+            const int codes = m40_dp4a(w.q[g][0], a.q[g].x, m40_dp4a(w.q[g][1], a.q[g].y, a.offset[g]));
+            s = fmaf(a.d[g], float(w.scale[g] * codes), s);
+        }
         return w.d * s;
     }
 };

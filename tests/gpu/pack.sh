@@ -6,6 +6,8 @@
 #                      run on a newer GPU through the driver's JIT
 #   gemma_reference    the Gemma 3 270M reference test (run with M40_TEST_DEVICE=0)
 #   op_profile         per-operation times of a prompt and decode steps (benches/op_profile.rs)
+#   gemv_bench         the decode products alone against a plain read of their bytes
+#                      (tests/gpu/gemv_bench.cu, sm_90)
 #   libm40llm.so, m40-bench, shared/ (synth_gguf.py and the reference data), run.sh
 #   ptx/               libm40llm.so and m40-bench built with compute_52 PTX only
 # The folder is also packed into .devpack/device.tar.xz (the binaries are ~100 MB,
@@ -32,10 +34,12 @@ cp target/ptx/release/libm40llm.so .device/ptx/
 for dir in .device .device/ptx; do
   ${CC:-cc} -O2 -std=c11 -Iinclude examples-c/m40-bench.c -L$dir -Wl,-rpath,'$ORIGIN' -lm40llm -lpthread -lm -o $dir/m40-bench
 done
+${NVCC:-nvcc} -std=c++17 -O3 -ccbin="${NVCC_CCBIN:-g++-11}" -gencode=arch=compute_90,code=sm_90 -Icuda \
+  tests/gpu/gemv_bench.cu -o .device/gemv_bench
 cp ../shared/tools/synth_gguf.py .device/shared/tools/
 cp ../shared/data/reference/*.jsonl .device/shared/data/reference/
 cp tests/gpu/run.sh .device/
-strip .device/cuda_backend_fat .device/cuda_backend_ptx .device/gemma_reference .device/op_profile .device/{,ptx/}libm40llm.so .device/{,ptx/}m40-bench
+strip .device/cuda_backend_fat .device/cuda_backend_ptx .device/gemma_reference .device/op_profile .device/gemv_bench .device/{,ptx/}libm40llm.so .device/{,ptx/}m40-bench
 du -sh .device
 mkdir -p .devpack && tar -C .device -cf - . | xz -T0 -4 > .devpack/device.tar.xz
 du -sh .devpack/device.tar.xz

@@ -6,6 +6,9 @@
 #                  with $BENCH_ARGS (default -p 512 -n 128 -r 3 -b 1,8) and the
 #                  library in $BENCH_LIB (default: the fat build; ptx for compute_52 PTX)
 #   run.sh gemma   the Gemma 3 270M reference on CUDA device 0 ($M40_GEMMA_GGUF)
+#   run.sh gemv [7b|1b] [TYPE ...]
+#                  gemv_bench: each decode product of the model's shapes against a
+#                  plain read of its bytes, for GGUF type ids (default 2 12 8: Q4_0 Q4_K Q8_0)
 #   run.sh profile [PRESET:TYPE ...]
 #                  per-operation times of a 512-token prompt and decode steps of
 #                  1 and 8 sessions (default llama-7b:q4_0)
@@ -46,6 +49,14 @@ profile)
   for spec in ${*:-llama-7b:q4_0}; do
     model=$(synthetic "${spec%%:*}" "${spec##*:}")
     "$here/op_profile" "$model" 0 512 1,8 2>&1 | tee "$out/profile-${spec%%:*}-${spec##*:}.log" || status=1
+  done
+  ;;
+gemv)
+  shift
+  shape=${1:-7b}
+  shift
+  for ty in ${*:-2 12 8}; do
+    "$here/gemv_bench" "$shape" "$ty" 2>&1 | tee -a "$out/gemv-$shape.log" || status=1
   done
   ;;
 gemma)

@@ -1,0 +1,180 @@
+// The decode products of a llama layer on their own, against the time a
+// plain kernel takes to read the same bytes (the floor a product can reach):
+//   gemv_bench [7b|1b] [TYPE] [ROWS_PER_WARP] [N_X]
+// TYPE is a GGUF type id (2 Q4_0, 8 Q8_0, 12 Q4_K, 14 Q6_K, ...); weights are
+// random bytes (timing only), a copy per layer so that L2 does not hold them.
+// Built by tests/gpu/pack.sh for sm_90 (the H100); prints one line per
+// product and the products of a whole token, with and without their
+// activations' quantization.
+#include "gemv.cu"
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+__global__ void fill_bytes(uint8_t *p, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+        h ^= h >> 13;
+        h *= 0x5bd1e995u;
+        p[i] = uint8_t(h ^ (h >> 15));
+    }
+}
+
+__device__ uint32_t read_floor_sink;
+
+// Reads n 16-byte vectors once, two loads per thread in flight: the fastest
+// of the read patterns tried on the H100 (grid-stride or a segment per warp,
+// 1-8 loads in flight, 128 or 256 threads).
+__global__ void read_floor(const uint4 *p, size_t n) {
+    m40_wait_for_prior_kernels();
+    const size_t stride = size_t(gridDim.x) * blockDim.x;
+    uint32_t acc = 0;
+    size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+    for (; i + stride < n; i += 2 * stride) {
+        const uint4 a = __ldcg(p + i), b = __ldcg(p + i + stride);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;
+    }
+    if (i < n) {
+        const uint4 a = __ldcg(p + i);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (acc == 0x9e3779b9u) read_floor_sink = acc;  // keeps the loads
+}
+
+struct Product {
+    const char *name;
+    int n_matrices, rows, cols, epilogue;
+};
+
+static size_t row_bytes(int type, int cols) {
+    switch (type) {
+    case M40_F32: return size_t(cols) * 4;
+    case M40_F16:
+    case M40_BF16: return size_t(cols) * 2;
+    case M40_Q4_0: return cols / 32 * 18;
+    case M40_Q4_1: return cols / 32 * 20;
+    case M40_Q5_0: return cols / 32 * 22;
+    case M40_Q5_1: return cols / 32 * 24;
+    case M40_Q8_0: return cols / 32 * 34;
+    case M40_Q2_K: return cols / 256 * 84;
+    case M40_Q3_K: return cols / 256 * 110;
+    case M40_Q4_K: return cols / 256 * 144;
+    case M40_Q5_K: return cols / 256 * 176;
+    case M40_Q6_K: return cols / 256 * 210;
+    }
+    return 0;
+}
+
+static void check(cudaError_t status, const char *what) {
+    if (status != cudaSuccess) {
+        fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
+        exit(1);
+    }
+}
+
+int main(int argc, char **argv) {
+    const bool small = argc > 1 && argv[1][0] == '1';
+    const int type = argc > 2 ? atoi(argv[2]) : M40_Q4_0;
+    const int rows_per_warp = argc > 3 ? atoi(argv[3]) : 2;
+    const int n_x = argc > 4 ? atoi(argv[4]) : 1;
+    const int hidden = small ? 2048 : 4096, ffn = small ? 5632 : 11008, layers = small ? 22 : 32, vocab = 32000;
+    if (row_bytes(type, 256) == 0 || n_x < 1 || n_x > M40_GEMV_MAX_X) {
+        fprintf(stderr, "usage: gemv_bench [7b|1b] [GGUF type id] [rows per warp: 2|4] [activation rows: 1-8]\n");
+        return 2;
+    }
+    int sms = 0;
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "device query");
+    const Product products[] = {
+        {"q/k/v", 3, hidden, hidden, M40_GEMV_STORE},
+        {"attn out", 1, hidden, hidden, M40_GEMV_ACCUMULATE},
+        {"gate/up", 2, ffn, hidden, M40_GEMV_GLU_SILU},
+        {"down", 1, hidden, ffn, M40_GEMV_ACCUMULATE},
+        {"output", 1, vocab, hidden, M40_GEMV_STORE},
+    };
+    const int n_products = 5;
+    std::vector<std::vector<uint8_t *>> weights(n_products);
+    size_t token_bytes = 0;
+    for (int s = 0; s < n_products; s++) {
+        const Product &pr = products[s];
+        const size_t bytes = size_t(pr.n_matrices) * pr.rows * row_bytes(type, pr.cols);
+        for (int l = 0; l < (s == 4 ? 1 : layers); l++) {
+            uint8_t *w;
+            check(cudaMalloc(&w, bytes), "weights");
+            fill_bytes<<<1024, 256>>>(w, bytes, 1000u * s + l);
+            weights[s].push_back(w);
+            token_bytes += bytes;
+        }
+    }
+    const size_t widest = size_t(ffn > vocab ? ffn : vocab);
+    float *x, *y;
+    int8_t *x_q8;
+    check(cudaMalloc(&x, M40_GEMV_MAX_X * widest * 4), "x");
+    check(cudaMalloc(&y, 3 * M40_GEMV_MAX_X * widest * 4), "y");
+    check(cudaMalloc(&x_q8, M40_GEMV_MAX_X * widest * 2), "x_q8");
+    check(cudaMemset(x, 0, M40_GEMV_MAX_X * widest * 4), "x");
+    fill_bytes<<<64, 256>>>(reinterpret_cast<uint8_t *>(x_q8), M40_GEMV_MAX_X * widest * 2, 9);
+    cudaStream_t stream;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    const bool integer = m40_gemv_integer_path(type), overlap = m40_launch_overlap();
+
+    const auto product = [&](int s, int layer, bool quantized) {
+        const Product &pr = products[s];
+        M40Gemv p = {};
+        const size_t matrix_bytes = size_t(pr.rows) * row_bytes(type, pr.cols);
+        for (int m = 0; m < pr.n_matrices; m++)
+            p.m[m] = {weights[s][layer] + m * matrix_bytes, nullptr, y + m * M40_GEMV_MAX_X * widest, pr.rows, 0};
+        p.n_matrices = pr.n_matrices;
+        p.cols = pr.cols;
+        p.x = x;
+        p.n_x = n_x;
+        p.epilogue = pr.epilogue;
+        p.sm_count = sms;
+        p.x_q8 = integer ? x_q8 : nullptr;
+        p.x_quantized = quantized;
+        p.overlap = overlap;
+        check(m40_gemv(type, &p, rows_per_warp, stream), pr.name);
+    };
+    // Microseconds per call of `launch` over `reps` calls (after two warm-up calls).
+    const auto time_us = [&](int reps, auto launch) {
+        for (int r = 0; r < reps + 2; r++) {
+            if (r == 2) cudaEventRecord(start, stream);
+            launch(r);
+        }
+        cudaEventRecord(stop, stream);
+        check(cudaEventSynchronize(stop), "timing");
+        float ms = 0.0f;
+        cudaEventElapsedTime(&ms, start, stop);
+        return 1000.0 * ms / reps;
+    };
+
+    printf("type %d, %d rows per warp, %d activation rows, %s path, launches %s, %d layers: %.1f MB per token\n", type,
+           rows_per_warp, n_x, integer ? "integer" : "FP32", overlap ? "overlapping" : "in order", layers,
+           token_bytes / 1e6);
+    printf("%-9s %8s %10s %10s %8s\n", "product", "MB", "read (us)", "gemv (us)", "GB/s");
+    for (int s = 0; s < n_products; s++) {
+        const int copies = int(weights[s].size());
+        const size_t bytes = size_t(products[s].n_matrices) * products[s].rows * row_bytes(type, products[s].cols);
+        const double floor_us = time_us(48, [&](int r) {
+            m40_launch(overlap, read_floor, dim3(16 * sms), 128, stream,
+                       reinterpret_cast<const uint4 *>(weights[s][r % copies]), bytes / 16);
+        });
+        const double gemv_us = time_us(48, [&](int r) { product(s, r % copies, true); });
+        printf("%-9s %8.1f %10.2f %10.2f %8.0f\n", products[s].name, bytes / 1e6, floor_us, gemv_us,
+               bytes / gemv_us / 1e3);
+    }
+    for (int quantize = 0; quantize < 2; quantize++) {
+        const double token_us = time_us(10, [&](int) {
+            for (int l = 0; l < layers; l++)
+                for (int s = 0; s < 4; s++) product(s, l, !quantize);
+            product(4, 0, !quantize);
+        });
+        printf("a token's products%s: %.3f ms, %.0f GB/s\n",
+               quantize && integer ? " with their quantize launches" : "", token_us / 1e3, token_bytes / token_us / 1e3);
+        if (!integer) break;
+    }
+    return 0;
+}
