@@ -47,23 +47,14 @@ struct Product {
     int n_matrices, rows, cols, epilogue;
 };
 
+// Bytes of a row of `cols` values of `type` (0 for a type the kernels lack).
 static size_t row_bytes(int type, int cols) {
-    switch (type) {
-    case M40_F32: return size_t(cols) * 4;
-    case M40_F16:
-    case M40_BF16: return size_t(cols) * 2;
-    case M40_Q4_0: return cols / 32 * 18;
-    case M40_Q4_1: return cols / 32 * 20;
-    case M40_Q5_0: return cols / 32 * 22;
-    case M40_Q5_1: return cols / 32 * 24;
-    case M40_Q8_0: return cols / 32 * 34;
-    case M40_Q2_K: return cols / 256 * 84;
-    case M40_Q3_K: return cols / 256 * 110;
-    case M40_Q4_K: return cols / 256 * 144;
-    case M40_Q5_K: return cols / 256 * 176;
-    case M40_Q6_K: return cols / 256 * 210;
-    }
-    return 0;
+    size_t bytes = 0;
+    m40_with_format(type, [&](auto format) {
+        using F = decltype(format);
+        bytes = size_t(cols) / F::VALUES * F::BYTES;
+    });
+    return bytes;
 }
 
 static void check(cudaError_t status, const char *what) {
