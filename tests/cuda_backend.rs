@@ -34,14 +34,14 @@ use std::process::Command;
 use std::sync::Arc;
 
 use m40llm::backend::cpu::CpuBackend;
-use m40llm::backend::cuda::{self, CudaBackend, CudaOptions};
+use m40llm::backend::cuda::{self, CudaBackend, CudaOptions, GraphStats};
 use m40llm::backend::{
     fused, AttentionShape, Backend, GatedFfn, Glu, Heads, Norm, Product, Rope, RopeMode, Scratch,
     SeqPos,
 };
 use m40llm::error::ErrorKind;
 use m40llm::gguf::{GgufFile, ReadOptions};
-use m40llm::model::transformer::forward;
+use m40llm::model::transformer::{forward, logits_on_device};
 use m40llm::model::{LoadOptions, Model, Weight, Weights};
 use m40llm::quant::q8::dot_error_bound;
 use m40llm::quant::{dequantize_row, GgmlType};
@@ -124,6 +124,7 @@ fn pair(arch: &str, ty: &str, use_cublas: bool) -> Pair {
             gemv_rows_per_warp: None,
             integer_products: true,
             overlap_launches: true,
+            graph_decode: true,
         },
     )
 }
@@ -233,6 +234,7 @@ fn matrix_products_match_f64_products_for_every_type_on_every_path() {
                     gemv_rows_per_warp: None,
                     integer_products,
                     overlap_launches: true,
+                    graph_decode: true,
                 };
                 (use_cublas, pair_of("llama", &path, options))
             })
@@ -431,6 +433,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         gemv_rows_per_warp: Some(gemv_rows_per_warp),
         integer_products: true,
         overlap_launches: true,
+        graph_decode: true,
     };
     let p = pair_with(arch, ty, options);
     let g = &p.gpu;
@@ -1178,6 +1181,7 @@ fn overlapping_launches_change_no_logit() {
             gemv_rows_per_warp: None,
             integer_products: true,
             overlap_launches,
+            graph_decode: true,
         };
         let (overlapped, with) = decode_logits(&model, &path, options(true));
         let (serial, without) = decode_logits(&model, &path, options(false));
@@ -1201,6 +1205,123 @@ fn overlapping_launches_change_no_logit() {
         ));
     }
     println!("overlapping launches: {}", report.join("; "));
+}
+
+/// Logits of a prompt, 300 single-session decode steps (past 128 and 256
+/// positions, where attention splits each row's positions into more
+/// ranges) and three-session and two-session decode steps, each step as
+/// sessions run it (`run_step`), with or without recorded graphs.
+fn stepped_logits(model: &Model, path: &Path, graph_decode: bool) -> (GraphStats, Vec<Vec<f32>>) {
+    let file = Arc::new(open_mapped(path));
+    let options = CudaOptions {
+        use_cublas: true,
+        gemv_rows_per_warp: None,
+        integer_products: true,
+        overlap_launches: true,
+        graph_decode,
+    };
+    let gpu = CudaBackend::new(file, 0, options).unwrap();
+    let (_, hp) = model.config();
+    let n_vocab = hp.n_vocab as usize;
+    let cache = || {
+        gpu.kv_cache(
+            400,
+            hp.n_layer as usize,
+            (hp.n_head_kv * hp.head_dim_k) as usize,
+            (hp.n_head_kv * hp.head_dim_v) as usize,
+        )
+        .unwrap()
+    };
+    let mut caches = [cache(), cache(), cache()];
+    let step = |caches: &mut [&mut cuda::CudaKvCache],
+                tokens: &[u32],
+                rows: &[SeqPos],
+                wanted: &[usize]| {
+        gpu.run_step(caches, tokens, rows, wanted, n_vocab, |c| {
+            logits_on_device(&gpu, model, c, tokens, rows, wanted)
+        })
+        .unwrap()
+    };
+    let mut logits = Vec::new();
+    let prompt = tokens(12, 9);
+    for (seq, cache) in caches.iter_mut().enumerate() {
+        let n = prompt.len() - seq;
+        let rows: Vec<SeqPos> = (0..n).map(|pos| SeqPos { seq: 0, pos }).collect();
+        logits.push(step(&mut [&mut *cache], &prompt[..n], &rows, &[n - 1]));
+    }
+    let mut lengths = [prompt.len(), prompt.len() - 1, prompt.len() - 2];
+    for t in 0..300u32 {
+        let row = [SeqPos {
+            seq: 0,
+            pos: lengths[0],
+        }];
+        logits.push(step(&mut [&mut caches[0]], &[t % 97 + 3], &row, &[0]));
+        lengths[0] += 1;
+    }
+    for t in 0..6u32 {
+        let n = if t % 2 == 0 { 3 } else { 2 };
+        let rows: Vec<SeqPos> = (0..n)
+            .map(|seq| SeqPos {
+                seq,
+                pos: lengths[seq],
+            })
+            .collect();
+        let ids: Vec<u32> = (0..n as u32).map(|i| 5 + t * 3 + i).collect();
+        let wanted: Vec<usize> = (0..n).collect();
+        let mut all: Vec<&mut _> = caches.iter_mut().take(n).collect();
+        logits.push(step(&mut all, &ids, &rows, &wanted));
+        for length in &mut lengths[..n] {
+            *length += 1;
+        }
+    }
+    (gpu.graph_stats(), logits)
+}
+
+#[test]
+fn recorded_decode_steps_replay_the_same_logits() {
+    if !have_gpu() {
+        return;
+    }
+    let mut report = Vec::new();
+    for (arch, ty) in [("llama", "q4_k"), ("gemma3", "q8_0"), ("qwen2", "f16")] {
+        let path = synth(arch, ty);
+        let model = load(&path, -1);
+        let (graphs, replayed) = stepped_logits(&model, &path, true);
+        let (direct, launched) = stepped_logits(&model, &path, false);
+        assert_eq!(
+            direct,
+            GraphStats::default(),
+            "{arch} {ty}: graphs recorded while off"
+        );
+        // Every decode step is a replay (a recording only records); one
+        // recording per split count of the single session (up to 128, 256
+        // and 384 positions) and per batch size.
+        assert!(
+            graphs.replays == 306 && (2..=8).contains(&graphs.captures),
+            "{arch} {ty}: {graphs:?}"
+        );
+        // The same kernels with the same inputs: any difference is an input
+        // the replay did not refresh or memory the recording did not keep.
+        assert_eq!(replayed.len(), launched.len());
+        for (i, (a, b)) in replayed.iter().zip(&launched).enumerate() {
+            assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{arch} {ty}: step {i}'s logits differ when replayed"
+            );
+        }
+        report.push(format!(
+            "{arch} {ty}: {} steps identical, {} recorded, {} replayed{}",
+            replayed.len(),
+            graphs.captures,
+            graphs.replays,
+            if graphs.overlapped {
+                ", launches overlapped"
+            } else {
+                ""
+            }
+        ));
+    }
+    println!("recorded decode steps: {}", report.join("; "));
 }
 
 #[test]
@@ -1300,9 +1421,15 @@ fn the_decode_loop_allocates_no_device_memory() {
         after.device_allocations, before.device_allocations,
         "decode steps called cudaMalloc: {before:?} → {after:?}"
     );
-    assert!(after.cache_hits > before.cache_hits);
+    let m40llm::backend::ModelBackend::Cuda(b) = model.backend() else {
+        unreachable!()
+    };
+    // Replays of a recorded step allocate nothing at all; steps launched one
+    // by one take their buffers from the pool.
+    let graphs = b.graph_stats();
+    assert!(graphs.replays >= 20 || after.cache_hits > before.cache_hits);
     println!(
-        "20 decode steps: {} pool hits, no cudaMalloc",
+        "20 decode steps: no cudaMalloc, {} pool hits, {graphs:?}",
         after.cache_hits - before.cache_hits
     );
 }

@@ -138,6 +138,7 @@ impl Model {
                     integer_products: std::env::var("M40_GEMV_INTEGER").map_or(true, |v| v != "0"),
                     overlap_launches: std::env::var("M40_LAUNCH_OVERLAP")
                         .map_or(true, |v| v != "0"),
+                    graph_decode: std::env::var("M40_CUDA_GRAPH").map_or(true, |v| v != "0"),
                 };
                 ModelBackend::Cuda(Box::new(CudaBackend::new(
                     Arc::clone(&gguf),

@@ -46,7 +46,10 @@ pub fn run(
                     _ => Err(mismatch()),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            forward(&**b, model, &mut own, tokens, rows, logit_rows)
+            let n_vocab = model.config().1.n_vocab as usize;
+            b.run_step(&mut own, tokens, rows, logit_rows, n_vocab, |caches| {
+                logits_on_device(&**b, model, caches, tokens, rows, logit_rows)
+            })
         }
     }
 }
@@ -60,6 +63,22 @@ pub fn forward<B: Backend>(
     rows: &[SeqPos],
     logit_rows: &[usize],
 ) -> Result<Vec<f32>> {
+    let device = logits_on_device(b, model, caches, tokens, rows, logit_rows)?;
+    let mut logits = vec![0f32; logit_rows.len() * model.config().1.n_vocab as usize];
+    b.read(&device, &mut logits)?;
+    Ok(logits)
+}
+
+/// [`forward`] up to its logits in the backend's buffer: only enqueued
+/// work, so that a backend can record it and replay it.
+pub fn logits_on_device<B: Backend>(
+    b: &B,
+    model: &Model,
+    caches: &mut [&mut B::KvCache],
+    tokens: &[u32],
+    rows: &[SeqPos],
+    logit_rows: &[usize],
+) -> Result<B::Buffer> {
     let (arch, hp) = model.config();
     let t: ArchTraits = arch.traits();
     let w: &Weights = model.weights();
@@ -167,9 +186,7 @@ pub fn forward<B: Backend>(
         out: &mut logits_dev,
     }];
     b.norm_matmuls(&last, norm(&w.output_norm), n_out, &mut h, &mut output)?;
-    let mut logits = vec![0f32; n_out * n_vocab];
-    b.read(&logits_dev, &mut logits)?;
-    Ok(logits)
+    Ok(logits_dev)
 }
 
 /// Layer `il`'s RoPE and attention window: Gemma 3's local layers use a

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 
 use super::runtime;
 use crate::error::{ErrorKind, Result};
@@ -34,6 +35,9 @@ struct Pool {
     /// Freed blocks by size class.
     free: BTreeMap<usize, Vec<usize>>,
     stats: MemoryStats,
+    /// While a thread records a CUDA graph, the blocks it frees: the
+    /// recorded kernels keep using them on every replay (see `hold_freed`).
+    held: Option<(ThreadId, Vec<(usize, usize)>)>,
 }
 
 pub struct DeviceAllocator {
@@ -61,6 +65,7 @@ impl DeviceAllocator {
             pool: Mutex::new(Pool {
                 free: BTreeMap::new(),
                 stats: MemoryStats::default(),
+                held: None,
             }),
         })
     }
@@ -135,8 +140,40 @@ impl DeviceAllocator {
         }
     }
 
+    /// From now until `take_held`, blocks the calling thread frees stay
+    /// owned: a graph being recorded names them, and handing them to the
+    /// next owner would let a replay overwrite the new owner's data.
+    pub fn hold_freed(&self) {
+        self.pool().held = Some((std::thread::current().id(), Vec::new()));
+    }
+
+    /// The blocks freed since `hold_freed`, owned again; freeing returns to
+    /// the pool as usual afterwards.
+    pub fn take_held(self: &Arc<Self>) -> Vec<DevicePtr<u8>> {
+        let held = self
+            .pool()
+            .held
+            .take()
+            .map_or_else(Vec::new, |(_, blocks)| blocks);
+        held.into_iter()
+            .map(|(addr, class)| DevicePtr {
+                addr,
+                len: class,
+                class,
+                allocator: Arc::clone(self),
+                _type: PhantomData,
+            })
+            .collect()
+    }
+
     fn give_back(&self, addr: usize, class: usize) {
         let mut pool = self.pool();
+        if let Some((thread, blocks)) = &mut pool.held {
+            if *thread == std::thread::current().id() {
+                blocks.push((addr, class));
+                return;
+            }
+        }
         pool.stats.in_use -= class;
         pool.stats.cached += class;
         pool.free.entry(class).or_default().push(addr);

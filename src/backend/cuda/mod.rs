@@ -5,15 +5,17 @@
 //! All device work of a backend runs in order on one compute stream, behind
 //! one mutex: sessions on several host threads share the device safely, and
 //! the memory pool may hand a freed block to the next owner without waiting.
+//! Decode steps are recorded once and replayed as CUDA graphs (`graph`).
 
 mod cublas;
+mod graph;
 mod kernels;
 pub mod memory;
 pub mod runtime;
 
 use std::collections::HashMap;
 use std::ffi::c_int;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use super::{
     fused, AttentionShape, Backend, GatedFfn, Glu, Heads, Norm, Product, Rope, RopeMode, Scratch,
@@ -23,6 +25,8 @@ use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::model::Weight;
 use crate::quant::GgmlType;
+pub use graph::GraphStats;
+use graph::{Capture, DecodeGraphs};
 use kernels::*;
 use memory::{human, Arena};
 pub use memory::{DeviceAllocator, DevicePtr, MemoryStats};
@@ -66,6 +70,9 @@ pub struct CudaOptions {
     /// and newer) in builds that carry sm_90 code; false launches each kernel
     /// after the previous one has drained (`M40_LAUNCH_OVERLAP=0`).
     pub overlap_launches: bool,
+    /// Decode steps recorded once as a CUDA graph and replayed
+    /// (`M40_CUDA_GRAPH=0` launches every kernel of every step instead).
+    pub graph_decode: bool,
 }
 
 pub struct CudaBackend {
@@ -85,6 +92,13 @@ pub struct CudaBackend {
     integer_formats: Vec<GgmlType>,
     /// Whether decode kernels overlap their predecessors (see CudaOptions).
     overlap_launches: bool,
+    /// Whether decode steps are replayed from graphs (see CudaOptions).
+    graph_decode: bool,
+    graphs: Mutex<DecodeGraphs>,
+    /// Taken shared by everything that enqueues work outside a recording,
+    /// exclusively while a step is recorded: a recording captures whatever
+    /// any thread enqueues on the stream.
+    capture_exclusion: RwLock<()>,
     bandwidth: std::sync::OnceLock<f64>,
     state: Mutex<State>,
 }
@@ -109,6 +123,9 @@ struct State {
     /// (`q8_bytes` for GEMV_MAX_X rows of the widest matrix), when products
     /// take the integer path.
     activations_q8: Option<DevicePtr<i8>>,
+    /// The step being recorded into a graph, if any: its kernels read the
+    /// step's inputs from the graph's own input block.
+    capture: Option<Capture>,
     stream: OwnedStream,
 }
 
@@ -120,6 +137,13 @@ impl State {
         allocator: &Arc<DeviceAllocator>,
         ids: &[c_int],
     ) -> Result<*const c_int> {
+        if self.capture.is_some() {
+            // The copy would be recorded from a staging piece that later
+            // steps reuse.
+            return Err(Error::unsupported(
+                "an index upload inside a recorded decode step",
+            ));
+        }
         let bytes = std::mem::size_of_val(ids);
         self.arena.begin(allocator, Arena::footprint(&[bytes]))?;
         let device_ids = self.arena.take::<c_int>(ids.len());
@@ -130,6 +154,31 @@ impl State {
         };
         Ok(device_ids)
     }
+
+    /// The device copy of a batch's row table: the recorded step's own
+    /// table while a step is recorded (its contents are copied in before
+    /// each replay), else `table`'s, uploaded when the rows changed.
+    fn row_table(
+        &mut self,
+        allocator: &Arc<DeviceAllocator>,
+        table: RowTableKind,
+        rows: Vec<DeviceRow>,
+    ) -> Result<*const DeviceRow> {
+        if let Some(capture) = &self.capture {
+            return capture.inputs.row_table(rows.len());
+        }
+        let table = match table {
+            RowTableKind::Positions => &mut self.positions,
+            RowTableKind::CacheRows => &mut self.cache_rows,
+        };
+        table.upload(allocator, rows, &mut self.staging, &self.stream)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum RowTableKind {
+    Positions,
+    CacheRows,
 }
 
 /// Pinned host memory that small uploads (token ids, row tables, host
@@ -333,6 +382,9 @@ impl CudaBackend {
             prefill_in_f16,
             integer_formats,
             overlap_launches,
+            graph_decode: options.graph_decode,
+            graphs: Mutex::new(DecodeGraphs::default()),
+            capture_exclusion: RwLock::new(()),
             bandwidth: std::sync::OnceLock::new(),
             state: Mutex::new(State {
                 stream,
@@ -343,6 +395,7 @@ impl CudaBackend {
                 positions: RowTable::new(),
                 cache_rows: RowTable::new(),
                 activations_q8,
+                capture: None,
             }),
         })
     }
@@ -368,6 +421,7 @@ impl CudaBackend {
             return Ok(gbps);
         }
         const BYTES: usize = 256 << 20;
+        let _shared = self.no_capture();
         let state = self.lock();
         let (mut src, mut dst) = (
             self.allocator.alloc::<u8>(BYTES)?,
@@ -405,6 +459,7 @@ impl CudaBackend {
     /// Marks the device work enqueued so far, for timelines of the device's
     /// work that do not wait between operations (`benches/op_profile.rs`).
     pub fn record_event(&self, event: &OwnedEvent) -> Result<()> {
+        let _shared = self.no_capture();
         event.record(&self.lock().stream)
     }
 
@@ -423,6 +478,19 @@ impl CudaBackend {
         self.lock().cublas.as_ref().map(|c| c.library())
     }
 
+    /// Keeps steps from being recorded while the caller enqueues work.
+    fn no_capture(&self) -> RwLockReadGuard<'_, ()> {
+        self.capture_exclusion
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a decode kernel launched now overlaps its predecessor.
+    fn overlap(&self, st: &State) -> c_int {
+        let recorded_without = st.capture.as_ref().is_some_and(|c| !c.overlap);
+        c_int::from(self.overlap_launches && !recorded_without)
+    }
+
     /// The state, with this device current for the calling thread.
     fn lock(&self) -> MutexGuard<'_, State> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -430,6 +498,35 @@ impl CudaBackend {
         // next operation's error.
         let _ = runtime::ensure_device(self.info.index);
         state
+    }
+
+    /// Whether attention over `rows` takes the tiled kernel, and into how
+    /// many ranges it splits each row's positions.
+    fn attention_launch(&self, rows: &[SeqPos], shape: &AttentionShape) -> (bool, usize) {
+        let longest = rows
+            .iter()
+            .map(|r| shape.window.map_or(r.pos + 1, |w| w.min(r.pos + 1)))
+            .max()
+            .unwrap_or(1);
+        let sms = self.info.multiprocessors;
+        // Heads of a multiple of 8 values take the tiled kernel (prompt
+        // chunks) or the lane-per-position kernel (other rows).
+        let multiple_of_8 =
+            shape.head_dim_k.is_multiple_of(8) && shape.head_dim_v.is_multiple_of(8);
+        let tiled = multiple_of_8 && is_prompt_chunk(rows);
+        let n_splits = if tiled {
+            let tile_rows = if shape.head_dim_k.max(shape.head_dim_v) > 128 {
+                16
+            } else {
+                32
+            };
+            block_attention_splits(rows.len().div_ceil(tile_rows) * shape.n_head, longest, sms)
+        } else if multiple_of_8 {
+            block_attention_splits(rows.len() * shape.n_head, longest, sms)
+        } else {
+            attention_splits(rows.len() * shape.n_head, longest, sms)
+        };
+        (tiled, n_splits)
     }
 
     fn weight_ptr(&self, w: &Weight) -> *const u8 {
@@ -682,7 +779,7 @@ impl CudaBackend {
                     .as_ref()
                     .map_or(std::ptr::null_mut(), |q| q.as_ptr().cast_mut()),
                 x_quantized: c_int::from(input_quantized),
-                overlap: c_int::from(self.overlap_launches),
+                overlap: self.overlap(st),
             };
             // SAFETY: the launch names live device memory (see above); the
             // struct is read before the call returns.
@@ -912,6 +1009,7 @@ impl Backend for CudaBackend {
         k_width: usize,
         v_width: usize,
     ) -> Result<CudaKvCache> {
+        let _shared = self.no_capture();
         let state = self.lock();
         let slots = n_ctx
             .checked_mul(n_layer)
@@ -958,7 +1056,10 @@ impl Backend for CudaBackend {
         let mut state = self.lock();
         let st = &mut *state;
         let ids: Vec<c_int> = tokens.iter().map(|&t| t as c_int).collect();
-        let device_ids = st.upload_indices(&self.allocator, &ids)?;
+        let device_ids = match &st.capture {
+            Some(capture) => capture.inputs.token_ids(ids.len())?,
+            None => st.upload_indices(&self.allocator, &ids)?,
+        };
         // SAFETY: `device_ids` holds the ids; `out` holds one row per token;
         // the table is a located weight.
         unsafe {
@@ -1079,9 +1180,7 @@ impl Backend for CudaBackend {
                 })
             })
             .collect::<Result<_>>()?;
-        let rows = st
-            .positions
-            .upload(&self.allocator, table, &mut st.staging, &st.stream)?;
+        let rows = st.row_table(&self.allocator, RowTableKind::Positions, table)?;
         let factors = match rope.freq_factors {
             Some(f) => self.vector(f)?,
             None => std::ptr::null(),
@@ -1152,9 +1251,7 @@ impl Backend for CudaBackend {
         let st = &mut *state;
         let (k_width, v_width) = (caches[first.seq].k_width, caches[first.seq].v_width);
         let table = device_rows(caches, rows)?;
-        let device_rows =
-            st.cache_rows
-                .upload(&self.allocator, table, &mut st.staging, &st.stream)?;
+        let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
         // SAFETY: k and v hold rows.len() rows of their widths; every row's
         // cache has room for its position (the session checked it).
         unsafe {
@@ -1195,32 +1292,13 @@ impl Backend for CudaBackend {
         let mut state = self.lock();
         let st = &mut *state;
         let table = device_rows(caches, rows)?;
-        let device_rows =
-            st.cache_rows
-                .upload(&self.allocator, table, &mut st.staging, &st.stream)?;
-        let longest = rows
-            .iter()
-            .map(|r| shape.window.map_or(r.pos + 1, |w| w.min(r.pos + 1)))
-            .max()
-            .unwrap_or(1);
-        let sms = self.info.multiprocessors;
-        // Heads of a multiple of 8 values take the tiled kernel (prompt
-        // chunks) or the lane-per-position kernel (other rows).
+        let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
+        let (tiled, n_splits) = self.attention_launch(rows, shape);
+        if let Some(capture) = &mut st.capture {
+            capture.attention.push((*shape, n_splits));
+        }
         let multiple_of_8 =
             shape.head_dim_k.is_multiple_of(8) && shape.head_dim_v.is_multiple_of(8);
-        let tiled = multiple_of_8 && is_prompt_chunk(rows);
-        let n_splits = if tiled {
-            let tile_rows = if shape.head_dim_k.max(shape.head_dim_v) > 128 {
-                16
-            } else {
-                32
-            };
-            block_attention_splits(rows.len().div_ceil(tile_rows) * shape.n_head, longest, sms)
-        } else if multiple_of_8 {
-            block_attention_splits(rows.len() * shape.n_head, longest, sms)
-        } else {
-            attention_splits(rows.len() * shape.n_head, longest, sms)
-        };
         // Those two kernels write the output directly over one range.
         let partial_len = if multiple_of_8 && n_splits == 1 {
             0
@@ -1252,7 +1330,7 @@ impl Backend for CudaBackend {
                     n_splits as c_int,
                     partial,
                     out.as_mut_ptr(),
-                    c_int::from(self.overlap_launches),
+                    self.overlap(st),
                     st.stream.raw(),
                 ),
                 || "attention".to_string(),
@@ -1450,9 +1528,7 @@ impl Backend for CudaBackend {
         let mut state = self.lock();
         let st = &mut *state;
         let table = device_rows(caches, rows)?;
-        let device_rows =
-            st.cache_rows
-                .upload(&self.allocator, table, &mut st.staging, &st.stream)?;
+        let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
         let vector_or_null = |w: Option<&Weight>| match w {
             Some(w) => self.vector(w),
             None => Ok(std::ptr::null()),
@@ -1472,7 +1548,7 @@ impl Backend for CudaBackend {
             head_dim_v: heads.head_dim_v as c_int,
             neox: c_int::from(rope.mode == RopeMode::Neox),
             rope_dims: rope.dims as c_int,
-            overlap: c_int::from(self.overlap_launches),
+            overlap: self.overlap(st),
         };
         // SAFETY: q, k, v hold the rows' heads (checked above); every row's
         // cache has room for its position (the session checked it).

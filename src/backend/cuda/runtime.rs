@@ -8,6 +8,8 @@ use crate::error::{Error, ErrorKind, Result};
 
 pub type Stream = *mut c_void;
 type Event = *mut c_void;
+type Graph = *mut c_void;
+type GraphExec = *mut c_void;
 
 const CUDA_SUCCESS: c_int = 0;
 const CUDA_ERROR_MEMORY_ALLOCATION: c_int = 2;
@@ -17,6 +19,9 @@ const CUDA_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
 const CUDA_STREAM_NON_BLOCKING: u32 = 1;
 const CUDA_HOST_ALLOC_DEFAULT: u32 = 0;
 const CUDA_EVENT_DISABLE_TIMING: u32 = 2;
+/// Capture mode that lets other runtime calls (cudaMalloc from the memory
+/// pool) run while a stream is being captured.
+const CUDA_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
 const CUDA_DEV_ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
 const CUDA_DEV_ATTR_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 const CUDA_DEV_ATTR_COMPUTE_CAPABILITY_MINOR: c_int = 76;
@@ -48,6 +53,12 @@ extern "C" {
     fn cudaEventSynchronize(event: Event) -> c_int;
     fn cudaEventDestroy(event: Event) -> c_int;
     fn cudaEventElapsedTime(ms: *mut f32, start: Event, end: Event) -> c_int;
+    fn cudaStreamBeginCapture(stream: Stream, mode: c_int) -> c_int;
+    fn cudaStreamEndCapture(stream: Stream, graph: *mut Graph) -> c_int;
+    fn cudaGraphInstantiateWithFlags(exec: *mut GraphExec, graph: Graph, flags: u64) -> c_int;
+    fn cudaGraphLaunch(exec: GraphExec, stream: Stream) -> c_int;
+    fn cudaGraphExecDestroy(exec: GraphExec) -> c_int;
+    fn cudaGraphDestroy(graph: Graph) -> c_int;
     fn cudaGetErrorString(code: c_int) -> *const c_char;
     fn cudaGetLastError() -> c_int;
     fn m40_device_name(device: c_int, name: *mut c_char, capacity: usize) -> c_int;
@@ -396,5 +407,62 @@ impl Drop for OwnedEvent {
     fn drop(&mut self) {
         // SAFETY: created by cudaEventCreateWithFlags, destroyed once.
         unsafe { cudaEventDestroy(self.0) };
+    }
+}
+
+/// Starts recording the work enqueued on `stream` into a graph instead of
+/// running it; [`end_capture`] ends the recording.
+pub fn begin_capture(stream: &OwnedStream) -> Result<()> {
+    // SAFETY: a live stream that is not being captured (the backend starts
+    // one capture at a time and always ends it).
+    check(
+        unsafe { cudaStreamBeginCapture(stream.raw(), CUDA_STREAM_CAPTURE_MODE_RELAXED) },
+        || "starting to capture a CUDA graph".to_string(),
+    )
+}
+
+/// Ends the recording [`begin_capture`] started on `stream` and makes the
+/// recorded work launchable. An error when any recorded call failed.
+pub fn end_capture(stream: &OwnedStream) -> Result<OwnedGraph> {
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: a stream being captured; writes one handle (null when the
+    // capture was invalidated).
+    let ended = unsafe { cudaStreamEndCapture(stream.raw(), &mut graph) };
+    let instantiated = check(ended, || "capturing a CUDA graph".to_string()).and_then(|()| {
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: a complete graph; writes one handle.
+        check(
+            unsafe { cudaGraphInstantiateWithFlags(&mut exec, graph, 0) },
+            || "instantiating a CUDA graph".to_string(),
+        )?;
+        Ok(OwnedGraph(exec))
+    });
+    if !graph.is_null() {
+        // SAFETY: the recorded graph; the instantiated one does not need it.
+        unsafe { cudaGraphDestroy(graph) };
+    }
+    instantiated
+}
+
+/// A recorded, launchable sequence of device work, destroyed on drop.
+pub struct OwnedGraph(GraphExec);
+
+// SAFETY: as for streams.
+unsafe impl Send for OwnedGraph {}
+
+impl OwnedGraph {
+    /// Enqueues the recorded work on `stream`.
+    pub fn launch(&self, stream: &OwnedStream) -> Result<()> {
+        // SAFETY: a live graph and stream.
+        check(unsafe { cudaGraphLaunch(self.0, stream.raw()) }, || {
+            "launching a CUDA graph".to_string()
+        })
+    }
+}
+
+impl Drop for OwnedGraph {
+    fn drop(&mut self) {
+        // SAFETY: instantiated by end_capture, destroyed once.
+        unsafe { cudaGraphExecDestroy(self.0) };
     }
 }

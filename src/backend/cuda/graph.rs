@@ -1,0 +1,279 @@
+//! Decode steps replayed as CUDA graphs.
+//!
+//! A decode step is a few hundred small kernels; launching them one by one
+//! costs the host about as long as the device takes to run a small model's
+//! step, so the device waits for the host. The first step of each shape is
+//! recorded as a graph; later steps copy their inputs (token ids, positions,
+//! KV caches) into the graph's input block and launch the whole step at
+//! once.
+//!
+//! What a recorded step depends on:
+//! - the number of rows (one per session), which picks the graph;
+//! - each attention launch's split count, which grows with the sequence
+//!   length: a replay checks it, and a step whose counts changed is
+//!   recorded again;
+//! - everything else the kernels read through pointers: weights (fixed),
+//!   the step's inputs (copied in before each replay), and the activations
+//!   and scratch of the recording, which the graph owns (`memory`).
+
+use std::ffi::c_int;
+use std::sync::Arc;
+
+use super::kernels::DeviceRow;
+use super::memory::{Arena, DeviceAllocator, DevicePtr};
+use super::runtime::{self, OwnedGraph, OwnedStream, PinnedBuffer};
+use super::{as_bytes, device_rows, AttentionShape, CudaBackend, CudaKvCache, DeviceBuffer};
+use crate::backend::{Backend, SeqPos};
+use crate::error::{Error, Result};
+
+/// Recorded steps kept per backend; the least recently recorded goes first.
+const MAX_GRAPHS: usize = 8;
+
+/// A step's inputs in device memory, at addresses the recording names:
+/// the token ids, then the row table (positions and KV caches).
+pub(super) struct StepInputs {
+    device: DevicePtr<u8>,
+    host: PinnedBuffer,
+    rows: usize,
+}
+
+impl StepInputs {
+    fn new(allocator: &Arc<DeviceAllocator>, rows: usize) -> Result<StepInputs> {
+        let bytes = Self::rows_offset(rows) + rows * std::mem::size_of::<DeviceRow>();
+        Ok(StepInputs {
+            device: allocator.alloc(bytes)?,
+            host: PinnedBuffer::new(bytes)?,
+            rows,
+        })
+    }
+
+    /// Where the row table starts: past the ids, 16-byte aligned.
+    fn rows_offset(rows: usize) -> usize {
+        (rows * std::mem::size_of::<c_int>()).next_multiple_of(16)
+    }
+
+    /// The ids of a step of `n` rows.
+    pub(super) fn token_ids(&self, n: usize) -> Result<*const c_int> {
+        self.check_rows(n)?;
+        Ok(self.device.as_ptr().cast())
+    }
+
+    /// The row table of a step of `n` rows.
+    pub(super) fn row_table(&self, n: usize) -> Result<*const DeviceRow> {
+        self.check_rows(n)?;
+        // SAFETY: the offset lies inside the block (see `new`).
+        Ok(unsafe { self.device.as_ptr().add(Self::rows_offset(self.rows)) }.cast())
+    }
+
+    fn check_rows(&self, n: usize) -> Result<()> {
+        if n != self.rows {
+            return Err(Error::internal(format!(
+                "a recorded step of {} rows was given {n}",
+                self.rows
+            )));
+        }
+        Ok(())
+    }
+
+    /// Enqueues the copy of a step's inputs to the device. The previous
+    /// step's copy has run: every step ends by waiting for its logits.
+    fn upload(&mut self, ids: &[c_int], rows: &[DeviceRow], stream: &OwnedStream) -> Result<()> {
+        self.check_rows(ids.len())?;
+        self.check_rows(rows.len())?;
+        let offset = Self::rows_offset(self.rows);
+        let host = self.host.as_mut_slice();
+        host[..std::mem::size_of_val(ids)].copy_from_slice(as_bytes(ids));
+        host[offset..offset + std::mem::size_of_val(rows)].copy_from_slice(as_bytes(rows));
+        // SAFETY: both hold the same number of bytes; the pinned copy stays
+        // untouched until the next step, which starts after this one ended.
+        unsafe {
+            runtime::copy_to_device(
+                self.device.as_mut_ptr().cast(),
+                self.host.as_ptr(),
+                self.host.capacity(),
+                stream.raw(),
+            )
+        }
+    }
+}
+
+/// What a backend records while a step is being captured.
+pub(super) struct Capture {
+    pub inputs: StepInputs,
+    /// Each attention launch's shape and the split count it was recorded
+    /// with.
+    pub attention: Vec<(AttentionShape, usize)>,
+    /// Whether the recorded kernels overlap their predecessors.
+    pub overlap: bool,
+}
+
+/// One recorded decode step.
+pub(super) struct DecodeGraph {
+    graph: OwnedGraph,
+    inputs: StepInputs,
+    attention: Vec<(AttentionShape, usize)>,
+    logits: DeviceBuffer,
+    /// The recording's activations and scratch, named by its kernels.
+    _memory: (Vec<DevicePtr<u8>>, Arena),
+}
+
+/// How many steps were recorded and replayed (tests and tools read it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    pub captures: u64,
+    pub replays: u64,
+    /// Whether the recorded kernels overlap their predecessors.
+    pub overlapped: bool,
+}
+
+/// A backend's recorded steps.
+#[derive(Default)]
+pub(super) struct DecodeGraphs {
+    graphs: Vec<DecodeGraph>,
+    stats: GraphStats,
+    /// Recording failed with launches that overlap; steps are recorded
+    /// without.
+    no_overlap: bool,
+    /// Recording failed altogether: steps run launch by launch.
+    off: bool,
+}
+
+impl CudaBackend {
+    /// One forward pass: `enqueue` enqueues it and returns the device buffer
+    /// of the logits of `logit_rows`; they are returned `n_vocab` per row.
+    /// A decode step (up to GEMV_MAX_X rows, one per session, logits for
+    /// each) runs as a recorded graph where the device allows.
+    pub fn run_step(
+        &self,
+        caches: &mut [&mut CudaKvCache],
+        tokens: &[u32],
+        rows: &[SeqPos],
+        logit_rows: &[usize],
+        n_vocab: usize,
+        mut enqueue: impl FnMut(&mut [&mut CudaKvCache]) -> Result<DeviceBuffer>,
+    ) -> Result<Vec<f32>> {
+        let mut logits = vec![0f32; logit_rows.len() * n_vocab];
+        let decode_step = tokens.len() == rows.len()
+            && (1..=super::GEMV_MAX_X).contains(&rows.len())
+            && logit_rows.iter().copied().eq(0..rows.len());
+        if !self.graph_decode || !decode_step {
+            self.run_directly(caches, &mut enqueue, &mut logits)?;
+            return Ok(logits);
+        }
+        let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        if graphs.off {
+            self.run_directly(caches, &mut enqueue, &mut logits)?;
+            return Ok(logits);
+        }
+        let ids: Vec<c_int> = tokens.iter().map(|&t| t as c_int).collect();
+        let table = device_rows(caches, rows)?;
+        let recorded = graphs.graphs.iter().position(|g| {
+            g.inputs.rows == rows.len()
+                && g.attention
+                    .iter()
+                    .all(|(shape, splits)| self.attention_launch(rows, shape).1 == *splits)
+        });
+        let index = match recorded {
+            Some(i) => i,
+            None => {
+                let first = self.record_step(caches, rows.len(), !graphs.no_overlap, &mut enqueue);
+                let recording = match first {
+                    // Recording launches that overlap needs a newer runtime
+                    // than some builds link; record without them.
+                    Err(_) if self.overlap_launches && !graphs.no_overlap => {
+                        let second = self.record_step(caches, rows.len(), false, &mut enqueue);
+                        graphs.no_overlap = second.is_ok();
+                        second
+                    }
+                    other => other,
+                };
+                let Ok(graph) = recording else {
+                    // A step that cannot be recorded runs launch by launch;
+                    // if it fails that way too, its error is the real one.
+                    self.run_directly(caches, &mut enqueue, &mut logits)?;
+                    graphs.off = true;
+                    return Ok(logits);
+                };
+                if graphs.graphs.len() == MAX_GRAPHS {
+                    graphs.graphs.remove(0);
+                }
+                graphs.graphs.push(graph);
+                graphs.stats.captures += 1;
+                graphs.stats.overlapped = self.overlap_launches && !graphs.no_overlap;
+                graphs.graphs.len() - 1
+            }
+        };
+        let graph = &mut graphs.graphs[index];
+        {
+            let state = self.lock();
+            graph.inputs.upload(&ids, &table, &state.stream)?;
+            graph.graph.launch(&state.stream)?;
+        }
+        self.read(&graph.logits, &mut logits)?;
+        graphs.stats.replays += 1;
+        Ok(logits)
+    }
+
+    /// Counts of recorded and replayed decode steps.
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graphs.lock().unwrap_or_else(|e| e.into_inner()).stats
+    }
+
+    fn run_directly(
+        &self,
+        caches: &mut [&mut CudaKvCache],
+        enqueue: &mut impl FnMut(&mut [&mut CudaKvCache]) -> Result<DeviceBuffer>,
+        logits: &mut [f32],
+    ) -> Result<()> {
+        let _shared = self.no_capture();
+        let device = enqueue(caches)?;
+        self.read(&device, logits)
+    }
+
+    /// Records one step of `n_rows` rows: `enqueue`'s launches go into a
+    /// graph, and the memory they name stays the graph's.
+    fn record_step(
+        &self,
+        caches: &mut [&mut CudaKvCache],
+        n_rows: usize,
+        overlap: bool,
+        enqueue: &mut impl FnMut(&mut [&mut CudaKvCache]) -> Result<DeviceBuffer>,
+    ) -> Result<DecodeGraph> {
+        // No other thread may enqueue work while the stream is recorded.
+        let _exclusive = self
+            .capture_exclusion
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let inputs = StepInputs::new(&self.allocator, n_rows)?;
+        let mut scratch = Arena::default();
+        {
+            let mut state = self.lock();
+            let st = &mut *state;
+            runtime::begin_capture(&st.stream)?;
+            std::mem::swap(&mut st.arena, &mut scratch);
+            st.capture = Some(Capture {
+                inputs,
+                attention: Vec::new(),
+                overlap,
+            });
+            self.allocator.hold_freed();
+        }
+        // Whatever `enqueue` does, the recording ends before this returns.
+        let logits = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| enqueue(caches)));
+        let mut state = self.lock();
+        let st = &mut *state;
+        let graph = runtime::end_capture(&st.stream);
+        std::mem::swap(&mut st.arena, &mut scratch);
+        let capture = st.capture.take().expect("set above");
+        let memory = self.allocator.take_held();
+        drop(state);
+        let logits = logits.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        Ok(DecodeGraph {
+            graph: graph?,
+            inputs: capture.inputs,
+            attention: capture.attention,
+            logits: logits?,
+            _memory: (memory, scratch),
+        })
+    }
+}
