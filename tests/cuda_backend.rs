@@ -1324,6 +1324,52 @@ fn recorded_decode_steps_replay_the_same_logits() {
     println!("recorded decode steps: {}", report.join("; "));
 }
 
+/// Sessions of one model decoding on four threads at once: recordings,
+/// replays and prompts launched directly interleave on the one stream.
+#[test]
+fn sessions_on_several_threads_get_the_logits_they_get_alone() {
+    if !have_gpu() {
+        return;
+    }
+    let path = synth("llama", "q4_0");
+    let model = load(&path, 0);
+    let params = SessionParams {
+        n_ctx: 256,
+        n_batch: 0,
+    };
+    let run = |seed: u64| -> Vec<Vec<f32>> {
+        let mut s = Session::new(Arc::clone(&model), params).unwrap();
+        let mut logits = Vec::new();
+        s.decode(&tokens(20 + seed as usize, seed)).unwrap();
+        logits.push(s.logits().unwrap().to_vec());
+        for t in tokens(140, seed + 100) {
+            s.decode(&[t]).unwrap();
+            logits.push(s.logits().unwrap().to_vec());
+        }
+        logits
+    };
+    let alone: Vec<_> = (0..4).map(run).collect();
+    let together: Vec<_> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..4).map(|seed| scope.spawn(move || run(seed))).collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for (seed, (a, b)) in alone.iter().zip(&together).enumerate() {
+        for (step, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "session {seed}: step {step}'s logits differ when run beside others"
+            );
+        }
+    }
+    let m40llm::backend::ModelBackend::Cuda(b) = model.backend() else {
+        unreachable!()
+    };
+    println!(
+        "4 threads × 141 steps identical to running alone; {:?}",
+        b.graph_stats()
+    );
+}
+
 #[test]
 fn errors_are_statuses_and_the_backend_stays_usable() {
     if !have_gpu() {

@@ -30,7 +30,7 @@ tests)
   for build in fat ptx; do
     "$here/cuda_backend_$build" --nocapture --test-threads=4 > "$out/cuda_backend_$build.log" 2>&1 || status=1
     echo "== cuda_backend ($build build)"
-    grep -E "^test |test result|largest|error|relative|describe|panicked|decode steps" "$out/cuda_backend_$build.log" | cut -c1-600
+    grep -E "^test |test result|largest|error|relative|describe|panicked|decode steps|identical" "$out/cuda_backend_$build.log" | cut -c1-600
   done
   ;;
 bench)
