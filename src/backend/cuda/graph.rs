@@ -12,9 +12,11 @@
 //! - each attention launch's split count, which grows with the sequence
 //!   length: a replay checks it, and a step whose counts changed is
 //!   recorded again;
-//! - everything else the kernels read through pointers: weights (fixed),
-//!   the step's inputs (copied in before each replay), and the activations
-//!   and scratch of the recording, which the graph owns (`memory`).
+//! - everything else the kernels read through pointers: weights and the
+//!   8-bit activation scratch (fixed for the backend's life; every step
+//!   uses the scratch in stream order), the step's inputs (copied in before
+//!   each replay), and the activations and scratch of the recording, which
+//!   the graph owns.
 
 use std::ffi::c_int;
 use std::sync::Arc;
@@ -24,9 +26,9 @@ use super::memory::{Arena, DeviceAllocator, DevicePtr};
 use super::runtime::{self, OwnedGraph, OwnedStream, PinnedBuffer};
 use super::{as_bytes, device_rows, AttentionShape, CudaBackend, CudaKvCache, DeviceBuffer};
 use crate::backend::{Backend, SeqPos};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
-/// Recorded steps kept per backend; the least recently recorded goes first.
+/// Recorded steps kept per backend; the least recently used goes first.
 const MAX_GRAPHS: usize = 8;
 
 /// A step's inputs in device memory, at addresses the recording names:
@@ -84,7 +86,8 @@ impl StepInputs {
         let host = self.host.as_mut_slice();
         host[..std::mem::size_of_val(ids)].copy_from_slice(as_bytes(ids));
         host[offset..offset + std::mem::size_of_val(rows)].copy_from_slice(as_bytes(rows));
-        // SAFETY: both hold the same number of bytes; the pinned copy stays
+        // SAFETY: the device block holds at least the pinned buffer's bytes
+        // (same request, rounded up to a size class); the pinned copy stays
         // untouched until the next step, which starts after this one ended.
         unsafe {
             runtime::copy_to_device(
@@ -173,11 +176,15 @@ impl CudaBackend {
                     .iter()
                     .all(|(shape, splits)| self.attention_launch(rows, shape).1 == *splits)
         });
-        let index = match recorded {
-            Some(i) => i,
+        let graph = match recorded {
+            // The most recently used goes last.
+            Some(i) => graphs.graphs.remove(i),
             None => {
                 let first = self.record_step(caches, rows.len(), !graphs.no_overlap, &mut enqueue);
                 let recording = match first {
+                    // Out of memory says nothing about recording: run this
+                    // step directly and record a later one.
+                    Err(e) if e.kind() == ErrorKind::OutOfMemory => Err(e),
                     // Recording launches that overlap needs a newer runtime
                     // than some builds link; record without them.
                     Err(_) if self.overlap_launches && !graphs.no_overlap => {
@@ -187,23 +194,27 @@ impl CudaBackend {
                     }
                     other => other,
                 };
-                let Ok(graph) = recording else {
-                    // A step that cannot be recorded runs launch by launch;
-                    // if it fails that way too, its error is the real one.
-                    self.run_directly(caches, &mut enqueue, &mut logits)?;
-                    graphs.off = true;
-                    return Ok(logits);
+                let graph = match recording {
+                    Ok(graph) => graph,
+                    Err(e) => {
+                        // A step that cannot be recorded runs launch by
+                        // launch; if it fails that way too, its error is
+                        // the real one.
+                        self.run_directly(caches, &mut enqueue, &mut logits)?;
+                        graphs.off |= e.kind() != ErrorKind::OutOfMemory;
+                        return Ok(logits);
+                    }
                 };
                 if graphs.graphs.len() == MAX_GRAPHS {
                     graphs.graphs.remove(0);
                 }
-                graphs.graphs.push(graph);
                 graphs.stats.captures += 1;
                 graphs.stats.overlapped = self.overlap_launches && !graphs.no_overlap;
-                graphs.graphs.len() - 1
+                graph
             }
         };
-        let graph = &mut graphs.graphs[index];
+        graphs.graphs.push(graph);
+        let graph = graphs.graphs.last_mut().expect("pushed above");
         {
             let state = self.lock();
             graph.inputs.upload(&ids, &table, &state.stream)?;

@@ -95,9 +95,12 @@ pub struct CudaBackend {
     /// Whether decode steps are replayed from graphs (see CudaOptions).
     graph_decode: bool,
     graphs: Mutex<DecodeGraphs>,
-    /// Taken shared by everything that enqueues work outside a recording,
-    /// exclusively while a step is recorded: a recording captures whatever
-    /// any thread enqueues on the stream.
+    /// Taken exclusively while a step is recorded, and shared by the paths
+    /// that may enqueue work from another thread meanwhile: forward passes
+    /// not replayed (`run_step`), KV cache creation and the measurements. A
+    /// recording captures whatever any thread enqueues on the stream, so
+    /// hosts of this backend run forward passes through `run_step` (as
+    /// sessions do), not through the `Backend` operations directly.
     capture_exclusion: RwLock<()>,
     bandwidth: std::sync::OnceLock<f64>,
     state: Mutex<State>,
@@ -509,10 +512,7 @@ impl CudaBackend {
             .max()
             .unwrap_or(1);
         let sms = self.info.multiprocessors;
-        // Heads of a multiple of 8 values take the tiled kernel (prompt
-        // chunks) or the lane-per-position kernel (other rows).
-        let multiple_of_8 =
-            shape.head_dim_k.is_multiple_of(8) && shape.head_dim_v.is_multiple_of(8);
+        let multiple_of_8 = heads_of_multiples_of_8(shape);
         let tiled = multiple_of_8 && is_prompt_chunk(rows);
         let n_splits = if tiled {
             let tile_rows = if shape.head_dim_k.max(shape.head_dim_v) > 128 {
@@ -1297,10 +1297,8 @@ impl Backend for CudaBackend {
         if let Some(capture) = &mut st.capture {
             capture.attention.push((*shape, n_splits));
         }
-        let multiple_of_8 =
-            shape.head_dim_k.is_multiple_of(8) && shape.head_dim_v.is_multiple_of(8);
         // Those two kernels write the output directly over one range.
-        let partial_len = if multiple_of_8 && n_splits == 1 {
+        let partial_len = if heads_of_multiples_of_8(shape) && n_splits == 1 {
             0
         } else {
             rows.len() * shape.n_head * n_splits * (shape.head_dim_v + 2)
@@ -1580,6 +1578,13 @@ fn attention_splits(row_heads: usize, longest: usize, multiprocessors: usize) ->
     fill.max(short)
         .min(most_blocks / row_heads.max(1))
         .clamp(1, longest.div_ceil(16).max(1))
+}
+
+/// Whether keys and values are heads of a multiple of 8 values: they take
+/// the tiled kernel (prompt chunks) or the lane-per-position kernel (other
+/// rows), else a warp per position.
+fn heads_of_multiples_of_8(shape: &AttentionShape) -> bool {
+    shape.head_dim_k.is_multiple_of(8) && shape.head_dim_v.is_multiple_of(8)
 }
 
 /// Rows that the tiled prefill kernel takes: enough of them (a prompt
