@@ -1165,6 +1165,17 @@ fn decode_logits(model: &Model, path: &Path, options: CudaOptions) -> (bool, Vec
     (gpu.overlaps_launches(), logits)
 }
 
+/// Asserts that every step's logits are bit-identical in two runs of the
+/// same deterministic kernels; `how` says what differed between the runs.
+fn assert_same_steps(what: &str, a: &[Vec<f32>], b: &[Vec<f32>], how: &str) {
+    for (step, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
+            "{what}: step {step}'s logits differ {how}"
+        );
+    }
+}
+
 #[test]
 fn overlapping_launches_change_no_logit() {
     if !have_gpu() {
@@ -1188,12 +1199,12 @@ fn overlapping_launches_change_no_logit() {
         assert!(!serial);
         // The kernels are deterministic: any difference is a kernel reading
         // what its predecessor had not finished writing.
-        for (step, (a, b)) in with.iter().zip(&without).enumerate() {
-            assert!(
-                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{arch} {ty}: step {step}'s logits differ with overlapping launches"
-            );
-        }
+        assert_same_steps(
+            &format!("{arch} {ty}"),
+            &with,
+            &without,
+            "with overlapping launches",
+        );
         report.push(format!(
             "{arch} {ty}: {} steps identical{}",
             with.len(),
@@ -1303,12 +1314,12 @@ fn recorded_decode_steps_replay_the_same_logits() {
         // The same kernels with the same inputs: any difference is an input
         // the replay did not refresh or memory the recording did not keep.
         assert_eq!(replayed.len(), launched.len());
-        for (i, (a, b)) in replayed.iter().zip(&launched).enumerate() {
-            assert!(
-                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{arch} {ty}: step {i}'s logits differ when replayed"
-            );
-        }
+        assert_same_steps(
+            &format!("{arch} {ty}"),
+            &replayed,
+            &launched,
+            "when replayed",
+        );
         report.push(format!(
             "{arch} {ty}: {} steps identical, {} recorded, {} replayed{}",
             replayed.len(),
@@ -1354,12 +1365,7 @@ fn sessions_on_several_threads_get_the_logits_they_get_alone() {
         threads.into_iter().map(|t| t.join().unwrap()).collect()
     });
     for (seed, (a, b)) in alone.iter().zip(&together).enumerate() {
-        for (step, (x, y)) in a.iter().zip(b).enumerate() {
-            assert!(
-                x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
-                "session {seed}: step {step}'s logits differ when run beside others"
-            );
-        }
+        assert_same_steps(&format!("session {seed}"), a, b, "when run beside others");
     }
     let m40llm::backend::ModelBackend::Cuda(b) = model.backend() else {
         unreachable!()

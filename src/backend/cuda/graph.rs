@@ -133,7 +133,8 @@ pub struct GraphStats {
 #[derive(Default)]
 pub(super) struct DecodeGraphs {
     graphs: Vec<DecodeGraph>,
-    stats: GraphStats,
+    captures: u64,
+    replays: u64,
     /// Recording failed with launches that overlap; steps are recorded
     /// without.
     no_overlap: bool,
@@ -155,18 +156,16 @@ impl CudaBackend {
         n_vocab: usize,
         mut enqueue: impl FnMut(&mut [&mut CudaKvCache]) -> Result<DeviceBuffer>,
     ) -> Result<Vec<f32>> {
-        let mut logits = vec![0f32; logit_rows.len() * n_vocab];
+        let n_logits = logit_rows.len() * n_vocab;
         let decode_step = tokens.len() == rows.len()
             && (1..=super::GEMV_MAX_X).contains(&rows.len())
             && logit_rows.iter().copied().eq(0..rows.len());
         if !self.graph_decode || !decode_step {
-            self.run_directly(caches, &mut enqueue, &mut logits)?;
-            return Ok(logits);
+            return self.run_directly(caches, &mut enqueue, n_logits);
         }
         let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
         if graphs.off {
-            self.run_directly(caches, &mut enqueue, &mut logits)?;
-            return Ok(logits);
+            return self.run_directly(caches, &mut enqueue, n_logits);
         }
         let ids: Vec<c_int> = tokens.iter().map(|&t| t as c_int).collect();
         let table = device_rows(caches, rows)?;
@@ -179,39 +178,18 @@ impl CudaBackend {
         let graph = match recorded {
             // The most recently used goes last.
             Some(i) => graphs.graphs.remove(i),
-            None => {
-                let first = self.record_step(caches, rows.len(), !graphs.no_overlap, &mut enqueue);
-                let recording = match first {
-                    // Out of memory says nothing about recording: run this
-                    // step directly and record a later one.
-                    Err(e) if e.kind() == ErrorKind::OutOfMemory => Err(e),
-                    // Recording launches that overlap needs a newer runtime
-                    // than some builds link; record without them.
-                    Err(_) if self.overlap_launches && !graphs.no_overlap => {
-                        let second = self.record_step(caches, rows.len(), false, &mut enqueue);
-                        graphs.no_overlap = second.is_ok();
-                        second
-                    }
-                    other => other,
-                };
-                let graph = match recording {
-                    Ok(graph) => graph,
-                    Err(e) => {
-                        // A step that cannot be recorded runs launch by
-                        // launch; if it fails that way too, its error is
-                        // the real one.
-                        self.run_directly(caches, &mut enqueue, &mut logits)?;
-                        graphs.off |= e.kind() != ErrorKind::OutOfMemory;
-                        return Ok(logits);
-                    }
-                };
-                if graphs.graphs.len() == MAX_GRAPHS {
-                    graphs.graphs.remove(0);
+            None => match self.record(&mut graphs, caches, rows.len(), &mut enqueue) {
+                Ok(graph) => graph,
+                Err(e) => {
+                    // A step that cannot be recorded runs launch by launch;
+                    // if it fails that way too, its error is the real one.
+                    // Out of memory says nothing about recording: a later
+                    // step is recorded.
+                    let logits = self.run_directly(caches, &mut enqueue, n_logits)?;
+                    graphs.off |= e.kind() != ErrorKind::OutOfMemory;
+                    return Ok(logits);
                 }
-                graphs.stats.captures += 1;
-                graphs.stats.overlapped = self.overlap_launches && !graphs.no_overlap;
-                graph
-            }
+            },
         };
         graphs.graphs.push(graph);
         let graph = graphs.graphs.last_mut().expect("pushed above");
@@ -220,25 +198,63 @@ impl CudaBackend {
             graph.inputs.upload(&ids, &table, &state.stream)?;
             graph.graph.launch(&state.stream)?;
         }
+        let mut logits = vec![0f32; n_logits];
         self.read(&graph.logits, &mut logits)?;
-        graphs.stats.replays += 1;
+        graphs.replays += 1;
         Ok(logits)
     }
 
     /// Counts of recorded and replayed decode steps.
     pub fn graph_stats(&self) -> GraphStats {
-        self.graphs.lock().unwrap_or_else(|e| e.into_inner()).stats
+        let graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        GraphStats {
+            captures: graphs.captures,
+            replays: graphs.replays,
+            overlapped: graphs.captures > 0 && self.overlap_launches && !graphs.no_overlap,
+        }
+    }
+
+    /// Records a step of `n_rows` rows, without overlapping launches where
+    /// recording them fails, and makes room for it among the recordings.
+    fn record(
+        &self,
+        graphs: &mut DecodeGraphs,
+        caches: &mut [&mut CudaKvCache],
+        n_rows: usize,
+        enqueue: &mut impl FnMut(&mut [&mut CudaKvCache]) -> Result<DeviceBuffer>,
+    ) -> Result<DecodeGraph> {
+        let graph = match self.record_step(caches, n_rows, !graphs.no_overlap, enqueue) {
+            // Recording launches that overlap needs a newer runtime than
+            // some builds link; record without them.
+            Err(e)
+                if e.kind() != ErrorKind::OutOfMemory
+                    && self.overlap_launches
+                    && !graphs.no_overlap =>
+            {
+                let graph = self.record_step(caches, n_rows, false, enqueue)?;
+                graphs.no_overlap = true;
+                graph
+            }
+            other => other?,
+        };
+        if graphs.graphs.len() == MAX_GRAPHS {
+            graphs.graphs.remove(0);
+        }
+        graphs.captures += 1;
+        Ok(graph)
     }
 
     fn run_directly(
         &self,
         caches: &mut [&mut CudaKvCache],
         enqueue: &mut impl FnMut(&mut [&mut CudaKvCache]) -> Result<DeviceBuffer>,
-        logits: &mut [f32],
-    ) -> Result<()> {
+        n_logits: usize,
+    ) -> Result<Vec<f32>> {
         let _shared = self.no_capture();
         let device = enqueue(caches)?;
-        self.read(&device, logits)
+        let mut logits = vec![0f32; n_logits];
+        self.read(&device, &mut logits)?;
+        Ok(logits)
     }
 
     /// Records one step of `n_rows` rows: `enqueue`'s launches go into a
