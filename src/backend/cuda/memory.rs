@@ -114,7 +114,13 @@ impl DeviceAllocator {
     fn malloc(&self, bytes: usize) -> Result<usize> {
         runtime::set_device(self.device)?;
         let ptr = match runtime::malloc(bytes) {
-            Err(e) if e.kind() == ErrorKind::OutOfMemory && self.pool().stats.cached > 0 => {
+            // Freeing would end the calling thread's recording (see
+            // runtime::free): it fails with out of memory instead.
+            Err(e)
+                if e.kind() == ErrorKind::OutOfMemory
+                    && self.pool().stats.cached > 0
+                    && !self.holds_for_this_thread() =>
+            {
                 self.release_cache();
                 runtime::malloc(bytes)?
             }
@@ -145,6 +151,13 @@ impl DeviceAllocator {
     /// next owner would let a replay overwrite the new owner's data.
     pub fn hold_freed(&self) {
         self.pool().held = Some((std::thread::current().id(), Vec::new()));
+    }
+
+    fn holds_for_this_thread(&self) -> bool {
+        self.pool()
+            .held
+            .as_ref()
+            .is_some_and(|(thread, _)| *thread == std::thread::current().id())
     }
 
     /// The blocks freed since `hold_freed`, owned again; freeing returns to

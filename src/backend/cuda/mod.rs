@@ -488,12 +488,6 @@ impl CudaBackend {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether a decode kernel launched now overlaps its predecessor.
-    fn overlap(&self, st: &State) -> c_int {
-        let recorded_without = st.capture.as_ref().is_some_and(|c| !c.overlap);
-        c_int::from(self.overlap_launches && !recorded_without)
-    }
-
     /// The state, with this device current for the calling thread.
     fn lock(&self) -> MutexGuard<'_, State> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -779,7 +773,7 @@ impl CudaBackend {
                     .as_ref()
                     .map_or(std::ptr::null_mut(), |q| q.as_ptr().cast_mut()),
                 x_quantized: c_int::from(input_quantized),
-                overlap: self.overlap(st),
+                overlap: c_int::from(self.overlap_launches),
             };
             // SAFETY: the launch names live device memory (see above); the
             // struct is read before the call returns.
@@ -1328,7 +1322,7 @@ impl Backend for CudaBackend {
                     n_splits as c_int,
                     partial,
                     out.as_mut_ptr(),
-                    self.overlap(st),
+                    c_int::from(self.overlap_launches),
                     st.stream.raw(),
                 ),
                 || "attention".to_string(),
@@ -1546,7 +1540,7 @@ impl Backend for CudaBackend {
             head_dim_v: heads.head_dim_v as c_int,
             neox: c_int::from(rope.mode == RopeMode::Neox),
             rope_dims: rope.dims as c_int,
-            overlap: self.overlap(st),
+            overlap: c_int::from(self.overlap_launches),
         };
         // SAFETY: q, k, v hold the rows' heads (checked above); every row's
         // cache has room for its position (the session checked it).

@@ -3,6 +3,7 @@
 //! for streams and pinned host memory.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::{RwLock, RwLockReadGuard};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -199,9 +200,21 @@ pub fn malloc(bytes: usize) -> Result<*mut c_void> {
     Ok(ptr)
 }
 
+/// Recordings in progress in this process, on any stream of any model. A
+/// call that waits for the whole device (cudaFree, cudaFreeHost) is invalid
+/// while a stream records and would end that recording, so such calls wait
+/// for recordings to end. The recording thread itself must not make them
+/// (see `DeviceAllocator::malloc`).
+static RECORDINGS: RwLock<()> = RwLock::new(());
+
+fn no_recording_in_progress() -> std::sync::RwLockWriteGuard<'static, ()> {
+    RECORDINGS.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// # Safety
 /// `ptr` came from [`malloc`] and is not used afterwards.
 pub unsafe fn free(ptr: *mut c_void) {
+    let _wait = no_recording_in_progress();
     // A failure here (a sticky error from an earlier fault) leaves nothing
     // to recover; the pointer is gone either way.
     unsafe { cudaFree(ptr) };
@@ -344,6 +357,7 @@ impl PinnedBuffer {
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
+        let _wait = no_recording_in_progress();
         // SAFETY: allocated by cudaHostAlloc, freed once.
         unsafe { cudaFreeHost(self.ptr.cast()) };
     }
@@ -410,24 +424,34 @@ impl Drop for OwnedEvent {
     }
 }
 
+/// A recording in progress: frees wait until it ends (see RECORDINGS).
+pub struct Recording {
+    _frees_wait: RwLockReadGuard<'static, ()>,
+}
+
 /// Starts recording the work enqueued on `stream` into a graph instead of
 /// running it; [`end_capture`] ends the recording.
-pub fn begin_capture(stream: &OwnedStream) -> Result<()> {
+pub fn begin_capture(stream: &OwnedStream) -> Result<Recording> {
+    let recording = Recording {
+        _frees_wait: RECORDINGS.read().unwrap_or_else(|e| e.into_inner()),
+    };
     // SAFETY: a live stream that is not being captured (the backend starts
     // one capture at a time and always ends it).
     check(
         unsafe { cudaStreamBeginCapture(stream.raw(), CUDA_STREAM_CAPTURE_MODE_RELAXED) },
         || "starting to capture a CUDA graph".to_string(),
-    )
+    )?;
+    Ok(recording)
 }
 
 /// Ends the recording [`begin_capture`] started on `stream` and makes the
 /// recorded work launchable. An error when any recorded call failed.
-pub fn end_capture(stream: &OwnedStream) -> Result<OwnedGraph> {
+pub fn end_capture(stream: &OwnedStream, recording: Recording) -> Result<OwnedGraph> {
     let mut graph = std::ptr::null_mut();
     // SAFETY: a stream being captured; writes one handle (null when the
     // capture was invalidated).
     let ended = unsafe { cudaStreamEndCapture(stream.raw(), &mut graph) };
+    drop(recording);
     let instantiated = check(ended, || "capturing a CUDA graph".to_string()).and_then(|()| {
         let mut exec = std::ptr::null_mut();
         // SAFETY: a complete graph; writes one handle.
