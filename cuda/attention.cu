@@ -352,10 +352,14 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
 // the step is a handful of memory round trips per position. Here lane c of a
 // warp scores position t + c on its own (its key read with 16-byte loads,
 // all independent, the query broadcast from shared memory), the warp takes
-// one online-softmax step per 32 positions, and the 32 value rows are then
-// read coalesced (lane owns value pairs lane + 32 j), none of those loads
-// waiting on another. Heads of a multiple of 8 values; one split writes the
-// normalized output directly, more write partials for the combine kernel.
+// one online-softmax step per 32 positions, and the 32 value rows are read
+// coalesced (lane owns value pairs lane + 32 j). For heads of up to 128
+// values the values are loaded together with the keys, before any score
+// is known, so that 32 positions cost one memory round trip rather than
+// one for the keys and one per few value rows; 256-value heads would need
+// twice the registers and load their values after the scores. Heads of a
+// multiple of 8 values; one split writes the normalized output directly,
+// more write partials for the combine kernel.
 template <int MAX_D>
 __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     attention_decode_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, int layer, int n_head,
@@ -365,14 +369,27 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     m40_allow_next_kernel();
     constexpr int CHUNKS = MAX_D / 8;       // 16-byte pieces of a key, at most
     constexpr int LANE_PAIRS = MAX_D / 64;  // value pairs per lane
+    constexpr bool VALUES_WITH_KEYS = MAX_D <= 128;
+    constexpr int QUERY_PER_THREAD = (MAX_D + 32 * M40_ATTN_WARPS - 1) / (32 * M40_ATTN_WARPS);
     const int r = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    // The query's loads go out beside the row table's: neither waits on the other.
+    const float *qh = q + (size_t(r) * n_head + head) * head_dim_k;
+    float query_part[QUERY_PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < QUERY_PER_THREAD; i++) {
+        const int d = threadIdx.x + 32 * M40_ATTN_WARPS * i;
+        query_part[i] = d < head_dim_k ? qh[d] : 0.0f;
+    }
     const M40Range g =
         m40_range(rows[r], layer, head, n_head, n_head_kv, head_dim_k, head_dim_v, window, n_splits, split);
-
     __shared__ __align__(16) float query[MAX_D];
-    const float *qh = q + (size_t(r) * n_head + head) * head_dim_k;
-    for (int d = threadIdx.x; d < head_dim_k; d += blockDim.x) query[d] = qh[d] * scale;
+#pragma unroll
+    for (int i = 0; i < QUERY_PER_THREAD; i++) {
+        const int d = threadIdx.x + 32 * M40_ATTN_WARPS * i;
+        if (d < head_dim_k) query[d] = query_part[i] * scale;
+    }
     __syncthreads();
 
     float acc[2 * LANE_PAIRS];
@@ -381,13 +398,30 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     float run_max = -INFINITY, run_sum = 0.0f;
     for (int t = g.begin + 32 * warp; t < g.end; t += 32 * M40_ATTN_WARPS) {
         const bool valid = t + lane < g.end;
-        float s = -INFINITY;
+        const int n = min(32, g.end - t);
+        // Value pair `pair` of position t + c (c < n, pair within the head).
+        const auto value_word = [&](int c, int pair) {
+            return reinterpret_cast<const uint32_t *>(g.values + size_t(t + c) * g.v_width)[pair];
+        };
+        uint4 pieces[CHUNKS];
         if (valid) {
             const uint4 *key = reinterpret_cast<const uint4 *>(g.keys + size_t(t + lane) * g.k_width);
-            uint4 pieces[CHUNKS];
 #pragma unroll
             for (int i = 0; i < CHUNKS; i++)
                 if (8 * i < head_dim_k) pieces[i] = key[i];
+        }
+        uint32_t values[VALUES_WITH_KEYS ? 32 : 1][LANE_PAIRS];
+        if constexpr (VALUES_WITH_KEYS) {
+#pragma unroll
+            for (int c = 0; c < 32; c++)
+#pragma unroll
+                for (int j = 0; j < LANE_PAIRS; j++) {
+                    const int pair = lane + 32 * j;
+                    if (c < n && 2 * pair < head_dim_v) values[c][j] = value_word(c, pair);
+                }
+        }
+        float s = -INFINITY;
+        if (valid) {
             float dot = 0.0f;
 #pragma unroll
             for (int i = 0; i < CHUNKS; i++) {
@@ -408,20 +442,24 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
         run_sum = run_sum * correction + m40_warp_sum(weight);
 #pragma unroll
         for (int j = 0; j < 2 * LANE_PAIRS; j++) acc[j] *= correction;
-        const int n = min(32, g.end - t);
-#pragma unroll 8
-        for (int c = 0; c < n; c++) {
+        // Position c's value pairs, weighted (c < n: the shuffle is warp-wide).
+        const auto accumulate = [&](int c, const auto &word_of_pair) {
             const float w = __shfl_sync(0xffffffffu, weight, c);
-            const uint32_t *value = reinterpret_cast<const uint32_t *>(g.values + size_t(t + c) * g.v_width);
 #pragma unroll
             for (int j = 0; j < LANE_PAIRS; j++) {
-                const int pair = lane + 32 * j;
-                if (2 * pair < head_dim_v) {
-                    const float2 v = m40_half2_bits(value[pair]);
-                    acc[2 * j] = fmaf(w, v.x, acc[2 * j]);
-                    acc[2 * j + 1] = fmaf(w, v.y, acc[2 * j + 1]);
-                }
+                if (2 * (lane + 32 * j) >= head_dim_v) continue;
+                const float2 v = m40_half2_bits(word_of_pair(j));
+                acc[2 * j] = fmaf(w, v.x, acc[2 * j]);
+                acc[2 * j + 1] = fmaf(w, v.y, acc[2 * j + 1]);
             }
+        };
+        if constexpr (VALUES_WITH_KEYS) {
+#pragma unroll
+            for (int c = 0; c < 32; c++)
+                if (c < n) accumulate(c, [&](int j) { return values[c][j]; });
+        } else {
+#pragma unroll 8
+            for (int c = 0; c < n; c++) accumulate(c, [&](int j) { return value_word(c, lane + 32 * j); });
         }
         run_max = new_max;
     }
