@@ -56,7 +56,7 @@ pub struct SeqPos {
 }
 
 /// Attention shape of one layer.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionShape {
     pub n_head: usize,
     pub n_head_kv: usize,

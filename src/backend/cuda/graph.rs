@@ -103,8 +103,8 @@ impl StepInputs {
 /// What a backend records while a step is being captured.
 pub(super) struct Capture {
     pub inputs: StepInputs,
-    /// Each attention launch's shape and the split count it was recorded
-    /// with.
+    /// The attention launches' shapes, each once, and the split count each
+    /// was recorded with.
     pub attention: Vec<(AttentionShape, usize)>,
 }
 

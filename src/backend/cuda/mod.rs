@@ -1289,7 +1289,11 @@ impl Backend for CudaBackend {
         let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
         let (tiled, n_splits) = self.attention_launch(rows, shape);
         if let Some(capture) = &mut st.capture {
-            capture.attention.push((*shape, n_splits));
+            // Layers of one shape share an entry: a replay checks each once.
+            let launch = (*shape, n_splits);
+            if !capture.attention.contains(&launch) {
+                capture.attention.push(launch);
+            }
         }
         // Those two kernels write the output directly over one range.
         let partial_len = if heads_of_multiples_of_8(shape) && n_splits == 1 {
