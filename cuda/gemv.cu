@@ -989,6 +989,30 @@ template <class G, int R, int NX, bool NORM, int CHUNK, bool SPLIT> static int m
     return blocks_per_sm;
 }
 
+// Whether one session's product shares each row group among a block's
+// warps (SPLIT). On the integer path a warp that owns whole rows was the
+// faster for every product of the 4- and 5-bit formats, and for Q8_0 whenever
+// a warp's rows take few staged chunks in a row. Measured on the H100
+// (gemv_bench shapes, µs, own rows / split): Q4_0 llama-7b attention output
+// 6.31 / 8.31, down 12.27 / 15.67, llama-1b down 5.30 / 6.62; Q4_K 7b Q/K/V
+// 14.55 / 19.35, 1b gate/up 8.73 / 16.02; Q8_0 7b attention output (8 chunks
+// per warp) 9.09 / 10.31, but Q/K/V (24) 22.91 / 21.07, gate/up (40) 36.22 /
+// 34.65, down (21) 23.40 / 21.40. (Q6_K's 4 rows per warp, m40_single_rows,
+// beat either at 2.) The FP32 path keeps the rule step 14 measured: split the
+// matrices with too few row groups for two waves of resident warps.
+template <class G, int R, int CHUNK>
+static bool m40_gemv_split(const M40Gemv &p, size_t groups, size_t resident_warps) {
+    if (p.cols / G::VALUES < M40_GEMV_WARPS) return false;
+    if constexpr (m40_integer<G>) {
+        if (G::BYTES < G::VALUES) return false;  // under 8 bits a weight
+        const size_t rounds = (groups + resident_warps - 1) / resident_warps;
+        const size_t chunks = (size_t(p.cols / G::VALUES) * G::BYTES + CHUNK - 1) / CHUNK;
+        return rounds * chunks >= 16;
+    } else {
+        return groups < 2 * resident_warps;
+    }
+}
+
 // Enough blocks to fill every SM as far as the kernel's occupancy allows
 // (the blocks loop over the rest).
 template <class G, int R, int NX, bool NORM, int CHUNK>
@@ -999,13 +1023,10 @@ static void m40_gemv_launch(const M40Gemv &p, cudaStream_t stream) {
     const size_t groups = size_t((total_rows + rows_per_warp - 1) / rows_per_warp);
     const size_t sms = size_t(p.sm_count > 0 ? p.sm_count : 1);
     const size_t resident = size_t(m40_gemv_blocks_per_sm<G, R, NX, NORM, CHUNK, false>()) * sms;
-    // One session's product with fewer row groups than two waves of
-    // resident warps (the FFN's down projection, the attention output):
-    // each group is shared by a block's warps. Measured on the H100 (llama-7b
-    // Q4_0, integer path): the down projection 28.7 → 23.8 µs per token. The
-    // batched kernels, short of registers already, are built without it.
+    // The batched kernels, short of registers already, are built without
+    // the split.
     if constexpr (NX == 1) {
-        if (p.cols / G::VALUES >= M40_GEMV_WARPS && groups < 2 * resident * M40_GEMV_WARPS) {
+        if (m40_gemv_split<G, R, CHUNK>(p, groups, resident * M40_GEMV_WARPS)) {
             const size_t split_resident = size_t(m40_gemv_blocks_per_sm<G, R, NX, NORM, CHUNK, true>()) * sms;
             m40_launch(p.overlap, gemv_kernel<G, R, NX, NORM, CHUNK, true>,
                        unsigned(groups < split_resident ? groups : split_resident), 32 * M40_GEMV_WARPS, stream, p);
@@ -1042,10 +1063,19 @@ constexpr bool m40_integer_format(int type) {
            type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K;
 }
 
+// Weight rows per warp of the one-session kernel where the caller leaves the
+// choice to the format, as measured on the H100 (gemv_bench, llama-7b shapes,
+// µs at 4 / 2 rows, each on its own rows): Q6_K Q/K/V 20.06 / 21.87, gate/up
+// 30.98 / 33.59, down 18.50 / 28.88 (20.58 split); the other integer formats
+// lose at 4 (Q4_0 13.77 / 12.90, Q4_K 16.99 / 14.55, Q8_0 23.20 / 22.91 for
+// Q/K/V).
+constexpr int m40_single_rows(int type) { return type == M40_Q6_K ? 4 : 2; }
+
 // The launch of kernel G for a batch (n_x > 1) or one session.
 template <class G, int TYPE, bool NORM>
 static void m40_gemv_shapes(const M40Gemv &p, int rows_per_warp, cudaStream_t stream) {
     constexpr int CHUNK = m40_chunk_row_bytes(TYPE);
+    if (rows_per_warp == 0) rows_per_warp = m40_integer<G> ? m40_single_rows(TYPE) : 2;
     if (p.n_x > 1)
         m40_gemv_launch<G, m40_batch_rows(TYPE), M40_GEMV_MAX_X, NORM, 576>(p, stream);
     else if (rows_per_warp == 4)
@@ -1055,12 +1085,12 @@ static void m40_gemv_shapes(const M40Gemv &p, int rows_per_warp, cudaStream_t st
 }
 
 // rows_per_warp (2 or 4): weight rows per warp of the one-session kernel
-// (the caller picks per GPU). GLU epilogues need matrices 0 (gate) and 1
+// (the caller picks per GPU), or 0 for the format's own choice. GLU epilogues need matrices 0 (gate) and 1
 // (up) of equal height. The first n_matrices have rows, the others none.
 M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_warp, cudaStream_t stream) {
     const M40Gemv &p = *params;
     if (p.n_x < 1 || p.n_x > M40_GEMV_MAX_X || p.cols % 32 != 0 || p.n_matrices < 1 || p.n_matrices > 3 ||
-        (rows_per_warp != 2 && rows_per_warp != 4))
+        (rows_per_warp != 0 && rows_per_warp != 2 && rows_per_warp != 4))
         return cudaErrorInvalidValue;
     for (int m = 0; m < 3; m++)
         if ((m < p.n_matrices) != (p.m[m].rows > 0)) return cudaErrorInvalidValue;

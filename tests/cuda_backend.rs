@@ -215,6 +215,97 @@ fn dequantized(file: &GgufFile, w: &Weight) -> Vec<f32> {
 /// The decode kernel's paths a matrix product test takes: (cuBLAS, integer).
 const PRODUCT_PATHS: [(bool, bool); 3] = [(true, true), (false, true), (false, false)];
 
+/// The backend pairs of `path` on every decode product path, each with
+/// whether it has cuBLAS.
+fn product_pairs(path: &Path) -> Vec<(bool, Pair)> {
+    PRODUCT_PATHS
+        .iter()
+        .map(|&(use_cublas, integer_products)| {
+            let options = CudaOptions {
+                use_cublas,
+                gemv_rows_per_warp: None,
+                integer_products,
+                overlap_launches: true,
+                graph_decode: true,
+            };
+            (use_cublas, pair_of("llama", path, options))
+        })
+        .collect()
+}
+
+/// The largest errors of `w`'s products with `row_counts` activation rows
+/// on every pair's path, asserted within bounds: (FP32 decode kernel,
+/// prefill cuBLAS, integer decode kernel as a fraction of its bound).
+fn product_errors(pairs: &[(bool, Pair)], w: &Weight, row_counts: &[usize]) -> (f64, f64, f64) {
+    let file = &pairs[0].1.file;
+    let dense = dequantized(file, w);
+    let (mut worst, mut worst_rounded, mut worst_integer) = (0f64, 0f64, 0f64);
+    for &rows in row_counts {
+        let mut x = random(rows * w.cols, (rows * 31 + w.rows) as u64);
+        if rows >= 3 {
+            // Rows past f16's range and far below 1: the
+            // tensor-core path scales them into range and back.
+            x[..w.cols].iter_mut().for_each(|v| *v *= 1e6);
+            x[w.cols..2 * w.cols].iter_mut().for_each(|v| *v *= 1e-6);
+        }
+        // Per output: the f64 product and the 8-bit activations' bound.
+        let (want, bounds): (Vec<f64>, Vec<f64>) = (0..rows * w.rows)
+            .map(|i| {
+                let (r, o) = (i / w.rows, i % w.rows);
+                let xr = &x[r * w.cols..(r + 1) * w.cols];
+                let wr = &dense[o * w.cols..(o + 1) * w.cols];
+                let exact = wr
+                    .iter()
+                    .zip(xr)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum::<f64>();
+                (exact, dot_error_bound(wr, xr))
+            })
+            .unzip();
+        let want32: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+        for (use_cublas, p) in pairs {
+            let integer = p.gpu.integer_products(w.ty);
+            let xd = upload(&p.gpu, &x);
+            let mut out = p.gpu.buffer(rows * w.rows).unwrap();
+            p.gpu.matmul(w, &xd, rows, &mut out).unwrap();
+            let got = download(&p.gpu, &out, rows * w.rows);
+            let rounded = *use_cublas && rows >= 16;
+            let what = format!(
+                "{:?} {}×{} × {rows} rows (cuBLAS {use_cublas}, integer {integer})",
+                w.ty, w.rows, w.cols
+            );
+            if integer && !rounded {
+                // 8-bit activations: each output within the bound
+                // of its activations' rounding (as the CPU's).
+                let ratio = got
+                    .iter()
+                    .zip(want.iter().zip(&bounds))
+                    .map(|(&g, (&exact, &bound))| (f64::from(g) - exact).abs() / bound)
+                    .fold(0f64, f64::max);
+                assert!(ratio <= 1.0, "{what}: error {ratio:.2} of the 8-bit bound");
+                worst_integer = worst_integer.max(ratio);
+                continue;
+            }
+            // Each row against its own magnitude.
+            let err = got
+                .chunks(w.rows)
+                .zip(want32.chunks(w.rows))
+                .map(|(g, r)| relative_error(g, r))
+                .fold(0f64, f64::max);
+            assert!(
+                err < if rounded { 2e-3 } else { 2e-5 },
+                "{what}: error {err:e}"
+            );
+            if rounded {
+                worst_rounded = worst_rounded.max(err);
+            } else {
+                worst = worst.max(err);
+            }
+        }
+    }
+    (worst, worst_rounded, worst_integer)
+}
+
 #[test]
 fn matrix_products_match_f64_products_for_every_type_on_every_path() {
     if !have_gpu() {
@@ -222,97 +313,25 @@ fn matrix_products_match_f64_products_for_every_type_on_every_path() {
     }
     let mut report = Vec::new();
     for ty in TYPES {
-        // One layer of the "small" shapes: its FFN matrices have too few
-        // rows to fill the GPU (the decode kernel splits their columns over
-        // a block's warps) and the 16384-row output enough not to.
+        // One layer of the "small" shapes: on the FP32 path the decode
+        // kernel splits the columns of its FFN matrices, too few rows to
+        // fill the GPU, over a block's warps; the 16384-row output has
+        // enough not to be split.
         let path = synth_shaped("llama", ty, "small", 16384, Some(1));
-        let pairs: Vec<(bool, Pair)> = PRODUCT_PATHS
-            .iter()
-            .map(|&(use_cublas, integer_products)| {
-                let options = CudaOptions {
-                    use_cublas,
-                    gemv_rows_per_warp: None,
-                    integer_products,
-                    overlap_launches: true,
-                    graph_decode: true,
-                };
-                (use_cublas, pair_of("llama", &path, options))
-            })
-            .collect();
-        let (file, weights) = (&pairs[0].1.file, &pairs[0].1.weights);
-        let l = &weights.layers[0];
+        let pairs = product_pairs(&path);
+        let l = &pairs[0].1.weights.layers[0];
         let (mut worst, mut worst_rounded, mut worst_integer) = (0f64, 0f64, 0f64);
-        for w in [&l.ffn_up, &l.ffn_down, &weights.output] {
-            let dense = dequantized(file, w);
+        for w in [&l.ffn_up, &l.ffn_down, &pairs[0].1.weights.output] {
             // The output matrix, 16384 rows: the decode kernel's rows only.
             let row_counts: &[usize] = if w.rows > 10_000 {
                 &[1, 8, 9]
             } else {
                 &[1, 3, 8, 9, 20, 40]
             };
-            for &rows in row_counts {
-                let mut x = random(rows * w.cols, (rows * 31 + w.rows) as u64);
-                if rows >= 3 {
-                    // Rows past f16's range and far below 1: the
-                    // tensor-core path scales them into range and back.
-                    x[..w.cols].iter_mut().for_each(|v| *v *= 1e6);
-                    x[w.cols..2 * w.cols].iter_mut().for_each(|v| *v *= 1e-6);
-                }
-                // Per output: the f64 product and the 8-bit activations' bound.
-                let (want, bounds): (Vec<f64>, Vec<f64>) = (0..rows * w.rows)
-                    .map(|i| {
-                        let (r, o) = (i / w.rows, i % w.rows);
-                        let xr = &x[r * w.cols..(r + 1) * w.cols];
-                        let wr = &dense[o * w.cols..(o + 1) * w.cols];
-                        let exact = wr
-                            .iter()
-                            .zip(xr)
-                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                            .sum::<f64>();
-                        (exact, dot_error_bound(wr, xr))
-                    })
-                    .unzip();
-                let want32: Vec<f32> = want.iter().map(|&v| v as f32).collect();
-                for (use_cublas, p) in &pairs {
-                    let integer = p.gpu.integer_products(w.ty);
-                    let xd = upload(&p.gpu, &x);
-                    let mut out = p.gpu.buffer(rows * w.rows).unwrap();
-                    p.gpu.matmul(w, &xd, rows, &mut out).unwrap();
-                    let got = download(&p.gpu, &out, rows * w.rows);
-                    let rounded = *use_cublas && rows >= 16;
-                    let what = format!(
-                        "{ty} {}×{} × {rows} rows (cuBLAS {use_cublas}, integer {integer})",
-                        w.rows, w.cols
-                    );
-                    if integer && !rounded {
-                        // 8-bit activations: each output within the bound
-                        // of its activations' rounding (as the CPU's).
-                        let ratio = got
-                            .iter()
-                            .zip(want.iter().zip(&bounds))
-                            .map(|(&g, (&exact, &bound))| (f64::from(g) - exact).abs() / bound)
-                            .fold(0f64, f64::max);
-                        assert!(ratio <= 1.0, "{what}: error {ratio:.2} of the 8-bit bound");
-                        worst_integer = worst_integer.max(ratio);
-                        continue;
-                    }
-                    // Each row against its own magnitude.
-                    let err = got
-                        .chunks(w.rows)
-                        .zip(want32.chunks(w.rows))
-                        .map(|(g, r)| relative_error(g, r))
-                        .fold(0f64, f64::max);
-                    assert!(
-                        err < if rounded { 2e-3 } else { 2e-5 },
-                        "{what}: error {err:e}"
-                    );
-                    if rounded {
-                        worst_rounded = worst_rounded.max(err);
-                    } else {
-                        worst = worst.max(err);
-                    }
-                }
-            }
+            let (fp32, rounded, integer) = product_errors(&pairs, w, row_counts);
+            worst = worst.max(fp32);
+            worst_rounded = worst_rounded.max(rounded);
+            worst_integer = worst_integer.max(integer);
         }
         let integer = if pairs[0].1.gpu.integer_products(l.ffn_up.ty) {
             format!(", 8-bit {worst_integer:.2} of its bound")
@@ -326,6 +345,25 @@ fn matrix_products_match_f64_products_for_every_type_on_every_path() {
     println!(
         "matmul, largest error per type, FP32 decode kernel (prefill cuBLAS, integer decode kernel): {}",
         report.join(", ")
+    );
+}
+
+/// On the integer path the decode kernel splits a row group's columns over
+/// a block's warps only where its rows are long in bytes: Q8_0 rows of
+/// 11008 columns (llama-7b's down projection) take that kernel, the "small"
+/// shapes above do not.
+#[test]
+fn long_q8_0_rows_split_over_warps_match_f64_products() {
+    if !have_gpu() {
+        return;
+    }
+    let path = synth_shaped("llama", "q8_0", "llama-7b", 256, Some(1));
+    let pairs = product_pairs(&path);
+    // 1 and 3 rows: decode kernels only (cuBLAS takes 16 rows and more).
+    let (fp32, _, integer) =
+        product_errors(&pairs, &pairs[0].1.weights.layers[0].ffn_down, &[1, 3]);
+    println!(
+        "q8_0 4096×11008, largest error: FP32 decode kernel {fp32:.1e}, integer decode kernel {integer:.2} of its 8-bit bound"
     );
 }
 

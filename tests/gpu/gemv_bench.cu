@@ -1,6 +1,7 @@
 // The decode products of a llama layer on their own, against the time a
 // plain kernel takes to read the same bytes (the floor a product can reach):
 //   gemv_bench [7b|1b] [TYPE] [ROWS_PER_WARP] [N_X]
+// (ROWS_PER_WARP 0, the default: the format's own choice, as the library makes it)
 // TYPE is a GGUF type id (2 Q4_0, 8 Q8_0, 12 Q4_K, 14 Q6_K, ...); weights are
 // random bytes (timing only), a copy per layer so that L2 does not hold them.
 // Built by tests/gpu/pack.sh for sm_90 (the H100); prints one line per
@@ -67,11 +68,12 @@ static void check(cudaError_t status, const char *what) {
 int main(int argc, char **argv) {
     const bool small = argc > 1 && argv[1][0] == '1';
     const int type = argc > 2 ? atoi(argv[2]) : M40_Q4_0;
-    const int rows_per_warp = argc > 3 ? atoi(argv[3]) : 2;
+    const int rows_per_warp = argc > 3 ? atoi(argv[3]) : 0;
     const int n_x = argc > 4 ? atoi(argv[4]) : 1;
     const int hidden = small ? 2048 : 4096, ffn = small ? 5632 : 11008, layers = small ? 22 : 32, vocab = 32000;
-    if (row_bytes(type, 256) == 0 || n_x < 1 || n_x > M40_GEMV_MAX_X) {
-        fprintf(stderr, "usage: gemv_bench [7b|1b] [GGUF type id] [rows per warp: 2|4] [activation rows: 1-8]\n");
+    if (row_bytes(type, 256) == 0 || n_x < 1 || n_x > M40_GEMV_MAX_X ||
+        (rows_per_warp != 0 && rows_per_warp != 2 && rows_per_warp != 4)) {
+        fprintf(stderr, "usage: gemv_bench [7b|1b] [GGUF type id] [rows per warp: 0 (the format's choice), 2 or 4] [activation rows: 1-8]\n");
         return 2;
     }
     int sms = 0;
@@ -142,7 +144,7 @@ int main(int argc, char **argv) {
         return 1000.0 * ms / reps;
     };
 
-    printf("type %d, %d rows per warp, %d activation rows, %s path, launches %s, %d layers: %.1f MB per token\n", type,
+    printf("type %d, rows per warp %d (0: the format's choice), %d activation rows, %s path, launches %s, %d layers: %.1f MB per token\n", type,
            rows_per_warp, n_x, integer ? "integer" : "FP32", overlap ? "overlapping" : "in order", layers,
            token_bytes / 1e6);
     printf("%-9s %8s %10s %10s %8s\n", "product", "MB", "read (us)", "gemv (us)", "GB/s");

@@ -57,7 +57,8 @@ pub struct CudaOptions {
     /// Large matrix products through cuBLAS when it can be loaded.
     pub use_cublas: bool,
     /// Weight rows per warp of the one-session decode kernel, 2 or 4 (None:
-    /// the default, 2, the faster on the H100; hosts tune it per GPU with
+    /// each format's own choice, the faster on the H100: 4 for Q6_K on the
+    /// integer path, 2 otherwise; hosts tune it per GPU with
     /// `M40_GEMV_ROWS_PER_WARP`).
     pub gemv_rows_per_warp: Option<u32>,
     /// Decode products of the quantized formats on 8-bit activations with
@@ -82,7 +83,8 @@ pub struct CudaBackend {
     weights: DevicePtr<u8>,
     /// One-row weights (norms, biases, RoPE factors) as f32, by data offset.
     vectors: HashMap<usize, DevicePtr<f32>>,
-    /// Weight rows per warp of the one-session decode kernel (2 or 4).
+    /// Weight rows per warp of the one-session decode kernel (2 or 4, or 0:
+    /// the format's own choice).
     gemv_rows_per_warp: c_int,
     /// Prefill products on f16 operands (GPUs with f16 tensor cores: Volta,
     /// sm_70, and newer, with cuBLAS 11 or newer); otherwise FP32.
@@ -368,7 +370,8 @@ impl CudaBackend {
         // SAFETY: a query of the current device's kernel attributes.
         let overlap_launches = options.overlap_launches && unsafe { m40_launch_overlap() } == 1;
         let gemv_rows_per_warp = match options.gemv_rows_per_warp {
-            None | Some(2) => 2,
+            None => 0,
+            Some(2) => 2,
             Some(4) => 4,
             Some(n) => {
                 return Err(Error::invalid_argument(format!(
