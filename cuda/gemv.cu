@@ -18,8 +18,8 @@
 //     every value loaded serves all R rows;
 //   - on sm_61+ the quantized formats multiply 8-bit activations with dp4a
 //     instead (the integer path below; the M40 keeps FP32);
-//   - a matrix with too few rows to fill the GPU shares each row group
-//     among a block's warps (SPLIT);
+//   - where a warp's own rows would be a long chain of staged chunks, a
+//     block's warps share each row group instead (SPLIT, m40_gemv_split);
 //   - with overlapping launches (sm_90, see common.cuh) a warp's first
 //     weights are in flight before the previous kernel has finished.
 // Epilogues write, accumulate into (the residual add) or combine a gate and
@@ -690,8 +690,8 @@ template <class G, int CHUNK_ROW_BYTES> __host__ __device__ constexpr int m40_ch
 // per block.
 //
 // SPLIT: the block's warps share each row group, warp w taking the w-th
-// quarter of the columns, and their sums meet in shared memory — for
-// matrices with too few rows to give every resident warp rows of its own.
+// quarter of the columns, and their sums meet in shared memory — where a
+// warp's own rows would take it too long (m40_gemv_split).
 // A template parameter rather than an argument: as an argument it cost the
 // kernels that do not split ~5% (more registers, run-time column bounds).
 template <class G, int R, int NX, bool NORM, int CHUNK_ROW_BYTES, bool SPLIT>
@@ -998,8 +998,10 @@ template <class G, int R, int NX, bool NORM, int CHUNK, bool SPLIT> static int m
 // 14.55 / 19.35, 1b gate/up 8.73 / 16.02; Q8_0 7b attention output (8 chunks
 // per warp) 9.09 / 10.31, but Q/K/V (24) 22.91 / 21.07, gate/up (40) 36.22 /
 // 34.65, down (21) 23.40 / 21.40. (Q6_K's 4 rows per warp, m40_single_rows,
-// beat either at 2.) The FP32 path keeps the rule step 14 measured: split the
-// matrices with too few row groups for two waves of resident warps.
+// beat either at 2.) The FP32 path keeps step 14's rule, split the matrices
+// with too few row groups for two waves of resident warps: on the H100
+// neither choice won every product there (Q4_0 7b attention output 9.32 /
+// 10.72, 1b down 9.38 / 8.04), and its GPU, the M40, has 24 SMs, not 132.
 template <class G, int R, int CHUNK>
 static bool m40_gemv_split(const M40Gemv &p, size_t groups, size_t resident_warps) {
     if (p.cols / G::VALUES < M40_GEMV_WARPS) return false;
@@ -1085,8 +1087,9 @@ static void m40_gemv_shapes(const M40Gemv &p, int rows_per_warp, cudaStream_t st
 }
 
 // rows_per_warp (2 or 4): weight rows per warp of the one-session kernel
-// (the caller picks per GPU), or 0 for the format's own choice. GLU epilogues need matrices 0 (gate) and 1
-// (up) of equal height. The first n_matrices have rows, the others none.
+// (the caller picks per GPU), or 0 for the format's own choice. GLU
+// epilogues need matrices 0 (gate) and 1 (up) of equal height. The first
+// n_matrices have rows, the others none.
 M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_warp, cudaStream_t stream) {
     const M40Gemv &p = *params;
     if (p.n_x < 1 || p.n_x > M40_GEMV_MAX_X || p.cols % 32 != 0 || p.n_matrices < 1 || p.n_matrices > 3 ||
