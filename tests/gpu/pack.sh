@@ -1,5 +1,5 @@
 #!/bin/bash
-# Builds the GPU test suite here (nvcc 11.8, see .ci/install-cuda.sh) and packs what a
+# Builds the GPU test suite here (nvcc 11.8, from ../shared/tools/install-cuda.sh) and packs what a
 # GPU machine without a Rust toolchain needs into .device/ (listed in .git/info/exclude):
 #   cuda_backend_fat   the CUDA tests, SASS for sm_52..sm_90 plus compute_52 PTX
 #   cuda_backend_ptx   the same tests built with compute_52 PTX only: the M40's code,
