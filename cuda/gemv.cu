@@ -1070,14 +1070,14 @@ constexpr bool m40_integer_format(int type) {
 // µs at 4 / 2 rows, each on its own rows): Q6_K Q/K/V 20.06 / 21.87, gate/up
 // 30.98 / 33.59, down 18.50 / 28.88 (20.58 split); the other integer formats
 // lose at 4 (Q4_0 13.77 / 12.90, Q4_K 16.99 / 14.55, Q8_0 23.20 / 22.91 for
-// Q/K/V).
-constexpr int m40_single_rows(int type) { return type == M40_Q6_K ? 4 : 2; }
+// Q/K/V). The FP32 path takes 2.
+template <class G, int TYPE> constexpr int m40_single_rows() { return m40_integer<G> && TYPE == M40_Q6_K ? 4 : 2; }
 
 // The launch of kernel G for a batch (n_x > 1) or one session.
 template <class G, int TYPE, bool NORM>
 static void m40_gemv_shapes(const M40Gemv &p, int rows_per_warp, cudaStream_t stream) {
     constexpr int CHUNK = m40_chunk_row_bytes(TYPE);
-    if (rows_per_warp == 0) rows_per_warp = m40_integer<G> ? m40_single_rows(TYPE) : 2;
+    if (rows_per_warp == 0) rows_per_warp = m40_single_rows<G, TYPE>();
     if (p.n_x > 1)
         m40_gemv_launch<G, m40_batch_rows(TYPE), M40_GEMV_MAX_X, NORM, 576>(p, stream);
     else if (rows_per_warp == 4)

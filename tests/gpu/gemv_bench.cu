@@ -73,7 +73,8 @@ int main(int argc, char **argv) {
     const int hidden = small ? 2048 : 4096, ffn = small ? 5632 : 11008, layers = small ? 22 : 32, vocab = 32000;
     if (row_bytes(type, 256) == 0 || n_x < 1 || n_x > M40_GEMV_MAX_X ||
         (rows_per_warp != 0 && rows_per_warp != 2 && rows_per_warp != 4)) {
-        fprintf(stderr, "usage: gemv_bench [7b|1b] [GGUF type id] [rows per warp: 0 (the format's choice), 2 or 4] [activation rows: 1-8]\n");
+        fprintf(stderr, "usage: gemv_bench [7b|1b] [GGUF type id] [rows per warp: 0 (the format's choice), 2 or 4] "
+                        "[activation rows: 1-8]\n");
         return 2;
     }
     int sms = 0;
@@ -144,8 +145,9 @@ int main(int argc, char **argv) {
         return 1000.0 * ms / reps;
     };
 
-    printf("type %d, rows per warp %d (0: the format's choice), %d activation rows, %s path, launches %s, %d layers: %.1f MB per token\n", type,
-           rows_per_warp, n_x, integer ? "integer" : "FP32", overlap ? "overlapping" : "in order", layers,
+    printf("type %d, rows per warp %d (0: the format's choice), %d activation rows, %s path, launches %s, "
+           "%d layers: %.1f MB per token\n",
+           type, rows_per_warp, n_x, integer ? "integer" : "FP32", overlap ? "overlapping" : "in order", layers,
            token_bytes / 1e6);
     printf("%-9s %8s %10s %10s %8s\n", "product", "MB", "read (us)", "gemv (us)", "GB/s");
     for (int s = 0; s < n_products; s++) {
