@@ -4,9 +4,10 @@
 // Maxwell (sm_52) rules for all of cuda/: arithmetic in FP32 only; FP16 is a
 // storage format, converted with __half2float / __float2half_rn (plain
 // conversion instructions on every architecture); no dp4a, no half
-// arithmetic intrinsics, no tensor-core instructions. One exception, kept
+// arithmetic intrinsics, no tensor-core instructions. Two exceptions, kept
 // off the M40's path: gemv.cu's integer path runs dp4a on sm_61 and newer,
-// and the host launches it only where the device runs that code.
+// mmq.cu's products int8 tensor cores on sm_80 and newer; the host launches
+// each only where the device runs that code.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -44,22 +45,30 @@ __device__ __forceinline__ void m40_allow_next_kernel() {
 #endif
 }
 
-// kernel<<<grid, threads, 0, stream>>>(args...), overlapping the stream's
-// previous kernel where `overlap` (its status, as a launch's, through
-// m40_launch_status).
+// kernel<<<grid, threads, shared_bytes, stream>>>(args...), overlapping the
+// stream's previous kernel where `overlap` (its status, as a launch's,
+// through m40_launch_status).
 template <class... Params, class... Args>
-static void m40_launch(bool overlap, void (*kernel)(Params...), dim3 grid, unsigned threads, cudaStream_t stream,
-                       Args... args) {
+static void m40_launch_shared(bool overlap, void (*kernel)(Params...), dim3 grid, unsigned threads,
+                              size_t shared_bytes, cudaStream_t stream, Args... args) {
     cudaLaunchAttribute attribute = {};
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attribute.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t config = {};
     config.gridDim = grid;
     config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = shared_bytes;
     config.stream = stream;
     config.attrs = &attribute;
     config.numAttrs = overlap ? 1 : 0;
     cudaLaunchKernelEx(&config, kernel, args...);
+}
+
+// The same without dynamic shared memory.
+template <class... Params, class... Args>
+static void m40_launch(bool overlap, void (*kernel)(Params...), dim3 grid, unsigned threads, cudaStream_t stream,
+                       Args... args) {
+    m40_launch_shared(overlap, kernel, grid, threads, 0, stream, args...);
 }
 
 __device__ __forceinline__ float m40_f16(const uint8_t *p) {

@@ -25,7 +25,7 @@
 // Epilogues write, accumulate into (the residual add) or combine a gate and
 // an up row (SwiGLU/GeGLU), so a transformer layer's projections need no
 // separate element-wise kernels.
-#include "quant.cuh"
+#include "q8.cuh"
 
 #define M40_GEMV_MAX_X 8
 #define M40_GEMV_WARPS 4
@@ -81,18 +81,6 @@ __device__ __forceinline__ float m40_byte_magic(uint32_t w, int k) {
 __device__ __forceinline__ void m40_bytes4(uint32_t w, float bias, float *v) {
 #pragma unroll
     for (int k = 0; k < 4; k++) v[k] = m40_byte_magic(w, k) - (M40_MAGIC_F + bias);
-}
-
-// A 32-bit word of a block that is only 2-byte aligned.
-__device__ __forceinline__ uint32_t m40_u32_2(const uint8_t *p) {
-    const uint16_t *h = reinterpret_cast<const uint16_t *>(p);
-    return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
-}
-__device__ __forceinline__ uint32_t m40_u32_4(const uint8_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
-
-// Bits 0..3 of b spread to bit 4 of bytes 0..3.
-__device__ __forceinline__ uint32_t m40_spread4_to_bit4(uint32_t b) {
-    return (((b & 0xF) * 0x00204081u) & 0x01010101u) << 4;
 }
 
 // ---- per-format units ----
@@ -319,52 +307,6 @@ __device__ __forceinline__ int m40_dp4a(int a, int b, int c) {
     for (int k = 0; k < 4; k++) c += int(int8_t(a >> (8 * k))) * int(int8_t(b >> (8 * k)));
     return c;
 #endif
-}
-
-// n_x rows of cols activations in 8-bit blocks of 32, n_x · cols · 5/4 bytes:
-// every row's codes (row-major), then every block's (d, d·Σcodes), value ≈
-// d · code. Row t's pairs:
-__device__ __forceinline__ float2 *m40_q8_scales(const int8_t *q8, int cols, int n_x, int t) {
-    return reinterpret_cast<float2 *>(const_cast<int8_t *>(q8) + size_t(n_x) * cols) + size_t(t) * (cols / 32);
-}
-
-// One row's view.
-struct M40Q8Row {
-    const int8_t *qs;
-    const float2 *ds;
-};
-
-__device__ __forceinline__ M40Q8Row m40_q8_row(const int8_t *q8, int cols, int n_x, int t) {
-    return {q8 + size_t(t) * cols, m40_q8_scales(q8, cols, n_x, t)};
-}
-
-// Eight codes from an 8-byte-aligned position of a row.
-__device__ __forceinline__ int2 m40_q8_words2(const int8_t *q) { return __ldg(reinterpret_cast<const int2 *>(q)); }
-
-// Activation row blockIdx.y of x (RMS-normalized with `norm` first, when
-// given) into q8, a warp per block of 32: M40_NORM_THREADS values per CUDA
-// block, so that a row is spread over the GPU rather than walked by one
-// block (each block computes the row's rms itself; the row is read from L2).
-// The rounding is the CPU's: d = amax / 127, codes to nearest, ties to even.
-__global__ void __launch_bounds__(M40_NORM_THREADS)
-    quantize_q8_kernel(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols, int n_x,
-                       int8_t *q8) {
-    m40_wait_for_prior_kernels();
-    m40_allow_next_kernel();
-    const int t = blockIdx.y, lane = threadIdx.x % 32;
-    const float *row = x + size_t(t) * cols;
-    const float scale = norm ? m40_inverse_rms(row, cols, eps) : 1.0f;
-    const int i = blockIdx.x * M40_NORM_THREADS + threadIdx.x;
-    if (i >= cols) return;  // whole warps: cols is a multiple of 32
-    const float v = norm ? row[i] * scale * norm[i] : row[i];
-    const float d = m40_warp_max(fabsf(v)) / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const int q = __float2int_rn(v * id);
-    q8[size_t(t) * cols + i] = int8_t(q);
-    int sum = q;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) m40_q8_scales(q8, cols, n_x, t)[i / 32] = make_float2(d, d * float(sum));
 }
 
 // Per format: a block of VALUES values in BYTES bytes is UNITS units; a unit's
@@ -1106,11 +1048,7 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
         constexpr int TYPE = FormatType<decltype(f)>::value;
         if constexpr (m40_integer_format(TYPE)) {
             if (p.x_q8) {
-                if (!p.x_quantized) {
-                    const dim3 grid(m40_blocks(size_t(p.cols), M40_NORM_THREADS), unsigned(p.n_x));
-                    m40_launch(p.overlap, quantize_q8_kernel, grid, M40_NORM_THREADS, stream, p.x, p.norm, p.eps,
-                               p.cols, p.n_x, p.x_q8);
-                }
+                if (!p.x_quantized) m40_quantize_q8(p.overlap, p.x, p.norm, p.eps, p.cols, p.n_x, p.x_q8, stream);
                 m40_gemv_shapes<GemvQ8<TYPE>, TYPE, false>(p, rows_per_warp, stream);
                 return;
             }

@@ -5,6 +5,7 @@
 // --device-c, whose PTX the runtime cannot load.
 #include "matmul.cu"
 #include "gemv.cu"
+#include "mmq.cu"
 #include "ops.cu"
 #include "attention.cu"
 #include "device.cu"

@@ -87,18 +87,24 @@ template <> struct Format<M40_Q4_1> {
     }
 };
 
-// Q5_0: d, a 32-bit word of fifth bits (bit i for value i), then nibbles as Q4_0.
-__device__ __forceinline__ uint32_t m40_q5_high_bits(const uint8_t *p) {
-    // Only 2-byte aligned inside a block.
+// A 32-bit word of a block that is only 2-byte aligned.
+__device__ __forceinline__ uint32_t m40_u32_2(const uint8_t *p) {
     const uint16_t *h = reinterpret_cast<const uint16_t *>(p);
     return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
 }
+__device__ __forceinline__ uint32_t m40_u32_4(const uint8_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
 
+// Bits 0..3 of b spread to bit 4 of bytes 0..3.
+__device__ __forceinline__ uint32_t m40_spread4_to_bit4(uint32_t b) {
+    return (((b & 0xF) * 0x00204081u) & 0x01010101u) << 4;
+}
+
+// Q5_0: d, a 32-bit word of fifth bits (bit i for value i), then nibbles as Q4_0.
 template <> struct Format<M40_Q5_0> {
     static constexpr int VALUES = 32, BYTES = 22;
     __device__ static void decode16(const uint8_t *b, int part, float *v) {
         const float d = m40_f16(b);
-        const uint32_t qh = m40_q5_high_bits(b + 2) >> (16 * part);
+        const uint32_t qh = m40_u32_2(b + 2) >> (16 * part);
         const int shift = 4 * part;
 #pragma unroll
         for (int j = 0; j < 16; j++) {
@@ -112,7 +118,7 @@ template <> struct Format<M40_Q5_1> {
     static constexpr int VALUES = 32, BYTES = 24;
     __device__ static void decode16(const uint8_t *b, int part, float *v) {
         const float d = m40_f16(b), m = m40_f16(b + 2);
-        const uint32_t qh = m40_q5_high_bits(b + 4) >> (16 * part);
+        const uint32_t qh = m40_u32_2(b + 4) >> (16 * part);
         const int shift = 4 * part;
 #pragma unroll
         for (int j = 0; j < 16; j++) {

@@ -9,7 +9,8 @@
 //! - matrix products, against f64 products of the CPU's bit-exact
 //!   dequantization, per output row: 2e-5 for the decode kernel (FP32);
 //!   on its integer path (8-bit activations, sm_61+), each output within
-//!   `dot_error_bound`, the rounding bound of the CPU's 8-bit activations;
+//!   `dot_error_bound`, the rounding bound of the CPU's 8-bit activations,
+//!   as are the products of more rows on int8 tensor cores (sm_80+);
 //!   2e-3 for prefill's cuBLAS products (on tensor cores, f16 operands from
 //!   Volta on and TF32 for F32 weights from Ampere on, both rounding the
 //!   inputs to 10-bit mantissas as llama.cpp's f16 products do; rows far
@@ -269,9 +270,10 @@ fn product_errors(pairs: &[(bool, Pair)], w: &Weight, row_counts: &[usize]) -> (
             let mut out = p.gpu.buffer(rows * w.rows).unwrap();
             p.gpu.matmul(w, &xd, rows, &mut out).unwrap();
             let got = download(&p.gpu, &out, rows * w.rows);
-            let rounded = *use_cublas && rows >= 16;
+            let tensor_cores = p.gpu.tensor_core_products(w.ty, rows);
+            let rounded = *use_cublas && rows >= 16 && !tensor_cores;
             let what = format!(
-                "{:?} {}×{} × {rows} rows (cuBLAS {use_cublas}, integer {integer})",
+                "{:?} {}×{} × {rows} rows (cuBLAS {use_cublas}, integer {integer}, tensor cores {tensor_cores})",
                 w.ty, w.rows, w.cols
             );
             if integer && !rounded {
@@ -322,11 +324,13 @@ fn matrix_products_match_f64_products_for_every_type_on_every_path() {
         let l = &pairs[0].1.weights.layers[0];
         let (mut worst, mut worst_rounded, mut worst_integer) = (0f64, 0f64, 0f64);
         for w in [&l.ffn_up, &l.ffn_down, &pairs[0].1.weights.output] {
-            // The output matrix, 16384 rows: the decode kernel's rows only.
+            // The output matrix, 16384 rows: the decode kernel's rows and
+            // one tensor-core product only. 80 rows pass the tensor cores'
+            // limit, so quantized matrices reach cuBLAS too.
             let row_counts: &[usize] = if w.rows > 10_000 {
                 &[1, 8, 9]
             } else {
-                &[1, 3, 8, 9, 20, 40]
+                &[1, 3, 8, 9, 20, 40, 80]
             };
             let (fp32, rounded, integer) = product_errors(&pairs, w, row_counts);
             worst = worst.max(fp32);
@@ -343,7 +347,7 @@ fn matrix_products_match_f64_products_for_every_type_on_every_path() {
         ));
     }
     println!(
-        "matmul, largest error per type, FP32 decode kernel (prefill cuBLAS, integer decode kernel): {}",
+        "matmul, largest error per type, FP32 decode kernel (prefill cuBLAS, 8-bit activations: integer decode kernel and tensor cores): {}",
         report.join(", ")
     );
 }
@@ -1060,7 +1064,11 @@ fn batched_decode_across_sessions_matches_single_cpu_sessions() {
         n_ctx: 256,
         n_batch: 32,
     };
-    let prompts = [tokens(5, 1), tokens(30, 2), tokens(12, 3)];
+    // Twelve sessions: more rows than one decode launch takes, so that the
+    // step's products run on tensor cores where the GPU has them (sm_80+).
+    let prompts: Vec<Vec<u32>> = (0..12)
+        .map(|i| tokens(5 + 7 * (i % 4), i as u64 + 1))
+        .collect();
     let mut gpu_sessions: Vec<Session> = prompts
         .iter()
         .map(|p| {
@@ -1069,7 +1077,7 @@ fn batched_decode_across_sessions_matches_single_cpu_sessions() {
             s
         })
         .collect();
-    let next = [10u32, 20, 30];
+    let next: Vec<u32> = (0..12).map(|i| 10 + 10 * i).collect();
     Session::decode_batch(&mut gpu_sessions.iter_mut().collect::<Vec<_>>(), &next).unwrap();
     let mut worst = 0f64;
     for (i, p) in prompts.iter().enumerate() {

@@ -1,13 +1,16 @@
 // The decode products of a llama layer on their own, against the time a
 // plain kernel takes to read the same bytes (the floor a product can reach):
 //   gemv_bench [7b|1b] [TYPE] [ROWS_PER_WARP] [N_X]
-// (ROWS_PER_WARP 0, the default: the format's own choice, as the library makes it)
+// (ROWS_PER_WARP 0, the default: the format's own choice, as the library makes it;
+// N_X activation rows, 1-64: past M40_GEMV_MAX_X the products run on tensor cores,
+// mmq.cu, each matrix its own launch as the library makes them)
 // TYPE is a GGUF type id (2 Q4_0, 8 Q8_0, 12 Q4_K, 14 Q6_K, ...); weights are
 // random bytes (timing only), a copy per layer so that L2 does not hold them.
 // Built by tests/gpu/pack.sh for sm_90 (the H100); prints one line per
 // product and the products of a whole token, with and without their
 // activations' quantization.
 #include "gemv.cu"
+#include "mmq.cu"
 
 #include <cstdio>
 #include <cstdlib>
@@ -71,10 +74,11 @@ int main(int argc, char **argv) {
     const int rows_per_warp = argc > 3 ? atoi(argv[3]) : 0;
     const int n_x = argc > 4 ? atoi(argv[4]) : 1;
     const int hidden = small ? 2048 : 4096, ffn = small ? 5632 : 11008, layers = small ? 22 : 32, vocab = 32000;
-    if (row_bytes(type, 256) == 0 || n_x < 1 || n_x > M40_GEMV_MAX_X ||
+    const bool tensor_cores = n_x > M40_GEMV_MAX_X;
+    if (row_bytes(type, 256) == 0 || n_x < 1 || n_x > 64 || (tensor_cores && !m40_mmq_available()) ||
         (rows_per_warp != 0 && rows_per_warp != 2 && rows_per_warp != 4)) {
         fprintf(stderr, "usage: gemv_bench [7b|1b] [GGUF type id] [rows per warp: 0 (the format's choice), 2 or 4] "
-                        "[activation rows: 1-8]\n");
+                        "[activation rows: 1-64; past 8 on an sm_80+ GPU]\n");
         return 2;
     }
     int sms = 0;
@@ -101,13 +105,15 @@ int main(int argc, char **argv) {
         }
     }
     const size_t widest = size_t(ffn > vocab ? ffn : vocab);
-    float *x, *y;
+    const size_t max_x = tensor_cores ? size_t(n_x) : M40_GEMV_MAX_X;
+    float *x, *y, *partials;
     int8_t *x_q8;
-    check(cudaMalloc(&x, M40_GEMV_MAX_X * widest * 4), "x");
-    check(cudaMalloc(&y, 3 * M40_GEMV_MAX_X * widest * 4), "y");
-    check(cudaMalloc(&x_q8, M40_GEMV_MAX_X * widest * 2), "x_q8");
-    check(cudaMemset(x, 0, M40_GEMV_MAX_X * widest * 4), "x");
-    fill_bytes<<<64, 256>>>(reinterpret_cast<uint8_t *>(x_q8), M40_GEMV_MAX_X * widest * 2, 9);
+    check(cudaMalloc(&x, max_x * widest * 4), "x");
+    check(cudaMalloc(&y, 3 * max_x * widest * 4), "y");
+    check(cudaMalloc(&x_q8, max_x * widest * 2), "x_q8");
+    check(cudaMalloc(&partials, (tensor_cores ? 64 : 1) * max_x * widest * 4), "partial sums");
+    check(cudaMemset(x, 0, max_x * widest * 4), "x");
+    fill_bytes<<<64, 256>>>(reinterpret_cast<uint8_t *>(x_q8), max_x * widest * 2, 9);
     cudaStream_t stream;
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
     cudaEvent_t start, stop;
@@ -117,10 +123,29 @@ int main(int argc, char **argv) {
 
     const auto product = [&](int s, int layer, bool quantized) {
         const Product &pr = products[s];
-        M40Gemv p = {};
         const size_t matrix_bytes = size_t(pr.rows) * row_bytes(type, pr.cols);
+        if (tensor_cores) {
+            for (int m = 0; m < pr.n_matrices; m++) {
+                M40Mmq p = {};
+                p.w = weights[s][layer] + m * matrix_bytes;
+                p.rows = pr.rows;
+                p.cols = pr.cols;
+                p.x = x;
+                p.x_q8 = x_q8;
+                p.n_x = n_x;
+                p.x_quantized = quantized;
+                p.y = y + m * max_x * widest;
+                p.accumulate = pr.epilogue == M40_GEMV_ACCUMULATE;
+                p.splits = m40_mmq_splits(type, pr.rows, pr.cols, n_x, sms);
+                p.partials = partials;
+                p.overlap = overlap;
+                check(m40_mmq(type, &p, stream), pr.name);
+            }
+            return;
+        }
+        M40Gemv p = {};
         for (int m = 0; m < pr.n_matrices; m++)
-            p.m[m] = {weights[s][layer] + m * matrix_bytes, nullptr, y + m * M40_GEMV_MAX_X * widest, pr.rows, 0};
+            p.m[m] = {weights[s][layer] + m * matrix_bytes, nullptr, y + m * max_x * widest, pr.rows, 0};
         p.n_matrices = pr.n_matrices;
         p.cols = pr.cols;
         p.x = x;
@@ -147,7 +172,8 @@ int main(int argc, char **argv) {
 
     printf("type %d, rows per warp %d (0: the format's choice), %d activation rows, %s path, launches %s, "
            "%d layers: %.1f MB per token\n",
-           type, rows_per_warp, n_x, integer ? "integer" : "FP32", overlap ? "overlapping" : "in order", layers,
+           type, rows_per_warp, n_x, tensor_cores ? "tensor-core" : integer ? "integer" : "FP32",
+           overlap ? "overlapping" : "in order", layers,
            token_bytes / 1e6);
     printf("%-9s %8s %10s %10s %8s\n", "product", "MB", "read (us)", "gemv (us)", "GB/s");
     for (int s = 0; s < n_products; s++) {

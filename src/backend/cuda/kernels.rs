@@ -85,9 +85,36 @@ pub struct GemvLaunch {
 
 /// Bytes of `n_x` activation rows of `cols` values quantized to 8 bits in
 /// blocks of 32 (codes, then a (d, d·Σcodes) pair of f32 per block; M40Q8Row
-/// in cuda/gemv.cu).
+/// in cuda/q8.cuh).
 pub fn q8_bytes(cols: usize, n_x: usize) -> usize {
     n_x * cols / 32 * 40
+}
+
+/// A `m40_mmq` launch (M40Mmq in cuda/mmq.cu): y (n_x × rows) = x · Wᵀ
+/// (+ bias), stored or added to y, on int8 tensor cores.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MmqLaunch {
+    pub w: *const u8,
+    pub rows: c_int,
+    pub cols: c_int,
+    /// n_x rows of cols f32, quantized into `x_q8` (`q8_bytes(cols, n_x)`
+    /// bytes) by the launch unless `x_quantized`.
+    pub x: *const f32,
+    pub x_q8: *mut i8,
+    pub n_x: c_int,
+    pub x_quantized: c_int,
+    /// `rows` f32, or null.
+    pub bias: *const f32,
+    pub y: *mut f32,
+    /// 1: y += product (the residual add).
+    pub accumulate: c_int,
+    /// Splits of the columns (`m40_mmq_splits`) and, when more than one,
+    /// their partial sums: splits × n_x × rows f32.
+    pub splits: c_int,
+    pub partials: *mut f32,
+    /// As `GemvLaunch::overlap`.
+    pub overlap: c_int,
 }
 
 /// One layer's attention-input step (M40AttentionInputs in cuda/ops.cuh).
@@ -132,6 +159,17 @@ extern "C" {
     /// 1 when launches may overlap the stream's previous kernel on the
     /// current device (programmatic dependent launch: sm_90+ code).
     pub fn m40_launch_overlap() -> c_int;
+    pub fn m40_mmq(ty: c_int, launch: *const MmqLaunch, stream: Stream) -> c_int;
+    /// The column splits of a `m40_mmq` launch of this shape on a device of
+    /// `sm_count` multiprocessors; 0 where the current device cannot run it
+    /// (no sm_80+ code there, or a format without the path).
+    pub fn m40_mmq_splits(
+        ty: c_int,
+        rows: c_int,
+        cols: c_int,
+        n_x: c_int,
+        sm_count: c_int,
+    ) -> c_int;
     pub fn m40_dequantize_rows(
         ty: c_int,
         w: *const u8,

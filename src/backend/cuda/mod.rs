@@ -33,8 +33,13 @@ pub use memory::{DeviceAllocator, DevicePtr, MemoryStats};
 use runtime::{check, DeviceInfo, OwnedEvent, OwnedStream, PinnedBuffer};
 
 /// Prefill matrix products of at least this many rows go through cuBLAS
-/// (when present); fewer rows are a few passes of the decode kernel.
+/// (when present); fewer rows are a few passes of the decode kernel, or one
+/// tensor-core product (see `tensor_core_products`).
 const GEMM_MIN_ROWS: usize = 16;
+/// Most rows a product takes on int8 tensor cores while cuBLAS is present:
+/// past them cuBLAS's f16 products win (see docs/cuda-performance.md,
+/// step 22).
+const TENSOR_CORE_MAX_ROWS: usize = 64;
 /// Largest f32 band of a dequantized weight matrix fed to one GEMM.
 const GEMM_BAND_BYTES: usize = 64 << 20;
 /// Bytes allocated past the weights (see `m40_gemv`'s staged reads).
@@ -92,6 +97,11 @@ pub struct CudaBackend {
     /// The model's matrix formats whose decode products take the integer
     /// path (8-bit activations, dp4a).
     integer_formats: Vec<GgmlType>,
+    /// Those of them whose products of more rows than one decode launch
+    /// takes run on int8 tensor cores (sm_80+, `m40_mmq`).
+    tensor_core_formats: Vec<GgmlType>,
+    /// Whether cuBLAS takes the products of many rows.
+    has_cublas: bool,
     /// Whether decode kernels overlap their predecessors (see CudaOptions).
     overlap_launches: bool,
     /// Whether decode steps are replayed from graphs (see CudaOptions).
@@ -361,6 +371,13 @@ impl CudaBackend {
                 }
             }
         }
+        let sm_count = dim(info.multiprocessors, "a multiprocessor count")?;
+        let tensor_core_formats = integer_formats
+            .iter()
+            .copied()
+            // SAFETY: a query of the current device's kernel attributes.
+            .filter(|ty| unsafe { m40_mmq_splits(ty.id() as c_int, 64, 256, 32, sm_count) } > 0)
+            .collect();
         let activations_q8 = if integer_formats.is_empty() {
             None
         } else {
@@ -387,6 +404,8 @@ impl CudaBackend {
             gemv_rows_per_warp,
             prefill_in_f16,
             integer_formats,
+            tensor_core_formats,
+            has_cublas: cublas.is_some(),
             overlap_launches,
             graph_decode: options.graph_decode,
             graphs: Mutex::new(DecodeGraphs::default()),
@@ -474,6 +493,15 @@ impl CudaBackend {
         self.integer_formats.contains(&ty)
     }
 
+    /// Whether a product of `rows` activation rows with a matrix of type
+    /// `ty` runs on int8 tensor cores: more rows than one decode launch
+    /// takes, and no more than cuBLAS would do faster.
+    pub fn tensor_core_products(&self, ty: GgmlType, rows: usize) -> bool {
+        rows > GEMV_MAX_X
+            && (rows <= TENSOR_CORE_MAX_ROWS || !self.has_cublas)
+            && self.tensor_core_formats.contains(&ty)
+    }
+
     /// Whether decode kernels overlap their predecessors on this device.
     pub fn overlaps_launches(&self) -> bool {
         self.overlap_launches
@@ -554,6 +582,10 @@ impl CudaBackend {
         rows: usize,
         out: *mut f32,
     ) -> Result<()> {
+        if self.tensor_core_products(w.ty, rows) {
+            // SAFETY: as the caller promises.
+            return unsafe { self.tensor_core_product(st, w, x, rows, None, out, false) };
+        }
         if let (Some(cublas), true) = (&st.cublas, rows >= GEMM_MIN_ROWS) {
             let gemm = Gemm {
                 cublas,
@@ -711,6 +743,79 @@ impl CudaBackend {
             },
             || "restoring row scales".to_string(),
         )
+    }
+
+    /// out (rows × w.rows) = x · Wᵀ (+ bias), or out += that where
+    /// `accumulate`, on int8 tensor cores (`tensor_core_products`).
+    ///
+    /// # Safety
+    /// As `matmul_locked`; a bias holds w.rows values.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tensor_core_product(
+        &self,
+        st: &mut State,
+        w: &Weight,
+        x: *const f32,
+        rows: usize,
+        bias: Option<&Weight>,
+        out: *mut f32,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (ty, cols, height) = (
+            w.ty.id() as c_int,
+            dim(w.cols, "a matrix width")?,
+            dim(w.rows, "a matrix height")?,
+        );
+        let n_x = dim(rows, "a row count")?;
+        let sm_count = dim(self.info.multiprocessors, "a multiprocessor count")?;
+        // SAFETY: a query of the current device's kernel attributes.
+        let splits = unsafe { m40_mmq_splits(ty, height, cols, n_x, sm_count) };
+        if splits < 1 {
+            return Err(Error::internal(format!(
+                "no tensor-core product of {} weights on this device",
+                w.ty.name()
+            )));
+        }
+        let partial_len = if splits > 1 {
+            splits as usize * rows * w.rows
+        } else {
+            0
+        };
+        let q8_len = q8_bytes(w.cols, rows);
+        st.arena.begin(
+            &self.allocator,
+            Arena::footprint(&[q8_len, partial_len * 4]),
+        )?;
+        let x_q8 = st.arena.take::<i8>(q8_len);
+        let partials = if splits > 1 {
+            st.arena.take::<f32>(partial_len)
+        } else {
+            std::ptr::null_mut()
+        };
+        let launch = MmqLaunch {
+            w: self.weight_ptr(w),
+            rows: height,
+            cols,
+            x,
+            x_q8,
+            n_x,
+            x_quantized: 0,
+            bias: match bias {
+                Some(b) => self.vector(b)?,
+                None => std::ptr::null(),
+            },
+            y: out,
+            accumulate: c_int::from(accumulate),
+            splits,
+            partials,
+            overlap: c_int::from(self.overlap_launches),
+        };
+        // SAFETY: x holds rows × cols values and out rows × w.rows (as the
+        // caller promises); the scratch was sized above; the struct is read
+        // before the call returns.
+        check(unsafe { m40_mmq(ty, &launch, st.stream.raw()) }, || {
+            format!("{} matrix × {rows} rows on tensor cores", w.ty.name())
+        })
     }
 
     fn gemv_matrix(&self, w: &Weight, bias: Option<&Weight>, y: *mut f32) -> Result<GemvMatrix> {
@@ -1355,6 +1460,21 @@ impl Backend for CudaBackend {
         }
         if rows > GEMV_MAX_X {
             for p in products.iter_mut() {
+                if self.tensor_core_products(p.w.ty, rows) {
+                    // SAFETY: as below; the bias is the product's.
+                    unsafe {
+                        self.tensor_core_product(
+                            st,
+                            p.w,
+                            input,
+                            rows,
+                            p.bias,
+                            p.out.as_mut_ptr(),
+                            false,
+                        )?
+                    };
+                    continue;
+                }
                 // SAFETY: input holds rows × p.w.cols values (checked by
                 // normalized_input), p.out rows × p.w.rows (checked above).
                 unsafe {
@@ -1459,6 +1579,12 @@ impl Backend for CudaBackend {
                     None,
                     false,
                 )
+            };
+        }
+        if post_norm.is_none() && self.tensor_core_products(w.ty, rows) {
+            // SAFETY: a holds rows × w.cols values, x rows × w.rows (checked).
+            return unsafe {
+                self.tensor_core_product(st, w, a.as_ptr(), rows, None, x.as_mut_ptr(), true)
             };
         }
         assert!(product.len() >= rows * w.rows);

@@ -1,0 +1,60 @@
+// Activations quantized to 8 bits in blocks of 32, as the CPU backend
+// quantizes them (src/quant/q8.rs): the input of the integer products on
+// sm_61+ (gemv.cu's dp4a path, mmq.cu's tensor-core path).
+#pragma once
+
+#include "quant.cuh"
+
+// n_x rows of cols activations in 8-bit blocks of 32, n_x · cols · 5/4 bytes:
+// every row's codes (row-major), then every block's (d, d·Σcodes), value ≈
+// d · code. Row t's pairs:
+__device__ __forceinline__ float2 *m40_q8_scales(const int8_t *q8, int cols, int n_x, int t) {
+    return reinterpret_cast<float2 *>(const_cast<int8_t *>(q8) + size_t(n_x) * cols) + size_t(t) * (cols / 32);
+}
+
+// One row's view.
+struct M40Q8Row {
+    const int8_t *qs;
+    const float2 *ds;
+};
+
+__device__ __forceinline__ M40Q8Row m40_q8_row(const int8_t *q8, int cols, int n_x, int t) {
+    return {q8 + size_t(t) * cols, m40_q8_scales(q8, cols, n_x, t)};
+}
+
+// Eight codes from an 8-byte-aligned position of a row.
+__device__ __forceinline__ int2 m40_q8_words2(const int8_t *q) { return __ldg(reinterpret_cast<const int2 *>(q)); }
+
+// Activation row blockIdx.y of x (RMS-normalized with `norm` first, when
+// given) into q8, a warp per block of 32: M40_NORM_THREADS values per CUDA
+// block, so that a row is spread over the GPU rather than walked by one
+// block (each block computes the row's rms itself; the row is read from L2).
+// The rounding is the CPU's: d = amax / 127, codes to nearest, ties to even.
+__global__ void __launch_bounds__(M40_NORM_THREADS)
+    quantize_q8_kernel(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols, int n_x,
+                       int8_t *q8) {
+    m40_wait_for_prior_kernels();
+    m40_allow_next_kernel();
+    const int t = blockIdx.y, lane = threadIdx.x % 32;
+    const float *row = x + size_t(t) * cols;
+    const float scale = norm ? m40_inverse_rms(row, cols, eps) : 1.0f;
+    const int i = blockIdx.x * M40_NORM_THREADS + threadIdx.x;
+    if (i >= cols) return;  // whole warps: cols is a multiple of 32
+    const float v = norm ? row[i] * scale * norm[i] : row[i];
+    const float d = m40_warp_max(fabsf(v)) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q = __float2int_rn(v * id);
+    q8[size_t(t) * cols + i] = int8_t(q);
+    int sum = q;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) m40_q8_scales(q8, cols, n_x, t)[i / 32] = make_float2(d, d * float(sum));
+}
+
+
+// Quantizes n_x rows of x (normalized first where `norm` is given) into q8.
+static void m40_quantize_q8(bool overlap, const float *x, const float *norm, float eps, int cols, int n_x,
+                            int8_t *q8, cudaStream_t stream) {
+    const dim3 grid(m40_blocks(size_t(cols), M40_NORM_THREADS), unsigned(n_x));
+    m40_launch(overlap, quantize_q8_kernel, grid, M40_NORM_THREADS, stream, x, norm, eps, cols, n_x, q8);
+}
