@@ -408,12 +408,23 @@ template <class F> static cudaError_t m40_with_mmq_format(int type, F &&f) {
     });
 }
 
-// Resident blocks of the kernel per SM (its shared memory allowed first).
+// Allows the kernel its shared memory (over the 48 KB default) on the
+// current device; false where the device has less.
+template <class M> static bool m40_mmq_allow_shared() {
+    if (cudaFuncSetAttribute(mmq_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             m40_mmq_shared_bytes<M>()) == cudaSuccess)
+        return true;
+    cudaGetLastError();  // the caller reports the failure
+    return false;
+}
+
+// Resident blocks of the kernel per SM, computed once for the device of the
+// first call (another device only changes how K is split); 0 where its
+// shared memory does not fit.
 template <class M> static int m40_mmq_blocks_per_sm() {
     static const int blocks_per_sm = [] {
         int n = 0;
-        if (cudaFuncSetAttribute(mmq_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 m40_mmq_shared_bytes<M>()) != cudaSuccess ||
+        if (!m40_mmq_allow_shared<M>() ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mmq_kernel<M>, 32 * M40_MMQ_WARPS,
                                                           m40_mmq_shared_bytes<M>()) != cudaSuccess ||
             n < 1) {
@@ -461,7 +472,8 @@ M40_EXPORT cudaError_t m40_mmq(int type, const M40Mmq *params, cudaStream_t stre
     cudaError_t status = cudaSuccess;
     const cudaError_t launched = m40_with_mmq_format(type, [&](auto m) {
         using M = decltype(m);
-        if (m40_mmq_blocks_per_sm<M>() < 1) {
+        // The attribute is the current device's: set it for every launch.
+        if (m40_mmq_blocks_per_sm<M>() < 1 || !m40_mmq_allow_shared<M>()) {
             status = cudaErrorInvalidConfiguration;  // its shared memory does not fit
             return;
         }
