@@ -6,8 +6,8 @@
 // conversion instructions on every architecture); no dp4a, no half
 // arithmetic intrinsics, no tensor-core instructions. Two exceptions, kept
 // off the M40's path: gemv.cu's integer path runs dp4a on sm_61 and newer,
-// mmq.cu's products int8 tensor cores on sm_80 and newer; the host launches
-// each only where the device runs that code.
+// mmq.cu's products half arithmetic and f16 tensor cores on sm_80 and newer;
+// the host launches each only where the device runs that code.
 #pragma once
 
 #include <cuda_fp16.h>

@@ -69,14 +69,29 @@ M40_EXPORT cudaError_t m40_dequantize_rows_f16(int type, const uint8_t *w, int c
 
 #define M40_ROW_THREADS 256
 
+// Values of a row each block of rows_to_f16_kernel converts (a multiple of
+// 16): a few rows are each spread over several blocks, ~256 blocks in all,
+// each block finding the row's largest magnitude itself (the row is read
+// from L2); many rows take a block each.
+static int m40_row_chunk(int n_rows, int cols) {
+    const int blocks_per_row = max(1, min((256 + n_rows - 1) / n_rows, cols / 512));
+    return ((cols + blocks_per_row - 1) / blocks_per_row + 15) / 16 * 16;
+}
+
 // Row r of x as f16 after division by scales[r], a power of two chosen so
 // the row's largest magnitude lands in [2^14, 2^15) when it would otherwise
 // overflow f16 (above 2^15) or sink towards its subnormals (below 2^-4);
 // every other row keeps scale 1. Powers of two divide exactly, so the
 // product's row r times scales[r] is the product of the f16-rounded row.
+// Output value i is row value order(i) (a permutation within each row).
+// Grid: (rows, chunks of `chunk` values).
+template <class Order>
 __global__ void __launch_bounds__(M40_ROW_THREADS)
-    rows_to_f16_kernel(const float *__restrict__ x, int cols, __half *__restrict__ out, float *__restrict__ scales) {
+    rows_to_f16_kernel(const float *__restrict__ x, int cols, int chunk, __half *__restrict__ out,
+                       float *__restrict__ scales, Order order) {
     __shared__ float warp_max[M40_ROW_THREADS / 32];
+    m40_wait_for_prior_kernels();
+    m40_allow_next_kernel();
     const float *row = x + size_t(blockIdx.x) * cols;
     float largest = 0.0f;
     for (int i = threadIdx.x; i < cols; i += M40_ROW_THREADS) largest = fmaxf(largest, fabsf(row[i]));
@@ -95,14 +110,23 @@ __global__ void __launch_bounds__(M40_ROW_THREADS)
     }
     const float inverse = 1.0f / scale;  // exact: a power of two
     __half *o = out + size_t(blockIdx.x) * cols;
-    for (int i = threadIdx.x; i < cols; i += M40_ROW_THREADS) o[i] = __float2half_rn(row[i] * inverse);
-    if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+    const int end = min(cols, int(blockIdx.y + 1) * chunk);
+    for (int i = blockIdx.y * chunk + threadIdx.x; i < end; i += M40_ROW_THREADS)
+        o[i] = __float2half_rn(row[order(i)] * inverse);
+    if (blockIdx.y == 0 && threadIdx.x == 0) scales[blockIdx.x] = scale;
 }
+
+struct M40RowOrder {
+    __device__ int operator()(int i) const { return i; }
+};
 
 M40_EXPORT cudaError_t m40_rows_to_f16(const float *x, int n_rows, int cols, uint16_t *out, float *scales,
                                        cudaStream_t stream) {
     if (n_rows < 1 || cols < 1) return cudaErrorInvalidValue;
-    rows_to_f16_kernel<<<n_rows, M40_ROW_THREADS, 0, stream>>>(x, cols, reinterpret_cast<__half *>(out), scales);
+    const int chunk = m40_row_chunk(n_rows, cols);
+    const dim3 grid(n_rows, m40_blocks(size_t(cols), chunk));
+    rows_to_f16_kernel<<<grid, M40_ROW_THREADS, 0, stream>>>(x, cols, chunk, reinterpret_cast<__half *>(out),
+                                                             scales, M40RowOrder{});
     return m40_launch_status();
 }
 

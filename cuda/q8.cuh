@@ -1,6 +1,6 @@
 // Activations quantized to 8 bits in blocks of 32, as the CPU backend
 // quantizes them (src/quant/q8.rs): the input of the integer products on
-// sm_61+ (gemv.cu's dp4a path, mmq.cu's tensor-core path).
+// sm_61+ (gemv.cu's dp4a path).
 #pragma once
 
 #include "quant.cuh"

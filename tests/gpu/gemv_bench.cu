@@ -9,6 +9,7 @@
 // Built by tests/gpu/pack.sh for sm_90 (the H100); prints one line per
 // product and the products of a whole token, with and without their
 // activations' quantization.
+#include "matmul.cu"
 #include "gemv.cu"
 #include "mmq.cu"
 
@@ -75,7 +76,7 @@ int main(int argc, char **argv) {
     const int n_x = argc > 4 ? atoi(argv[4]) : 1;
     const int hidden = small ? 2048 : 4096, ffn = small ? 5632 : 11008, layers = small ? 22 : 32, vocab = 32000;
     const bool tensor_cores = n_x > M40_GEMV_MAX_X;
-    if (row_bytes(type, 256) == 0 || n_x < 1 || n_x > 64 || (tensor_cores && !m40_mmq_available()) ||
+    if (row_bytes(type, 256) == 0 || n_x < 1 || n_x > 64 || (tensor_cores && !m40_mmq_prepare(type)) ||
         (rows_per_warp != 0 && rows_per_warp != 2 && rows_per_warp != 4)) {
         fprintf(stderr, "usage: gemv_bench [7b|1b] [GGUF type id] [rows per warp: 0 (the format's choice), 2 or 4] "
                         "[activation rows: 1-64; past 8 on an sm_80+ GPU]\n");
@@ -108,9 +109,11 @@ int main(int argc, char **argv) {
     const size_t max_x = tensor_cores ? size_t(n_x) : M40_GEMV_MAX_X;
     float *x, *y, *partials;
     int8_t *x_q8;
+    uint16_t *x_f16;
     check(cudaMalloc(&x, max_x * widest * 4), "x");
     check(cudaMalloc(&y, 3 * max_x * widest * 4), "y");
     check(cudaMalloc(&x_q8, max_x * widest * 2), "x_q8");
+    check(cudaMalloc(&x_f16, max_x * widest * 2 + max_x * 4), "x_f16");
     check(cudaMalloc(&partials, (tensor_cores ? 64 : 1) * max_x * widest * 4), "partial sums");
     check(cudaMemset(x, 0, max_x * widest * 4), "x");
     fill_bytes<<<64, 256>>>(reinterpret_cast<uint8_t *>(x_q8), max_x * widest * 2, 9);
@@ -131,9 +134,10 @@ int main(int argc, char **argv) {
                 p.rows = pr.rows;
                 p.cols = pr.cols;
                 p.x = x;
-                p.x_q8 = x_q8;
+                p.x_f16 = x_f16;
+                p.x_scales = reinterpret_cast<float *>(x_f16 + max_x * widest);
                 p.n_x = n_x;
-                p.x_quantized = quantized;
+                p.x_converted = quantized;
                 p.y = y + m * max_x * widest;
                 p.accumulate = pr.epilogue == M40_GEMV_ACCUMULATE;
                 p.splits = m40_mmq_splits(type, pr.rows, pr.cols, n_x, sms);

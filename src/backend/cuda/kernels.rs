@@ -91,19 +91,21 @@ pub fn q8_bytes(cols: usize, n_x: usize) -> usize {
 }
 
 /// A `m40_mmq` launch (M40Mmq in cuda/mmq.cu): y (n_x × rows) = x · Wᵀ
-/// (+ bias), stored or added to y, on int8 tensor cores.
+/// (+ bias), stored or added to y, on f16 tensor cores.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct MmqLaunch {
     pub w: *const u8,
     pub rows: c_int,
     pub cols: c_int,
-    /// n_x rows of cols f32, quantized into `x_q8` (`q8_bytes(cols, n_x)`
-    /// bytes) by the launch unless `x_quantized`.
+    /// n_x rows of cols f32, converted into `x_f16` (n_x × cols f16) and
+    /// `x_scales` (n_x f32) by the launch unless `x_converted` (by
+    /// `m40_mmq_activations`).
     pub x: *const f32,
-    pub x_q8: *mut i8,
+    pub x_f16: *mut u16,
+    pub x_scales: *mut f32,
     pub n_x: c_int,
-    pub x_quantized: c_int,
+    pub x_converted: c_int,
     /// `rows` f32, or null.
     pub bias: *const f32,
     pub y: *mut f32,
@@ -159,10 +161,25 @@ extern "C" {
     /// 1 when launches may overlap the stream's previous kernel on the
     /// current device (programmatic dependent launch: sm_90+ code).
     pub fn m40_launch_overlap() -> c_int;
+    /// 1 where the current device runs `m40_mmq` products of type `ty`
+    /// (this build's sm_80+ code runs there); readies the device for them.
+    /// Called once per device, with it current, before its first `m40_mmq`.
+    pub fn m40_mmq_prepare(ty: c_int) -> c_int;
     pub fn m40_mmq(ty: c_int, launch: *const MmqLaunch, stream: Stream) -> c_int;
+    /// x (n_rows × cols f32) as `m40_mmq` takes it converted (x_f16, n_rows
+    /// × cols; x_scales, n_rows).
+    pub fn m40_mmq_activations(
+        overlap: c_int,
+        x: *const f32,
+        n_rows: c_int,
+        cols: c_int,
+        x_f16: *mut u16,
+        x_scales: *mut f32,
+        stream: Stream,
+    ) -> c_int;
     /// The column splits of a `m40_mmq` launch of this shape on a device of
-    /// `sm_count` multiprocessors; 0 where the current device cannot run it
-    /// (no sm_80+ code there, or a format without the path).
+    /// `sm_count` multiprocessors; 0 where no device was readied for the
+    /// format (`m40_mmq_prepare`), or a format without the path.
     pub fn m40_mmq_splits(
         ty: c_int,
         rows: c_int,

@@ -36,9 +36,9 @@ use runtime::{check, DeviceInfo, OwnedEvent, OwnedStream, PinnedBuffer};
 /// (when present); fewer rows are a few passes of the decode kernel, or one
 /// tensor-core product (see `tensor_core_products`).
 const GEMM_MIN_ROWS: usize = 16;
-/// Most rows a product takes on int8 tensor cores while cuBLAS is present:
-/// past them cuBLAS's f16 products win (see docs/cuda-performance.md,
-/// step 22).
+/// Most rows a product takes on the quantized-weight tensor-core kernel
+/// while cuBLAS is present: past them cuBLAS's f16 products win (see
+/// docs/cuda-performance.md, steps 22 and 23).
 const TENSOR_CORE_MAX_ROWS: usize = 64;
 /// Largest f32 band of a dequantized weight matrix fed to one GEMM.
 const GEMM_BAND_BYTES: usize = 64 << 20;
@@ -97,8 +97,9 @@ pub struct CudaBackend {
     /// The model's matrix formats whose decode products take the integer
     /// path (8-bit activations, dp4a).
     integer_formats: Vec<GgmlType>,
-    /// Those of them whose products of more rows than one decode launch
-    /// takes run on int8 tensor cores (sm_80+, `m40_mmq`).
+    /// The model's matrix formats whose products of more rows than one
+    /// decode launch takes run on f16 tensor cores straight from the
+    /// quantized weights (sm_80+, `m40_mmq`).
     tensor_core_formats: Vec<GgmlType>,
     /// Whether cuBLAS takes the products of many rows.
     has_cublas: bool,
@@ -116,6 +117,15 @@ pub struct CudaBackend {
     capture_exclusion: RwLock<()>,
     bandwidth: std::sync::OnceLock<f64>,
     state: Mutex<State>,
+}
+
+/// One product of `CudaBackend::tensor_core_products_of`: out (rows ×
+/// w.rows) = x · Wᵀ (+ bias), or out += that where `accumulate`.
+struct TensorCoreProduct<'a> {
+    w: &'a Weight,
+    bias: Option<&'a Weight>,
+    out: *mut f32,
+    accumulate: bool,
 }
 
 /// What one operation at a time uses.
@@ -371,13 +381,15 @@ impl CudaBackend {
                 }
             }
         }
-        let sm_count = dim(info.multiprocessors, "a multiprocessor count")?;
-        let tensor_core_formats = integer_formats
-            .iter()
-            .copied()
-            // SAFETY: a query of the current device's kernel attributes.
-            .filter(|ty| unsafe { m40_mmq_splits(ty.id() as c_int, 64, 256, 32, sm_count) } > 0)
-            .collect();
+        let mut tensor_core_formats = Vec::new();
+        for t in matrices() {
+            // SAFETY: queries and sets the current device's kernel attributes.
+            if !tensor_core_formats.contains(&t.ggml_type)
+                && unsafe { m40_mmq_prepare(t.ggml_type.id() as c_int) } == 1
+            {
+                tensor_core_formats.push(t.ggml_type);
+            }
+        }
         let activations_q8 = if integer_formats.is_empty() {
             None
         } else {
@@ -494,8 +506,9 @@ impl CudaBackend {
     }
 
     /// Whether a product of `rows` activation rows with a matrix of type
-    /// `ty` runs on int8 tensor cores: more rows than one decode launch
-    /// takes, and no more than cuBLAS would do faster.
+    /// `ty` runs on f16 tensor cores straight from the quantized weights
+    /// (`m40_mmq`): more rows than one decode launch takes, and no more
+    /// than cuBLAS would do faster.
     pub fn tensor_core_products(&self, ty: GgmlType, rows: usize) -> bool {
         rows > GEMV_MAX_X
             && (rows <= TENSOR_CORE_MAX_ROWS || !self.has_cublas)
@@ -583,8 +596,14 @@ impl CudaBackend {
         out: *mut f32,
     ) -> Result<()> {
         if self.tensor_core_products(w.ty, rows) {
+            let product = TensorCoreProduct {
+                w,
+                bias: None,
+                out,
+                accumulate: false,
+            };
             // SAFETY: as the caller promises.
-            return unsafe { self.tensor_core_product(st, w, x, rows, None, out, false) };
+            return unsafe { self.tensor_core_products_of(st, x, rows, &[product]) };
         }
         if let (Some(cublas), true) = (&st.cublas, rows >= GEMM_MIN_ROWS) {
             let gemm = Gemm {
@@ -745,77 +764,96 @@ impl CudaBackend {
         )
     }
 
-    /// out (rows × w.rows) = x · Wᵀ (+ bias), or out += that where
-    /// `accumulate`, on int8 tensor cores (`tensor_core_products`).
+    /// Products of the same `rows` activation rows x with several matrices
+    /// on f16 tensor cores (`tensor_core_products`): x is converted to f16
+    /// once for all of them.
     ///
     /// # Safety
-    /// As `matmul_locked`; a bias holds w.rows values.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn tensor_core_product(
+    /// x holds rows × cols values (every matrix's width) and each product's
+    /// out rows × w.rows, in device memory; a bias holds w.rows values.
+    unsafe fn tensor_core_products_of(
         &self,
         st: &mut State,
-        w: &Weight,
         x: *const f32,
         rows: usize,
-        bias: Option<&Weight>,
-        out: *mut f32,
-        accumulate: bool,
+        products: &[TensorCoreProduct],
     ) -> Result<()> {
-        let (ty, cols, height) = (
-            w.ty.id() as c_int,
-            dim(w.cols, "a matrix width")?,
-            dim(w.rows, "a matrix height")?,
-        );
+        let Some(first) = products.first() else {
+            return Ok(());
+        };
+        let cols = dim(first.w.cols, "a matrix width")?;
         let n_x = dim(rows, "a row count")?;
         let sm_count = dim(self.info.multiprocessors, "a multiprocessor count")?;
-        // SAFETY: a query of the current device's kernel attributes.
-        let splits = unsafe { m40_mmq_splits(ty, height, cols, n_x, sm_count) };
-        if splits < 1 {
-            return Err(Error::internal(format!(
-                "no tensor-core product of {} weights on this device",
-                w.ty.name()
-            )));
+        let mut splits = Vec::with_capacity(products.len());
+        let mut pieces = vec![rows * first.w.cols * 2, rows * 4];
+        for p in products {
+            assert_eq!(
+                p.w.cols, first.w.cols,
+                "tensor-core products share their input"
+            );
+            let ty = p.w.ty.id() as c_int;
+            // SAFETY: arithmetic on the kernel's occupancy, found when the
+            // backend was created.
+            let n = unsafe {
+                m40_mmq_splits(ty, dim(p.w.rows, "a matrix height")?, cols, n_x, sm_count)
+            };
+            if n < 1 {
+                return Err(Error::internal(format!(
+                    "no tensor-core product of {} weights on this device",
+                    p.w.ty.name()
+                )));
+            }
+            if n > 1 {
+                pieces.push(n as usize * rows * p.w.rows * 4);
+            }
+            splits.push(n);
         }
-        let partial_len = if splits > 1 {
-            splits as usize * rows * w.rows
-        } else {
-            0
-        };
-        let q8_len = q8_bytes(w.cols, rows);
-        st.arena.begin(
-            &self.allocator,
-            Arena::footprint(&[q8_len, partial_len * 4]),
+        st.arena.begin(&self.allocator, Arena::footprint(&pieces))?;
+        let (x_f16, x_scales) = (
+            st.arena.take::<u16>(rows * first.w.cols),
+            st.arena.take::<f32>(rows),
+        );
+        let overlap = c_int::from(self.overlap_launches);
+        // SAFETY: x holds rows × cols values; x_f16 and x_scales were sized
+        // for them above.
+        check(
+            unsafe { m40_mmq_activations(overlap, x, n_x, cols, x_f16, x_scales, st.stream.raw()) },
+            || "activation rows to f16 for tensor cores".to_string(),
         )?;
-        let x_q8 = st.arena.take::<i8>(q8_len);
-        let partials = if splits > 1 {
-            st.arena.take::<f32>(partial_len)
-        } else {
-            std::ptr::null_mut()
-        };
-        let launch = MmqLaunch {
-            w: self.weight_ptr(w),
-            rows: height,
-            cols,
-            x,
-            x_q8,
-            n_x,
-            x_quantized: 0,
-            bias: match bias {
-                Some(b) => self.vector(b)?,
-                None => std::ptr::null(),
-            },
-            y: out,
-            accumulate: c_int::from(accumulate),
-            splits,
-            partials,
-            overlap: c_int::from(self.overlap_launches),
-        };
-        // SAFETY: x holds rows × cols values and out rows × w.rows (as the
-        // caller promises); the scratch was sized above; the struct is read
-        // before the call returns.
-        check(unsafe { m40_mmq(ty, &launch, st.stream.raw()) }, || {
-            format!("{} matrix × {rows} rows on tensor cores", w.ty.name())
-        })
+        for (p, &splits) in products.iter().zip(&splits) {
+            let partials = if splits > 1 {
+                st.arena.take::<f32>(splits as usize * rows * p.w.rows)
+            } else {
+                std::ptr::null_mut()
+            };
+            let launch = MmqLaunch {
+                w: self.weight_ptr(p.w),
+                rows: dim(p.w.rows, "a matrix height")?,
+                cols,
+                x,
+                x_f16,
+                x_scales,
+                n_x,
+                x_converted: 1,
+                bias: match p.bias {
+                    Some(b) => self.vector(b)?,
+                    None => std::ptr::null(),
+                },
+                y: p.out,
+                accumulate: c_int::from(p.accumulate),
+                splits,
+                partials,
+                overlap,
+            };
+            // SAFETY: x_f16 holds the converted rows, out rows × w.rows
+            // values (as the caller promises); the partials were sized
+            // above; the struct is read before the call returns.
+            check(
+                unsafe { m40_mmq(p.w.ty.id() as c_int, &launch, st.stream.raw()) },
+                || format!("{} matrix × {rows} rows on tensor cores", p.w.ty.name()),
+            )?;
+        }
+        Ok(())
     }
 
     fn gemv_matrix(&self, w: &Weight, bias: Option<&Weight>, y: *mut f32) -> Result<GemvMatrix> {
@@ -1459,20 +1497,20 @@ impl Backend for CudaBackend {
             );
         }
         if rows > GEMV_MAX_X {
+            let on_tensor_cores: Vec<TensorCoreProduct> = products
+                .iter_mut()
+                .filter(|p| self.tensor_core_products(p.w.ty, rows))
+                .map(|p| TensorCoreProduct {
+                    w: p.w,
+                    bias: p.bias,
+                    out: p.out.as_mut_ptr(),
+                    accumulate: false,
+                })
+                .collect();
+            // SAFETY: as below; each bias is its product's.
+            unsafe { self.tensor_core_products_of(st, input, rows, &on_tensor_cores)? };
             for p in products.iter_mut() {
                 if self.tensor_core_products(p.w.ty, rows) {
-                    // SAFETY: as below; the bias is the product's.
-                    unsafe {
-                        self.tensor_core_product(
-                            st,
-                            p.w,
-                            input,
-                            rows,
-                            p.bias,
-                            p.out.as_mut_ptr(),
-                            false,
-                        )?
-                    };
                     continue;
                 }
                 // SAFETY: input holds rows × p.w.cols values (checked by
@@ -1582,10 +1620,14 @@ impl Backend for CudaBackend {
             };
         }
         if post_norm.is_none() && self.tensor_core_products(w.ty, rows) {
-            // SAFETY: a holds rows × w.cols values, x rows × w.rows (checked).
-            return unsafe {
-                self.tensor_core_product(st, w, a.as_ptr(), rows, None, x.as_mut_ptr(), true)
+            let product = TensorCoreProduct {
+                w,
+                bias: None,
+                out: x.as_mut_ptr(),
+                accumulate: true,
             };
+            // SAFETY: a holds rows × w.cols values, x rows × w.rows (checked).
+            return unsafe { self.tensor_core_products_of(st, a.as_ptr(), rows, &[product]) };
         }
         assert!(product.len() >= rows * w.rows);
         if let Some(norm) = post_norm {
