@@ -9,18 +9,19 @@
 // block straight into an f16 tensor-core fragment, scale and minimum
 // applied (d·(code − zero) + m, rounded once to f16), and multiplied with
 // f16 activation rows by mma.sync into FP32 sums; the weights are read once
-// per 32 activation rows. Products of int8 codes would need every 32-value
-// block's integer sum scaled into FP32 for each (weight row, activation
-// row) pair, the weight's scale times the activations' own: measured on the
-// H100, that scaling, not the memory, set the speed (see
+// per tile of activation rows. Products of int8 codes (step 22) needed
+// every 32-value block's integer sum scaled into FP32 for each (weight row,
+// activation row) pair, the weight's scale times the activations' own; f16
+// fragments made the 32-row products ~10% faster on the H100 (see
 // docs/cuda-performance.md, step 23).
 //
 //   - Activation rows are converted to f16 first (m40_rows_to_f16's
 //     power-of-two row scales keep them in range; the epilogue multiplies
 //     them back), with each 16 values in the order the weights decode to
 //     (m40_mmq_order below), so that no byte shuffles are needed.
-//   - A block of 8 warps takes 128 weight rows × 32 activation rows; warp w
-//     takes rows 16w..16w+15 as one m16 tile against four n8 tiles.
+//   - A block of 8 warps takes 128 weight rows × X activation rows (16 or
+//     32); warp w takes rows 16w..16w+15 as one m16 tile against X / 8 n8
+//     tiles.
 //   - K goes in steps of 256 values (a super-block, or 8 blocks of 32). Each
 //     step's weight bytes and activations are copied to shared memory by
 //     cp.async, the next step's copies running under this step's math.
@@ -35,7 +36,10 @@
 
 #define M40_MMQ_WARPS 8
 #define M40_MMQ_ROWS (16 * M40_MMQ_WARPS)  // weight rows per block
-#define M40_MMQ_X 32                       // activation rows per block
+// Activation rows per block: X, 16 or 32 (M40MmqTile). Up to 16 rows the
+// smaller tile does half the work of a 32-row one: llama-7b Q4_K layer
+// products at 16 rows on the H100, ms for 32 layers, 5.59 → 3.86 (at 9
+// rows 6.13 → 4.10).
 #define M40_MMQ_STEP 256                   // values of K per pipeline step
 // Steps in shared memory at once (double buffering), and the fewest a split
 // of K keeps. Measured on the H100 with int8 fragments (step 22: mmq
@@ -197,12 +201,24 @@ template <class M> __host__ __device__ constexpr int m40_mmq_row_vectors() {
     return vectors | 1;
 }
 
-// Shared memory of one stage: weight rows, then activation rows.
-template <class M> __host__ __device__ constexpr int m40_mmq_stage_bytes() {
-    return M40_MMQ_ROWS * m40_mmq_row_vectors<M>() * 16 + M40_MMQ_X * M40_MMQ_X_STRIDE;
+// Shared memory of one stage: weight rows, then X activation rows.
+template <class M, int X> __host__ __device__ constexpr int m40_mmq_stage_bytes() {
+    return M40_MMQ_ROWS * m40_mmq_row_vectors<M>() * 16 + X * M40_MMQ_X_STRIDE;
 }
 
-template <class M> constexpr int m40_mmq_shared_bytes() { return M40_MMQ_STAGES * m40_mmq_stage_bytes<M>(); }
+template <class M, int X> constexpr int m40_mmq_shared_bytes() { return M40_MMQ_STAGES * m40_mmq_stage_bytes<M, X>(); }
+
+// The activation-row tile of a product of n_x rows.
+template <int X_> struct M40MmqTile {
+    static constexpr int X = X_;
+};
+
+template <class F> static void m40_with_mmq_tile(int n_x, F &&f) {
+    if (n_x <= 16)
+        f(M40MmqTile<16>{});
+    else
+        f(M40MmqTile<32>{});
+}
 
 // ---- sm_80 instructions ----
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -260,14 +276,14 @@ template <class M> __device__ __forceinline__ void m40_mmq_weights(uint32_t c, _
 }
 #endif
 
-// The kernel. Grid: (row tiles, splits of K, tiles of 32 activation rows).
-template <class M> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) mmq_kernel(M40Mmq p) {
+// The kernel. Grid: (row tiles, splits of K, tiles of X activation rows).
+template <class M, int X> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) mmq_kernel(M40Mmq p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     extern __shared__ uint4 m40_mmq_shared[];
     constexpr int ROW_VECTORS = m40_mmq_row_vectors<M>(), STEP_BYTES = m40_mmq_step_bytes<M>();
-    constexpr int STAGE_BYTES = m40_mmq_stage_bytes<M>(), W_BYTES = M40_MMQ_ROWS * ROW_VECTORS * 16;
+    constexpr int STAGE_BYTES = m40_mmq_stage_bytes<M, X>(), W_BYTES = M40_MMQ_ROWS * ROW_VECTORS * 16;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-    const int row0 = blockIdx.x * M40_MMQ_ROWS, x0 = blockIdx.z * M40_MMQ_X;
+    const int row0 = blockIdx.x * M40_MMQ_ROWS, x0 = blockIdx.z * X;
     const int cols = p.cols, n_x = p.n_x;
     const size_t row_bytes = size_t(cols / M::VALUES) * M::BYTES;
     const int steps = (cols + M40_MMQ_STEP - 1) / M40_MMQ_STEP;
@@ -292,7 +308,7 @@ template <class M> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) mmq_ker
         }
         // Activations: 32 vectors per row (fewer in a short last step).
         const int x_vectors = values / 8;
-        for (int i = threadIdx.x; i < M40_MMQ_X * 32; i += 32 * M40_MMQ_WARPS) {
+        for (int i = threadIdx.x; i < X * 32; i += 32 * M40_MMQ_WARPS) {
             const int r = i / 32, v = i % 32;
             if (v < x_vectors)
                 m40_copy16_async(base + W_BYTES + r * M40_MMQ_X_STRIDE + 16 * v,
@@ -301,7 +317,7 @@ template <class M> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) mmq_ker
     };
 
     // The activations (and y) are the previous kernel's.
-    float acc[4][4] = {};
+    float acc[X / 8][4] = {};
     m40_wait_for_prior_kernels();
 #pragma unroll
     for (int s = 0; s < M40_MMQ_STAGES - 1; s++) {
@@ -341,7 +357,7 @@ template <class M> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) mmq_ker
                                    a[2 + h]);
             }
 #pragma unroll
-            for (int pair = 0; pair < 2; pair++) {
+            for (int pair = 0; pair < X / 16; pair++) {
                 uint32_t b[4];
                 const int row = 16 * pair + 8 * (matrix / 2) + matrix_row;
                 m40_load_matrices4(x_rows + row * M40_MMQ_X_STRIDE + 32 * q + 16 * (matrix % 2), b);
@@ -353,7 +369,7 @@ template <class M> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) mmq_ker
 
     // acc[n][e]: weight row 16 warp + g + 8 (e / 2), activation row 8n + 2t + e % 2.
 #pragma unroll
-    for (int n = 0; n < 4; n++)
+    for (int n = 0; n < X / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int row = row0 + 16 * warp + g + 8 * (e / 2), x = x0 + 8 * n + 2 * t + e % 2;
@@ -398,9 +414,9 @@ template <class F> static cudaError_t m40_with_mmq_format(int type, F &&f) {
 
 // Allows the kernel its shared memory (over the 48 KB default) on the
 // current device; false where the device has less.
-template <class M> static bool m40_mmq_allow_shared() {
-    if (cudaFuncSetAttribute(mmq_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             m40_mmq_shared_bytes<M>()) == cudaSuccess)
+template <class M, int X> static bool m40_mmq_allow_shared() {
+    if (cudaFuncSetAttribute(mmq_kernel<M, X>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             m40_mmq_shared_bytes<M, X>()) == cudaSuccess)
         return true;
     cudaGetLastError();  // the caller reports the failure
     return false;
@@ -410,12 +426,12 @@ template <class M> static bool m40_mmq_allow_shared() {
 // first call (another device only changes how K is split): 0 where this
 // build has no sm_80+ code there (m40_code_version, gemv.cu) or the
 // kernel's shared memory does not fit. After the first call, a read.
-template <class M> static int m40_mmq_blocks_per_sm() {
+template <class M, int X> static int m40_mmq_blocks_per_sm() {
     static const int blocks_per_sm = [] {
         int n = 0;
-        if (m40_code_version() < 80 || !m40_mmq_allow_shared<M>() ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mmq_kernel<M>, 32 * M40_MMQ_WARPS,
-                                                          m40_mmq_shared_bytes<M>()) != cudaSuccess ||
+        if (m40_code_version() < 80 || !m40_mmq_allow_shared<M, X>() ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mmq_kernel<M, X>, 32 * M40_MMQ_WARPS,
+                                                          m40_mmq_shared_bytes<M, X>()) != cudaSuccess ||
             n < 1) {
             cudaGetLastError();
             n = 0;
@@ -434,7 +450,8 @@ M40_EXPORT int m40_mmq_prepare(int type) {
     if (!m40_mmq_format(type) || m40_code_version() < 80) return 0;
     m40_with_mmq_format(type, [&](auto m) {
         using M = decltype(m);
-        ready = m40_mmq_blocks_per_sm<M>() >= 1 && m40_mmq_allow_shared<M>();
+        ready = m40_mmq_blocks_per_sm<M, 16>() >= 1 && m40_mmq_allow_shared<M, 16>() &&
+                m40_mmq_blocks_per_sm<M, 32>() >= 1 && m40_mmq_allow_shared<M, 32>();
     });
     return ready;
 }
@@ -447,13 +464,16 @@ M40_EXPORT int m40_mmq_splits(int type, int rows, int cols, int n_x, int sm_coun
     int splits = 0;
     if (!m40_mmq_format(type) || rows < 1 || cols < 1 || n_x < 1) return 0;
     m40_with_mmq_format(type, [&](auto m) {
-        const int per_sm = m40_mmq_blocks_per_sm<decltype(m)>();
-        if (per_sm < 1) return;
-        const long tiles = long((rows + M40_MMQ_ROWS - 1) / M40_MMQ_ROWS) * ((n_x + M40_MMQ_X - 1) / M40_MMQ_X);
-        const long resident = long(per_sm) * (sm_count > 0 ? sm_count : 1);
-        const int steps = (cols + M40_MMQ_STEP - 1) / M40_MMQ_STEP;
-        const long wanted = (resident + tiles - 1) / tiles;
-        splits = int(max(1L, min(wanted, long(max(1, steps / M40_MMQ_MIN_STEPS)))));
+        m40_with_mmq_tile(n_x, [&](auto tile) {
+            constexpr int X = decltype(tile)::X;
+            const int per_sm = m40_mmq_blocks_per_sm<decltype(m), X>();
+            if (per_sm < 1) return;
+            const long tiles = long((rows + M40_MMQ_ROWS - 1) / M40_MMQ_ROWS) * ((n_x + X - 1) / X);
+            const long resident = long(per_sm) * (sm_count > 0 ? sm_count : 1);
+            const int steps = (cols + M40_MMQ_STEP - 1) / M40_MMQ_STEP;
+            const long wanted = (resident + tiles - 1) / tiles;
+            splits = int(max(1L, min(wanted, long(max(1, steps / M40_MMQ_MIN_STEPS)))));
+        });
     });
     return splits;
 }
@@ -470,16 +490,22 @@ M40_EXPORT cudaError_t m40_mmq(int type, const M40Mmq *params, cudaStream_t stre
         return cudaErrorInvalidValue;
     cudaError_t status = cudaSuccess;
     const cudaError_t launched = m40_with_mmq_format(type, [&](auto m) {
-        using M = decltype(m);
-        if (m40_mmq_blocks_per_sm<M>() < 1) {
-            status = cudaErrorInvalidDeviceFunction;  // no sm_80+ code here, or too little shared memory
-            return;
-        }
-        if (!p.x_converted) m40_rows_to_f16_ordered(p.overlap, p.x, p.n_x, p.cols, p.x_f16, p.x_scales, stream);
-        const dim3 grid((p.rows + M40_MMQ_ROWS - 1) / M40_MMQ_ROWS, p.splits, (p.n_x + M40_MMQ_X - 1) / M40_MMQ_X);
-        m40_launch_shared(p.overlap, mmq_kernel<M>, grid, 32 * M40_MMQ_WARPS, m40_mmq_shared_bytes<M>(), stream, p);
-        if (p.splits > 1)
-            m40_launch(p.overlap, mmq_combine_kernel, dim3(m40_blocks(size_t(p.n_x) * p.rows, 256)), 256, stream, p);
+        m40_with_mmq_tile(p.n_x, [&](auto tile) {
+            using M = decltype(m);
+            constexpr int X = decltype(tile)::X;
+            if (m40_mmq_blocks_per_sm<M, X>() < 1) {
+                status = cudaErrorInvalidDeviceFunction;  // no sm_80+ code here, or too little shared memory
+                return;
+            }
+            if (!p.x_converted)
+                m40_rows_to_f16_ordered(p.overlap, p.x, p.n_x, p.cols, p.x_f16, p.x_scales, stream);
+            const dim3 grid((p.rows + M40_MMQ_ROWS - 1) / M40_MMQ_ROWS, p.splits, (p.n_x + X - 1) / X);
+            m40_launch_shared(p.overlap, mmq_kernel<M, X>, grid, 32 * M40_MMQ_WARPS, m40_mmq_shared_bytes<M, X>(),
+                              stream, p);
+            if (p.splits > 1)
+                m40_launch(p.overlap, mmq_combine_kernel, dim3(m40_blocks(size_t(p.n_x) * p.rows, 256)), 256,
+                           stream, p);
+        });
     });
     return status != cudaSuccess ? status : launched;
 }
