@@ -7,7 +7,7 @@
 // weight; cuBLAS would need every weight dequantized to f16 and written out
 // first (13 GB a step for llama-7b). Here each weight is decoded from its
 // block straight into an f16 tensor-core fragment, scale and minimum
-// applied (d·(code − zero) + m, rounded once to f16), and multiplied with
+// applied (d·(code − zero) + m in f16), and multiplied with
 // f16 activation rows by mma.sync into FP32 sums; the weights are read once
 // per tile of activation rows. Products of int8 codes (step 22) needed
 // every 32-value block's integer sum scaled into FP32 for each (weight row,
@@ -30,8 +30,12 @@
 //     busy. Each split writes its partial sums; a second kernel adds them in
 //     order (the result does not depend on timing) and applies the epilogue.
 //
-// The rounding is that of prefill's cuBLAS products: f16 weights and
-// activations, FP32 sums.
+// The rounding is that of prefill's cuBLAS products, f16 weights and
+// activations and FP32 sums, but for the K formats' scales and minima
+// (products of two stored numbers), which are rounded to f16 first.
+//
+// Included after matmul.cu (rows_to_f16_kernel) and gemv.cu
+// (m40_code_version), as m40llm.cu does.
 #include "quant.cuh"
 
 #define M40_MMQ_WARPS 8
@@ -213,8 +217,14 @@ template <int X_> struct M40MmqTile {
     static constexpr int X = X_;
 };
 
-template <class F> static void m40_with_mmq_tile(int n_x, F &&f) {
-    if (n_x <= 16)
+// (Defined below the kernel.)
+template <class M, int X> static int m40_mmq_blocks_per_sm();
+
+// Calls f(M40MmqTile<X>{}) with the tile of a product of n_x rows: 16 up
+// to 16 rows, or where the 32-row tile's shared memory does not fit (Q8_0
+// on GPUs with 99 KB a block); 32 otherwise.
+template <class M, class F> static void m40_with_mmq_tile(int n_x, F &&f) {
+    if (n_x <= 16 || m40_mmq_blocks_per_sm<M, 32>() < 1)
         f(M40MmqTile<16>{});
     else
         f(M40MmqTile<32>{});
@@ -442,16 +452,17 @@ template <class M, int X> static int m40_mmq_blocks_per_sm() {
 }
 
 // 1 where the current device runs tensor-core products of `type`: this
-// build's sm_80+ code runs there and the kernel's shared memory fits. The
-// kernel's shared-memory allowance belongs to the device, so this is called
-// once per device (with it current) before its first m40_mmq.
+// build's sm_80+ code runs there and the 16-row tile's shared memory fits
+// (the 32-row tile is used where it fits too). The kernel's shared-memory
+// allowance belongs to the device, so this is called once per device (with
+// it current) before its first m40_mmq.
 M40_EXPORT int m40_mmq_prepare(int type) {
     int ready = 0;
     if (!m40_mmq_format(type) || m40_code_version() < 80) return 0;
     m40_with_mmq_format(type, [&](auto m) {
         using M = decltype(m);
-        ready = m40_mmq_blocks_per_sm<M, 16>() >= 1 && m40_mmq_allow_shared<M, 16>() &&
-                m40_mmq_blocks_per_sm<M, 32>() >= 1 && m40_mmq_allow_shared<M, 32>();
+        ready = m40_mmq_blocks_per_sm<M, 16>() >= 1 && m40_mmq_allow_shared<M, 16>();
+        if (ready && m40_mmq_blocks_per_sm<M, 32>() >= 1) ready = m40_mmq_allow_shared<M, 32>();
     });
     return ready;
 }
@@ -459,12 +470,13 @@ M40_EXPORT int m40_mmq_prepare(int type) {
 // Splits of K for a product: enough blocks for one wave of resident blocks,
 // each split keeping at least M40_MMQ_MIN_STEPS steps (shorter splits spend
 // their time filling the pipeline and writing partial sums). 0 for a format
-// without the path or one m40_mmq_prepare has not accepted.
+// without the path or where its tile cannot run (no sm_80+ code, too
+// little shared memory).
 M40_EXPORT int m40_mmq_splits(int type, int rows, int cols, int n_x, int sm_count) {
     int splits = 0;
     if (!m40_mmq_format(type) || rows < 1 || cols < 1 || n_x < 1) return 0;
     m40_with_mmq_format(type, [&](auto m) {
-        m40_with_mmq_tile(n_x, [&](auto tile) {
+        m40_with_mmq_tile<decltype(m)>(n_x, [&](auto tile) {
             constexpr int X = decltype(tile)::X;
             const int per_sm = m40_mmq_blocks_per_sm<decltype(m), X>();
             if (per_sm < 1) return;
@@ -490,8 +502,8 @@ M40_EXPORT cudaError_t m40_mmq(int type, const M40Mmq *params, cudaStream_t stre
         return cudaErrorInvalidValue;
     cudaError_t status = cudaSuccess;
     const cudaError_t launched = m40_with_mmq_format(type, [&](auto m) {
-        m40_with_mmq_tile(p.n_x, [&](auto tile) {
-            using M = decltype(m);
+        using M = decltype(m);
+        m40_with_mmq_tile<M>(p.n_x, [&](auto tile) {
             constexpr int X = decltype(tile)::X;
             if (m40_mmq_blocks_per_sm<M, X>() < 1) {
                 status = cudaErrorInvalidDeviceFunction;  // no sm_80+ code here, or too little shared memory

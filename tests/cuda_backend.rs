@@ -235,8 +235,9 @@ fn product_pairs(path: &Path) -> Vec<(bool, Pair)> {
 }
 
 /// The largest errors of `w`'s products with `row_counts` activation rows
-/// on every pair's path, asserted within bounds: (FP32 decode kernel,
-/// prefill cuBLAS, integer decode kernel as a fraction of its bound).
+/// on every pair's path, asserted within bounds: (FP32 decode kernel, f16
+/// operands (prefill cuBLAS and the tensor-core kernel), integer decode
+/// kernel as a fraction of its bound).
 fn product_errors(pairs: &[(bool, Pair)], w: &Weight, row_counts: &[usize]) -> (f64, f64, f64) {
     let file = &pairs[0].1.file;
     let dense = dequantized(file, w);

@@ -8,7 +8,7 @@
 // random bytes (timing only), a copy per layer so that L2 does not hold them.
 // Built by tests/gpu/pack.sh for sm_90 (the H100); prints one line per
 // product and the products of a whole token, with and without their
-// activations' quantization.
+// activations' quantization (f16 conversion on the tensor-core path).
 #include "matmul.cu"
 #include "gemv.cu"
 #include "mmq.cu"
@@ -114,6 +114,7 @@ int main(int argc, char **argv) {
     check(cudaMalloc(&y, 3 * max_x * widest * 4), "y");
     check(cudaMalloc(&x_q8, max_x * widest * 2), "x_q8");
     check(cudaMalloc(&x_f16, max_x * widest * 2 + max_x * 4), "x_f16");
+    check(cudaMemset(x_f16, 0, max_x * widest * 2 + max_x * 4), "x_f16");
     check(cudaMalloc(&partials, (tensor_cores ? 64 : 1) * max_x * widest * 4), "partial sums");
     check(cudaMemset(x, 0, max_x * widest * 4), "x");
     fill_bytes<<<64, 256>>>(reinterpret_cast<uint8_t *>(x_q8), max_x * widest * 2, 9);
@@ -198,7 +199,7 @@ int main(int argc, char **argv) {
             product(4, 0, !quantize);
         });
         printf("a token's products%s: %.3f ms, %.0f GB/s\n",
-               quantize && integer ? " with their quantize launches" : "", token_us / 1e3, token_bytes / token_us / 1e3);
+               !quantize || !integer ? "" : tensor_cores ? " with their f16 conversions" : " with their quantize launches", token_us / 1e3, token_bytes / token_us / 1e3);
         if (!integer) break;
     }
     return 0;

@@ -66,10 +66,11 @@ pub struct CudaOptions {
     /// integer path, 2 otherwise; hosts tune it per GPU with
     /// `M40_GEMV_ROWS_PER_WARP`).
     pub gemv_rows_per_warp: Option<u32>,
-    /// Decode products of the quantized formats on 8-bit activations with
-    /// dp4a, on GPUs that have it (sm_61 and newer) and in builds that carry
-    /// code for them; false keeps every product in FP32, the M40's path
-    /// (`M40_GEMV_INTEGER=0`).
+    /// Decode products (up to 8 rows) of the quantized formats on 8-bit
+    /// activations with dp4a, on GPUs that have it (sm_61 and newer) and in
+    /// builds that carry code for them; false keeps them in FP32, the M40's
+    /// path (`M40_GEMV_INTEGER=0`). Products of 9–64 rows take the f16
+    /// tensor cores where the GPU has them (sm_80+) either way.
     pub integer_products: bool,
     /// Decode kernels that start while the stream's previous kernel
     /// finishes (programmatic dependent launch), on GPUs that have it (sm_90
@@ -836,7 +837,10 @@ impl CudaBackend {
                 n_x,
                 x_converted: 1,
                 bias: match p.bias {
-                    Some(b) => self.vector(b)?,
+                    Some(b) => {
+                        assert_eq!(b.cols * b.rows, p.w.rows);
+                        self.vector(b)?
+                    }
                     None => std::ptr::null(),
                 },
                 y: p.out,
