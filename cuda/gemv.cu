@@ -342,11 +342,11 @@ __device__ __forceinline__ int4 m40_q8_codes16(M40Q8Row x, int sub, int h) {
     return __ldg(reinterpret_cast<const int4 *>(x.qs + 32 * sub + 16 * h));
 }
 
-// Q4_0 / Q4_1 / Q5_0 / Q5_1: a unit is a whole block; quant word k holds
-// values 4k..4k+3 (low nibbles) and 16+4k..16+4k+3 (high); codes are
-// q − OFFSET, or d·q + m (MIN) with the minimum m at byte 2.
-template <int BYTES_, int QS, int QH, bool MIN, int OFFSET> struct GemvQ8Nibbles {
-    static constexpr int VALUES = 32, BYTES = BYTES_, UNITS = 1;
+// Q4_0 / Q4_1 / Q5_0 / Q5_1 (NibbleBlock, quant.cuh): a unit is a whole
+// block; w.q[k] holds the codes of values 4k..4k+3, w.q[4 + k] those of
+// 16+4k..16+4k+3.
+template <class L> struct GemvQ8Nibbles {
+    static constexpr int VALUES = 32, BYTES = L::BYTES, UNITS = 1;
     static constexpr bool DIRECT = false;
     struct W {
         int q[8];  // values 0..15, then 16..31
@@ -357,19 +357,14 @@ template <int BYTES_, int QS, int QH, bool MIN, int OFFSET> struct GemvQ8Nibbles
         float d, d_sum;
     };
     __device__ static void weights(const uint8_t *b, int, W &w) {
-        const uint32_t qh = QH < 0 ? 0 : QH % 4 == 0 ? m40_u32_4(b + QH) : m40_u32_2(b + QH);
+        const uint32_t fifth = L::fifth_bits(b);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const uint32_t q = QS % 4 == 0 ? m40_u32_4(b + QS + 4 * k) : m40_u32_2(b + QS + 4 * k);
-            w.q[k] = int(q & 0x0F0F0F0Fu);
-            w.q[4 + k] = int((q >> 4) & 0x0F0F0F0Fu);
-            if (QH >= 0) {
-                w.q[k] |= int(m40_spread4_to_bit4(qh >> (4 * k)));
-                w.q[4 + k] |= int(m40_spread4_to_bit4(qh >> (16 + 4 * k)));
-            }
+            w.q[k] = int(L::codes(b, fifth, k, 0));
+            w.q[4 + k] = int(L::codes(b, fifth, k, 1));
         }
         w.d = m40_f16(b);
-        w.m = MIN ? m40_f16(b + 2) : 0.0f;
+        w.m = L::MIN ? m40_f16(b + 2) : 0.0f;
     }
     __device__ static void activations(M40Q8Row x, int block, int, X &a) {
         a.low = m40_q8_codes16(x, block, 0);
@@ -380,15 +375,15 @@ template <int BYTES_, int QS, int QH, bool MIN, int OFFSET> struct GemvQ8Nibbles
     }
     __device__ static float dot(const W &w, const X &a) {
         const float s = float(m40_dp4a_32(w.q, a.low, a.high, 0));
-        if (MIN) return fmaf(w.d * a.d, s, w.m * a.d_sum);
-        return w.d * fmaf(a.d, s, -float(OFFSET) * a.d_sum);
+        if (L::MIN) return fmaf(w.d * a.d, s, w.m * a.d_sum);
+        return w.d * fmaf(a.d, s, -float(L::ZERO) * a.d_sum);
     }
 };
 
-template <> struct GemvQ8<M40_Q4_0> : GemvQ8Nibbles<18, 2, -1, false, 8> {};
-template <> struct GemvQ8<M40_Q4_1> : GemvQ8Nibbles<20, 4, -1, true, 0> {};
-template <> struct GemvQ8<M40_Q5_0> : GemvQ8Nibbles<22, 6, 2, false, 16> {};
-template <> struct GemvQ8<M40_Q5_1> : GemvQ8Nibbles<24, 8, 4, true, 0> {};
+template <> struct GemvQ8<M40_Q4_0> : GemvQ8Nibbles<NibbleBlock<M40_Q4_0>> {};
+template <> struct GemvQ8<M40_Q4_1> : GemvQ8Nibbles<NibbleBlock<M40_Q4_1>> {};
+template <> struct GemvQ8<M40_Q5_0> : GemvQ8Nibbles<NibbleBlock<M40_Q5_0>> {};
+template <> struct GemvQ8<M40_Q5_1> : GemvQ8Nibbles<NibbleBlock<M40_Q5_1>> {};
 
 // Q8_0: a unit is a whole block.
 template <> struct GemvQ8<M40_Q8_0> {

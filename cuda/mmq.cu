@@ -62,13 +62,11 @@
 struct M40Mmq {
     const uint8_t *w;
     int rows, cols;
-    // x as f16 in m40_mmq_order (n_x rows of cols) with its row scales,
-    // converted first from the f32 rows `x` unless x_converted.
-    const float *x;
-    uint16_t *x_f16;
-    float *x_scales;
+    // x as f16 in m40_mmq_order (n_x rows of cols) with its row scales
+    // (m40_mmq_activations).
+    const uint16_t *x_f16;
+    const float *x_scales;
     int n_x;
-    int x_converted;
     const float *bias;  // rows f32, or null
     float *y;           // n_x rows of `rows` values
     int accumulate;     // y += product instead of y = product
@@ -111,32 +109,23 @@ static void m40_rows_to_f16_ordered(bool overlap, const float *x, int n_rows, in
 // ZERO) + m; MIN: whether m can be non-zero.
 template <int TYPE> struct Mmq;
 
-// Q4_0 / Q4_1 / Q5_0 / Q5_1: block b is groups 2b (low nibbles of its quant
-// bytes, value i at byte i) and 2b + 1 (high nibbles); the fifth bit of
-// value i is bit i of the word at QH.
-template <int BYTES_, int QS, int QH, bool MIN_, int ZERO_> struct MmqNibbles {
-    static constexpr int VALUES = 32, BYTES = BYTES_, ZERO = ZERO_;
-    static constexpr bool MIN = MIN_;
+// Q4_0 / Q4_1 / Q5_0 / Q5_1 (NibbleBlock, quant.cuh): block b is groups 2b
+// (low nibbles) and 2b + 1 (high nibbles).
+template <class L> struct MmqNibbles : L {
     __device__ static uint32_t codes(const uint8_t *s, int t, int q) {
-        const uint8_t *b = s + q / 2 * BYTES;
-        const uint32_t word = QS % 4 == 0 ? m40_u32_4(b + QS + 4 * t) : m40_u32_2(b + QS + 4 * t);
-        uint32_t c = (word >> (4 * (q % 2))) & 0x0F0F0F0Fu;
-        if (QH >= 0) {
-            const uint32_t qh = QH % 4 == 0 ? m40_u32_4(b + QH) : m40_u32_2(b + QH);
-            c |= m40_spread4_to_bit4(qh >> (16 * (q % 2) + 4 * t));
-        }
-        return c;
+        const uint8_t *b = s + q / 2 * L::BYTES;
+        return L::codes(b, L::fifth_bits(b), t, q % 2);
     }
     __device__ static void scale(const uint8_t *s, int q, float &d, float &m) {
-        d = m40_f16(s + q / 2 * BYTES);
-        m = MIN ? m40_f16(s + q / 2 * BYTES + 2) : 0.0f;
+        d = m40_f16(s + q / 2 * L::BYTES);
+        m = L::MIN ? m40_f16(s + q / 2 * L::BYTES + 2) : 0.0f;
     }
 };
 
-template <> struct Mmq<M40_Q4_0> : MmqNibbles<18, 2, -1, false, 8> {};
-template <> struct Mmq<M40_Q4_1> : MmqNibbles<20, 4, -1, true, 0> {};
-template <> struct Mmq<M40_Q5_0> : MmqNibbles<22, 6, 2, false, 16> {};
-template <> struct Mmq<M40_Q5_1> : MmqNibbles<24, 8, 4, true, 0> {};
+template <> struct Mmq<M40_Q4_0> : MmqNibbles<NibbleBlock<M40_Q4_0>> {};
+template <> struct Mmq<M40_Q4_1> : MmqNibbles<NibbleBlock<M40_Q4_1>> {};
+template <> struct Mmq<M40_Q5_0> : MmqNibbles<NibbleBlock<M40_Q5_0>> {};
+template <> struct Mmq<M40_Q5_1> : MmqNibbles<NibbleBlock<M40_Q5_1>> {};
 
 // Q8_0: signed codes, offset by 128 into unsigned ones.
 template <> struct Mmq<M40_Q8_0> {
@@ -509,8 +498,6 @@ M40_EXPORT cudaError_t m40_mmq(int type, const M40Mmq *params, cudaStream_t stre
                 status = cudaErrorInvalidDeviceFunction;  // no sm_80+ code here, or too little shared memory
                 return;
             }
-            if (!p.x_converted)
-                m40_rows_to_f16_ordered(p.overlap, p.x, p.n_x, p.cols, p.x_f16, p.x_scales, stream);
             const dim3 grid((p.rows + M40_MMQ_ROWS - 1) / M40_MMQ_ROWS, p.splits, (p.n_x + X - 1) / X);
             m40_launch_shared(p.overlap, mmq_kernel<M, X>, grid, 32 * M40_MMQ_WARPS, m40_mmq_shared_bytes<M, X>(),
                               stream, p);
@@ -522,8 +509,8 @@ M40_EXPORT cudaError_t m40_mmq(int type, const M40Mmq *params, cudaStream_t stre
     return status != cudaSuccess ? status : launched;
 }
 
-// x (n_rows × cols f32) as f16 in m40_mmq_order with its row scales, for
-// several m40_mmq launches on one input (x_converted).
+// x (n_rows × cols f32) as f16 in m40_mmq_order with its row scales: the
+// input of m40_mmq launches (one conversion serves every matrix of an input).
 M40_EXPORT cudaError_t m40_mmq_activations(int overlap, const float *x, int n_rows, int cols, uint16_t *x_f16,
                                            float *x_scales, cudaStream_t stream) {
     if (n_rows < 1 || cols < 1 || cols % 16 != 0) return cudaErrorInvalidValue;

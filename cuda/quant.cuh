@@ -99,6 +99,34 @@ __device__ __forceinline__ uint32_t m40_spread4_to_bit4(uint32_t b) {
     return (((b & 0xF) * 0x00204081u) & 0x01010101u) << 4;
 }
 
+// Q4_0, Q4_1, Q5_0 and Q5_1 as the integer kernels (gemv.cu's dp4a path,
+// mmq.cu) read them: BYTES per block, 16 quant bytes at QS (value i the low
+// nibble of byte i, value 16 + i its high nibble), the 32 fifth bits as one
+// word at QH (-1: none; bit i for value i), a minimum at byte 2 (MIN), and
+// codes ZERO above the value they stand for (weight = d · (code − ZERO) + m).
+template <int BYTES_, int QS, int QH, bool MIN_, int ZERO_> struct NibbleLayout {
+    static constexpr int VALUES = 32, BYTES = BYTES_, ZERO = ZERO_;
+    static constexpr bool MIN = MIN_;
+    // The block's fifth bits, 0 without them.
+    __device__ static uint32_t fifth_bits(const uint8_t *b) {
+        return QH < 0 ? 0 : QH % 4 == 0 ? m40_u32_4(b + QH) : m40_u32_2(b + QH);
+    }
+    // The codes of values 16h + 4k .. 16h + 4k + 3 (h = 0: low nibbles, 1:
+    // high), one per byte; `fifth`: the block's fifth_bits.
+    __device__ static uint32_t codes(const uint8_t *b, uint32_t fifth, int k, int h) {
+        const uint32_t word = QS % 4 == 0 ? m40_u32_4(b + QS + 4 * k) : m40_u32_2(b + QS + 4 * k);
+        uint32_t c = (word >> (4 * h)) & 0x0F0F0F0Fu;
+        if (QH >= 0) c |= m40_spread4_to_bit4(fifth >> (16 * h + 4 * k));
+        return c;
+    }
+};
+
+template <int TYPE> struct NibbleBlock;
+template <> struct NibbleBlock<M40_Q4_0> : NibbleLayout<18, 2, -1, false, 8> {};
+template <> struct NibbleBlock<M40_Q4_1> : NibbleLayout<20, 4, -1, true, 0> {};
+template <> struct NibbleBlock<M40_Q5_0> : NibbleLayout<22, 6, 2, false, 16> {};
+template <> struct NibbleBlock<M40_Q5_1> : NibbleLayout<24, 8, 4, true, 0> {};
+
 // Q5_0: d, a 32-bit word of fifth bits (bit i for value i), then nibbles as Q4_0.
 template <> struct Format<M40_Q5_0> {
     static constexpr int VALUES = 32, BYTES = 22;

@@ -129,16 +129,17 @@ int main(int argc, char **argv) {
         const Product &pr = products[s];
         const size_t matrix_bytes = size_t(pr.rows) * row_bytes(type, pr.cols);
         if (tensor_cores) {
+            // One conversion for the product's matrices, as the library makes it.
+            float *x_scales = reinterpret_cast<float *>(x_f16 + max_x * widest);
+            if (!quantized) check(m40_mmq_activations(overlap, x, n_x, pr.cols, x_f16, x_scales, stream), pr.name);
             for (int m = 0; m < pr.n_matrices; m++) {
                 M40Mmq p = {};
                 p.w = weights[s][layer] + m * matrix_bytes;
                 p.rows = pr.rows;
                 p.cols = pr.cols;
-                p.x = x;
                 p.x_f16 = x_f16;
-                p.x_scales = reinterpret_cast<float *>(x_f16 + max_x * widest);
+                p.x_scales = x_scales;
                 p.n_x = n_x;
-                p.x_converted = quantized;
                 p.y = y + m * max_x * widest;
                 p.accumulate = pr.epilogue == M40_GEMV_ACCUMULATE;
                 p.splits = m40_mmq_splits(type, pr.rows, pr.cols, n_x, sms);

@@ -98,14 +98,11 @@ pub struct MmqLaunch {
     pub w: *const u8,
     pub rows: c_int,
     pub cols: c_int,
-    /// n_x rows of cols f32, converted into `x_f16` (n_x × cols f16) and
-    /// `x_scales` (n_x f32) by the launch unless `x_converted` (by
-    /// `m40_mmq_activations`).
-    pub x: *const f32,
-    pub x_f16: *mut u16,
-    pub x_scales: *mut f32,
+    /// n_x activation rows of cols as `m40_mmq_activations` converts them:
+    /// `x_f16` (n_x × cols f16) and `x_scales` (n_x f32).
+    pub x_f16: *const u16,
+    pub x_scales: *const f32,
     pub n_x: c_int,
-    pub x_converted: c_int,
     /// `rows` f32, or null.
     pub bias: *const f32,
     pub y: *mut f32,

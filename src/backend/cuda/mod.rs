@@ -831,11 +831,9 @@ impl CudaBackend {
                 w: self.weight_ptr(p.w),
                 rows: dim(p.w.rows, "a matrix height")?,
                 cols,
-                x,
                 x_f16,
                 x_scales,
                 n_x,
-                x_converted: 1,
                 bias: match p.bias {
                     Some(b) => {
                         assert_eq!(b.cols * b.rows, p.w.rows);
