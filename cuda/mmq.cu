@@ -38,6 +38,8 @@
 // (m40_code_version), as m40llm.cu does.
 #include "quant.cuh"
 
+#include <type_traits>
+
 #define M40_MMQ_WARPS 8
 #define M40_MMQ_ROWS (16 * M40_MMQ_WARPS)  // weight rows per block
 // Activation rows per block: X, 16 or 32 (M40MmqTile). Up to 16 rows the
@@ -106,12 +108,14 @@ static void m40_rows_to_f16_ordered(bool overlap, const float *x, int n_rows, in
 // Mmq<TYPE>: VALUES and BYTES per block; codes(s, t, q): the 4 unsigned
 // codes of values 4t..4t+3 of group q (0..15) of a row's 256-value step at
 // s; scale(s, q, d, m): the group's scale and minimum, weight = d · (code −
-// ZERO) + m; MIN: whether m can be non-zero.
+// ZERO) + m, shared by SCALE_GROUPS consecutive groups (q a multiple of
+// it); MIN: whether m can be non-zero.
 template <int TYPE> struct Mmq;
 
 // Q4_0 / Q4_1 / Q5_0 / Q5_1 (NibbleBlock, quant.cuh): block b is groups 2b
 // (low nibbles) and 2b + 1 (high nibbles).
 template <class L> struct MmqNibbles : L {
+    static constexpr int SCALE_GROUPS = 2;
     __device__ static uint32_t codes(const uint8_t *s, int t, int q) {
         const uint8_t *b = s + q / 2 * L::BYTES;
         return L::codes(b, L::fifth_bits(b), t, q % 2);
@@ -129,7 +133,7 @@ template <> struct Mmq<M40_Q5_1> : MmqNibbles<NibbleBlock<M40_Q5_1>> {};
 
 // Q8_0: signed codes, offset by 128 into unsigned ones.
 template <> struct Mmq<M40_Q8_0> {
-    static constexpr int VALUES = 32, BYTES = 34, ZERO = 128;
+    static constexpr int VALUES = 32, BYTES = 34, ZERO = 128, SCALE_GROUPS = 2;
     static constexpr bool MIN = false;
     __device__ static uint32_t codes(const uint8_t *s, int t, int q) {
         return m40_u32_2(s + q / 2 * BYTES + 2 + 16 * (q % 2) + 4 * t) ^ 0x80808080u;
@@ -144,7 +148,7 @@ template <> struct Mmq<M40_Q8_0> {
 // nibbles of quant bytes 32 (j / 2) .. + 31, code i at byte i; Q5_K's fifth
 // bit of code i is bit j of qh byte i.
 template <int TYPE, int QS, int QH> struct MmqK {
-    static constexpr int VALUES = 256, BYTES = TYPE == M40_Q4_K ? 144 : 176, ZERO = 0;
+    static constexpr int VALUES = 256, BYTES = TYPE == M40_Q4_K ? 144 : 176, ZERO = 0, SCALE_GROUPS = 2;
     static constexpr bool MIN = true;
     __device__ static uint32_t codes(const uint8_t *s, int t, int q) {
         const int j = q / 2, i = 16 * (q % 2) + 4 * t;
@@ -168,7 +172,7 @@ template <> struct Mmq<M40_Q5_K> : MmqK<M40_Q5_K, 48, 16> {};
 // low nibbles from ql byte 64h + 32 (g % 2) + position, shifted by 4 (g /
 // 2), high bits from qh byte 32h + position at bit 2g; codes q − 32.
 template <> struct Mmq<M40_Q6_K> {
-    static constexpr int VALUES = 256, BYTES = 210, ZERO = 32;
+    static constexpr int VALUES = 256, BYTES = 210, ZERO = 32, SCALE_GROUPS = 1;
     static constexpr bool MIN = false;
     __device__ static uint32_t codes(const uint8_t *s, int t, int q) {
         const int h = q / 8, g = (q % 8) / 2, position = 16 * (q % 2) + 4 * t;
@@ -256,13 +260,16 @@ __device__ __forceinline__ void m40_mma_f16(const uint32_t *a, uint32_t b0, uint
 __device__ __forceinline__ uint32_t m40_half2_bits(__half2 h) { return *reinterpret_cast<uint32_t *>(&h); }
 
 // Codes c (4 bytes, values 4t..4t+3 of a group) as the f16 weight pairs
-// (values 4t, 4t+2) and (4t+1, 4t+3): d · (code − ZERO) + m. A code below
-// 1024 in the low mantissa bits of 1024.0 is 1024 + code exactly, and so is
-// the subtraction; only the final multiply-add rounds.
-template <class M> __device__ __forceinline__ void m40_mmq_weights(uint32_t c, __half2 d, __half2 m, uint32_t &even,
-                                                                   uint32_t &odd) {
+// (values 4t, 4t+2) and (4t+1, 4t+3): d · (code − ZERO) + m, d and m the
+// halves of `scale`. A code below 1024 in the low mantissa bits of 1024.0 is
+// 1024 + code exactly, and so is the subtraction; only the final
+// multiply-add rounds.
+template <class M>
+__device__ __forceinline__ void m40_mmq_weights(uint32_t c, uint32_t scale, uint32_t &even, uint32_t &odd) {
     const uint32_t exponent = 0x64006400u;  // 1024.0 in both halves
     const __half2 zero = __float2half2_rn(float(1024 + M::ZERO));
+    const __half2 dm = *reinterpret_cast<const __half2 *>(&scale);
+    const __half2 d = __low2half2(dm), m = __high2half2(dm);
     const uint32_t pairs[2] = {(c & 0x00FF00FFu) | exponent, ((c >> 8) & 0x00FF00FFu) | exponent};
     uint32_t out[2];
 #pragma unroll
@@ -279,8 +286,15 @@ template <class M> __device__ __forceinline__ void m40_mmq_weights(uint32_t c, _
 template <class M, int X> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) mmq_kernel(M40Mmq p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     extern __shared__ uint4 m40_mmq_shared[];
+    constexpr int THREADS = 32 * M40_MMQ_WARPS, GROUPS = M40_MMQ_STEP / 16;
     constexpr int ROW_VECTORS = m40_mmq_row_vectors<M>(), STEP_BYTES = m40_mmq_step_bytes<M>();
-    constexpr int STAGE_BYTES = m40_mmq_stage_bytes<M, X>(), W_BYTES = M40_MMQ_ROWS * ROW_VECTORS * 16;
+    constexpr int STAGE_BYTES = m40_mmq_stage_bytes<M, X>(), W_VECTORS = M40_MMQ_ROWS * ROW_VECTORS;
+    // A thread's 16-byte copies per step: weights (the last one for the
+    // first threads only) and activations (32 vectors a row).
+    constexpr int W_COPIES = (W_VECTORS + THREADS - 1) / THREADS, X_COPIES = X * 32 / THREADS;
+    // Scale units (groups sharing a scale) of a step, and how many of each
+    // row's units each of the row's four lanes decodes.
+    constexpr int UNITS = GROUPS / M::SCALE_GROUPS, LANE_UNITS = UNITS / 4;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int row0 = blockIdx.x * M40_MMQ_ROWS, x0 = blockIdx.z * X;
     const int cols = p.cols, n_x = p.n_x;
@@ -292,27 +306,42 @@ template <class M, int X> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) 
 
     // Rows past the matrix or the batch read its last row and are not written.
     const auto weight_row = [&](int r) { return p.w + size_t(min(row0 + r, p.rows - 1)) * row_bytes; };
-    const auto x_row = [&](int r) { return min(x0 + r, n_x - 1); };
+
+    // The thread's copies, found once (a step adds its offset): weight copy
+    // j is vector v of row r of the stage, i = thread + THREADS j = r ·
+    // ROW_VECTORS + v, read from the row's step start rounded down to 16
+    // bytes; activation copy j is vector `lane` of row warp + 8j.
+    const uint8_t *w_sources[W_COPIES];
+    int w_offsets[W_COPIES];
+#pragma unroll
+    for (int j = 0; j < W_COPIES; j++) {
+        const int i = threadIdx.x + THREADS * j, v = i % ROW_VECTORS;
+        w_sources[j] = weight_row(min(i / ROW_VECTORS, M40_MMQ_ROWS - 1)) + 16 * v;
+        w_offsets[j] = 16 * v;
+    }
+    const uint16_t *x_sources[X_COPIES];
+#pragma unroll
+    for (int j = 0; j < X_COPIES; j++)
+        x_sources[j] = p.x_f16 + size_t(min(x0 + warp + THREADS / 32 * j, n_x - 1)) * cols + 8 * lane;
 
     // Step k's weights and activations into stage `stage`.
     const auto fetch = [&](int stage, int k) {
         uint8_t *base = shared + stage * STAGE_BYTES;
         const int values = min(M40_MMQ_STEP, cols - k * M40_MMQ_STEP);
         const int bytes = values / M::VALUES * M::BYTES;
-        for (int i = threadIdx.x; i < M40_MMQ_ROWS * ROW_VECTORS; i += 32 * M40_MMQ_WARPS) {
-            const int r = i / ROW_VECTORS, v = i % ROW_VECTORS;
-            const uint8_t *start = weight_row(r) + size_t(k) * STEP_BYTES;
-            const uint8_t *aligned = reinterpret_cast<const uint8_t *>(uintptr_t(start) & ~uintptr_t(15));
-            if (16 * v < start + bytes - aligned) m40_copy16_async(base + 16 * i, aligned + 16 * v);
+#pragma unroll
+        for (int j = 0; j < W_COPIES; j++) {
+            const uint8_t *source = w_sources[j] + size_t(k) * STEP_BYTES;
+            const int misalignment = int(uintptr_t(source) & 15);
+            if ((W_VECTORS % THREADS == 0 || threadIdx.x + THREADS * j < W_VECTORS) &&
+                w_offsets[j] < bytes + misalignment)
+                m40_copy16_async(base + 16 * (threadIdx.x + THREADS * j), source - misalignment);
         }
-        // Activations: 32 vectors per row (fewer in a short last step).
-        const int x_vectors = values / 8;
-        for (int i = threadIdx.x; i < X * 32; i += 32 * M40_MMQ_WARPS) {
-            const int r = i / 32, v = i % 32;
-            if (v < x_vectors)
-                m40_copy16_async(base + W_BYTES + r * M40_MMQ_X_STRIDE + 16 * v,
-                                 p.x_f16 + size_t(x_row(r)) * cols + size_t(k) * M40_MMQ_STEP + 8 * v);
-        }
+#pragma unroll
+        for (int j = 0; j < X_COPIES; j++)
+            if (lane < values / 8)
+                m40_copy16_async(base + W_VECTORS * 16 + (warp + THREADS / 32 * j) * M40_MMQ_X_STRIDE + 16 * lane,
+                                 x_sources[j] + size_t(k) * M40_MMQ_STEP);
     };
 
     // The activations (and y) are the previous kernel's.
@@ -339,31 +368,58 @@ template <class M, int X> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) 
             const uintptr_t start = uintptr_t(weight_row(r) + size_t(k) * STEP_BYTES);
             w_rows[h] = base + r * ROW_VECTORS * 16 + (start & 15);
         }
-        const uint8_t *x_rows = base + W_BYTES;
+        const uint8_t *x_rows = base + W_VECTORS * 16;
         const int groups = min(M40_MMQ_STEP, cols - k * M40_MMQ_STEP) / 16;
+
+        // A row's scales are decoded once, each of its four lanes taking
+        // LANE_UNITS units (every lane would otherwise decode every unit:
+        // on the H100 that was a third of the kernel's instructions); the
+        // group loop fetches them by shuffle. Packed as f16 (d, m).
+        uint32_t lane_scales[2][LANE_UNITS];
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int u = 0; u < LANE_UNITS; u++) {
+                const int q = (t * LANE_UNITS + u) * M::SCALE_GROUPS;
+                float d = 0.0f, m = 0.0f;
+                if (q < groups) M::scale(w_rows[h], q, d, m);
+                lane_scales[h][u] = m40_half2_bits(__floats2half2_rn(d, m));
+            }
+
         // The lane's ldmatrix row: activation row 8 (lane / 16) + lane % 8
         // of an n8 tile pair, K slots 0..7 or 8..15 (lane / 8 % 2).
         const int matrix = lane / 8, matrix_row = lane % 8;
+        // `whole`: the step has all its groups, and the loop has no exits, so
+        // that the compiler can interleave the groups' loads and products.
+        const auto multiply = [&](auto whole) {
+            uint32_t scales[2];
 #pragma unroll
-        for (int q = 0; q < M40_MMQ_STEP / 16; q++) {
-            if (q >= groups) break;
-            uint32_t a[4];
+            for (int q = 0; q < GROUPS; q++) {
+                if (!decltype(whole)::value && q >= groups) break;
+                if (q % M::SCALE_GROUPS == 0) {
+                    const int unit = q / M::SCALE_GROUPS;
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float d, m;
-                M::scale(w_rows[h], q, d, m);
-                m40_mmq_weights<M>(M::codes(w_rows[h], t, q), __float2half2_rn(d), __float2half2_rn(m), a[h],
-                                   a[2 + h]);
+                    for (int h = 0; h < 2; h++)
+                        scales[h] = __shfl_sync(0xFFFFFFFFu, lane_scales[h][unit % LANE_UNITS],
+                                                (lane & ~3) | unit / LANE_UNITS);
+                }
+                uint32_t a[4];
+#pragma unroll
+                for (int h = 0; h < 2; h++) m40_mmq_weights<M>(M::codes(w_rows[h], t, q), scales[h], a[h], a[2 + h]);
+#pragma unroll
+                for (int pair = 0; pair < X / 16; pair++) {
+                    uint32_t b[4];
+                    const int row = 16 * pair + 8 * (matrix / 2) + matrix_row;
+                    m40_load_matrices4(x_rows + row * M40_MMQ_X_STRIDE + 32 * q + 16 * (matrix % 2), b);
+                    m40_mma_f16(a, b[0], b[1], acc[2 * pair]);
+                    m40_mma_f16(a, b[2], b[3], acc[2 * pair + 1]);
+                }
             }
-#pragma unroll
-            for (int pair = 0; pair < X / 16; pair++) {
-                uint32_t b[4];
-                const int row = 16 * pair + 8 * (matrix / 2) + matrix_row;
-                m40_load_matrices4(x_rows + row * M40_MMQ_X_STRIDE + 32 * q + 16 * (matrix % 2), b);
-                m40_mma_f16(a, b[0], b[1], acc[2 * pair]);
-                m40_mma_f16(a, b[2], b[3], acc[2 * pair + 1]);
-            }
-        }
+        };
+        if (groups == GROUPS)
+            multiply(std::true_type{});
+        else
+            multiply(std::false_type{});
     }
 
     // acc[n][e]: weight row 16 warp + g + 8 (e / 2), activation row 8n + 2t + e % 2.
@@ -411,11 +467,36 @@ template <class F> static cudaError_t m40_with_mmq_format(int type, F &&f) {
     });
 }
 
+// The shared memory a block asks for: its stages, or half of an SM's
+// shared memory where that is more, so that no more than two blocks share
+// an SM. The splits (m40_mmq_splits) launch about two blocks an SM; where
+// three fit, a launch that starts while the previous kernel still runs
+// (overlapping launches) could find some SMs full and stack three blocks
+// on others, which then set the product's time (H100, llama-7b Q4_K,
+// 74 registers a thread: 32 sessions 4105 tok/s with the previous kernel,
+// 3855 with this one unbounded; without overlapping launches 3665 /
+// 3841). Found once, on the device of the first call, like
+// m40_mmq_blocks_per_sm.
+template <class M, int X> static int m40_mmq_block_shared() {
+    static const int bytes = [] {
+        int device = 0, per_sm = 0, reserved = 0, per_block = 0;
+        if (cudaGetDevice(&device) != cudaSuccess ||
+            cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
+            cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess ||
+            cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+            cudaGetLastError();
+            return m40_mmq_shared_bytes<M, X>();
+        }
+        return max(m40_mmq_shared_bytes<M, X>(), min(per_sm / 2 - reserved, per_block));
+    }();
+    return bytes;
+}
+
 // Allows the kernel its shared memory (over the 48 KB default) on the
 // current device; false where the device has less.
 template <class M, int X> static bool m40_mmq_allow_shared() {
     if (cudaFuncSetAttribute(mmq_kernel<M, X>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             m40_mmq_shared_bytes<M, X>()) == cudaSuccess)
+                             m40_mmq_block_shared<M, X>()) == cudaSuccess)
         return true;
     cudaGetLastError();  // the caller reports the failure
     return false;
@@ -430,7 +511,7 @@ template <class M, int X> static int m40_mmq_blocks_per_sm() {
         int n = 0;
         if (m40_code_version() < 80 || !m40_mmq_allow_shared<M, X>() ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mmq_kernel<M, X>, 32 * M40_MMQ_WARPS,
-                                                          m40_mmq_shared_bytes<M, X>()) != cudaSuccess ||
+                                                          m40_mmq_block_shared<M, X>()) != cudaSuccess ||
             n < 1) {
             cudaGetLastError();
             n = 0;
@@ -456,11 +537,15 @@ M40_EXPORT int m40_mmq_prepare(int type) {
     return ready;
 }
 
-// Splits of K for a product: enough blocks for one wave of resident blocks,
-// each split keeping at least M40_MMQ_MIN_STEPS steps (shorter splits spend
-// their time filling the pipeline and writing partial sums). 0 for a format
-// without the path or where its tile cannot run (no sm_80+ code, too
-// little shared memory).
+// Splits of K for a product: a block for each resident slot (two an SM at
+// most, m40_mmq_block_shared), each split keeping at least
+// M40_MMQ_MIN_STEPS steps (shorter splits spend their time filling the
+// pipeline and writing partial sums), and never a second, partial wave,
+// which costs nearly a whole one (H100 harness, llama-7b Q4_K layer
+// products at 32 rows, ms for 32 layers: 3 blocks an SM and splits for
+// just over one wave 4.56, two an SM and at most one wave 4.09). 0 for a
+// format without the path or where its tile cannot run (no sm_80+ code,
+// too little shared memory).
 M40_EXPORT int m40_mmq_splits(int type, int rows, int cols, int n_x, int sm_count) {
     int splits = 0;
     if (!m40_mmq_format(type) || rows < 1 || cols < 1 || n_x < 1) return 0;
@@ -470,10 +555,9 @@ M40_EXPORT int m40_mmq_splits(int type, int rows, int cols, int n_x, int sm_coun
             const int per_sm = m40_mmq_blocks_per_sm<decltype(m), X>();
             if (per_sm < 1) return;
             const long tiles = long((rows + M40_MMQ_ROWS - 1) / M40_MMQ_ROWS) * ((n_x + X - 1) / X);
-            const long resident = long(per_sm) * (sm_count > 0 ? sm_count : 1);
+            const long slots = long(per_sm) * (sm_count > 0 ? sm_count : 1);
             const int steps = (cols + M40_MMQ_STEP - 1) / M40_MMQ_STEP;
-            const long wanted = (resident + tiles - 1) / tiles;
-            splits = int(max(1L, min(wanted, long(max(1, steps / M40_MMQ_MIN_STEPS)))));
+            splits = int(max(1L, min(slots / tiles, long(max(1, steps / M40_MMQ_MIN_STEPS)))));
         });
     });
     return splits;
@@ -499,7 +583,7 @@ M40_EXPORT cudaError_t m40_mmq(int type, const M40Mmq *params, cudaStream_t stre
                 return;
             }
             const dim3 grid((p.rows + M40_MMQ_ROWS - 1) / M40_MMQ_ROWS, p.splits, (p.n_x + X - 1) / X);
-            m40_launch_shared(p.overlap, mmq_kernel<M, X>, grid, 32 * M40_MMQ_WARPS, m40_mmq_shared_bytes<M, X>(),
+            m40_launch_shared(p.overlap, mmq_kernel<M, X>, grid, 32 * M40_MMQ_WARPS, m40_mmq_block_shared<M, X>(),
                               stream, p);
             if (p.splits > 1)
                 m40_launch(p.overlap, mmq_combine_kernel, dim3(m40_blocks(size_t(p.n_x) * p.rows, 256)), 256,
