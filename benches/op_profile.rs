@@ -24,7 +24,7 @@ use m40llm::backend::{
     SeqPos,
 };
 use m40llm::error::Result;
-use m40llm::model::transformer::forward;
+use m40llm::model::transformer::{forward, logits_on_device};
 use m40llm::model::{LoadOptions, Model, Weight};
 
 /// Marks in a device's stream of work, read back once the work is done.
@@ -207,6 +207,16 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     }
     fn read(&self, buffer: &B::Buffer, out: &mut [f32]) -> Result<()> {
         self.time("read to host".into(), || self.inner.read(buffer, out))
+    }
+    fn read_rows(
+        &self,
+        buffer: &B::Buffer,
+        row_len: usize,
+        rows: &mut [&mut Vec<f32>],
+    ) -> Result<()> {
+        self.time("read to host".into(), || {
+            self.inner.read_rows(buffer, row_len, rows)
+        })
     }
     fn write(&self, buffer: &mut B::Buffer, values: &[f32]) -> Result<()> {
         self.inner.write(buffer, values)
@@ -399,9 +409,15 @@ fn profile<'a, B: Backend>(
         let logit_rows: Vec<usize> = (0..batch).collect();
         let mut own: Vec<&mut B::KvCache> = caches.iter_mut().take(batch).collect();
         forward(b, model, &mut own, &step_tokens, &rows, &logit_rows)?;
+        // Each session's logits land in its own vector, as in
+        // Session::decode_batch.
+        let mut logits = vec![Vec::new(); batch];
         for _ in 0..STEPS {
             let mut pass = |p: &Profiled<B>| {
-                forward(p, model, &mut own, &step_tokens, &rows, &logit_rows).map(drop)
+                let device =
+                    logits_on_device(p, model, &mut own, &step_tokens, &rows, &logit_rows)?;
+                let mut out: Vec<&mut Vec<f32>> = logits.iter_mut().collect();
+                p.read_rows(&device, n_vocab, &mut out)
             };
             match timeline {
                 Some(timeline) => profiled.on_timeline(timeline, pass)?,

@@ -1295,10 +1295,13 @@ fn stepped_logits(model: &Model, path: &Path, graph_decode: bool) -> (GraphStats
                 tokens: &[u32],
                 rows: &[SeqPos],
                 wanted: &[usize]| {
-        gpu.run_step(caches, tokens, rows, wanted, n_vocab, |c| {
+        let mut out = vec![Vec::new(); wanted.len()];
+        let mut refs: Vec<&mut Vec<f32>> = out.iter_mut().collect();
+        gpu.run_step(caches, tokens, rows, wanted, n_vocab, &mut refs, |c| {
             logits_on_device(&gpu, model, c, tokens, rows, wanted)
         })
-        .unwrap()
+        .unwrap();
+        out.concat()
     };
     let mut logits = Vec::new();
     let prompt = tokens(12, 9);

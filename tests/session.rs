@@ -122,10 +122,12 @@ fn a_failed_batched_decode_changes_no_session() {
     let mut b = session(&m, 2, 512);
     a.decode(&PROMPT[..2]).unwrap();
     b.decode(&PROMPT[..2]).unwrap();
+    let logits = a.logits().unwrap().to_vec();
     let err = Session::decode_batch(&mut [&mut a, &mut b], &[1, 2]).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ContextFull);
     assert!(err.message().starts_with("session 1"), "{err}");
     assert_eq!((a.n_past(), b.n_past()), (2, 2));
+    assert_eq!(a.logits().unwrap(), &logits[..]);
     let other = model("llama", 1);
     let mut c = session(&other, 8, 512);
     let err = Session::decode_batch(&mut [&mut a, &mut c], &[1, 2]).unwrap_err();

@@ -79,6 +79,16 @@ pub trait Backend {
     fn buffer(&self, len: usize) -> Result<Self::Buffer>;
     /// Copies a buffer's values to the host.
     fn read(&self, buffer: &Self::Buffer, out: &mut [f32]) -> Result<()>;
+    /// Copies rows of `row_len` values from the start of a buffer to the
+    /// host, row i replacing the contents of `rows[i]` (whose allocation is
+    /// reused: a decode step's logits go straight into the sessions' own).
+    /// On failure no row is touched.
+    fn read_rows(
+        &self,
+        buffer: &Self::Buffer,
+        row_len: usize,
+        rows: &mut [&mut Vec<f32>],
+    ) -> Result<()>;
     /// Copies host values into the start of a buffer.
     fn write(&self, buffer: &mut Self::Buffer, values: &[f32]) -> Result<()>;
 

@@ -16,14 +16,19 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 
-/// [`forward`] on the model's own backend, over caches made by it.
+/// [`forward`] on the model's own backend, over caches made by it, the
+/// logits of `logit_rows[i]` replacing the contents of `logits[i]` (whose
+/// allocation is reused). On failure no logits are touched.
 pub fn run(
     model: &Model,
     caches: &mut [&mut SequenceCache],
     tokens: &[u32],
     rows: &[SeqPos],
     logit_rows: &[usize],
-) -> Result<Vec<f32>> {
+    logits: &mut [&mut Vec<f32>],
+) -> Result<()> {
+    assert_eq!(logits.len(), logit_rows.len());
+    let n_vocab = model.config().1.n_vocab as usize;
     let mismatch = || Error::internal("a session's KV cache is not on its model's backend");
     match model.backend() {
         ModelBackend::Cpu(b) => {
@@ -35,7 +40,8 @@ pub fn run(
                     _ => Err(mismatch()),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            forward(b, model, &mut own, tokens, rows, logit_rows)
+            let device = logits_on_device(b, model, &mut own, tokens, rows, logit_rows)?;
+            b.read_rows(&device, n_vocab, logits)
         }
         #[cfg(feature = "cuda")]
         ModelBackend::Cuda(b) => {
@@ -46,10 +52,15 @@ pub fn run(
                     _ => Err(mismatch()),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let n_vocab = model.config().1.n_vocab as usize;
-            b.run_step(&mut own, tokens, rows, logit_rows, n_vocab, |caches| {
-                logits_on_device(&**b, model, caches, tokens, rows, logit_rows)
-            })
+            b.run_step(
+                &mut own,
+                tokens,
+                rows,
+                logit_rows,
+                n_vocab,
+                logits,
+                |caches| logits_on_device(&**b, model, caches, tokens, rows, logit_rows),
+            )
         }
     }
 }

@@ -71,6 +71,20 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn read_rows(
+        &self,
+        buffer: &Vec<f32>,
+        row_len: usize,
+        rows: &mut [&mut Vec<f32>],
+    ) -> Result<()> {
+        assert!(buffer.len() >= row_len * rows.len());
+        for (row, values) in rows.iter_mut().zip(buffer.chunks_exact(row_len)) {
+            row.clear();
+            row.extend_from_slice(values);
+        }
+        Ok(())
+    }
+
     fn write(&self, buffer: &mut Vec<f32>, values: &[f32]) -> Result<()> {
         buffer[..values.len()].copy_from_slice(values);
         Ok(())

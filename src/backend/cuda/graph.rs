@@ -139,9 +139,11 @@ pub(super) struct DecodeGraphs {
 
 impl CudaBackend {
     /// One forward pass: `enqueue` enqueues it and returns the device buffer
-    /// of the logits of `logit_rows`; they are returned `n_vocab` per row.
-    /// A decode step (up to GEMV_MAX_X rows, one per session, logits for
-    /// each) runs as a recorded graph where the device allows.
+    /// of the logits of `logit_rows`, which go to `logits` (`n_vocab` each,
+    /// [`Backend::read_rows`]; untouched on failure). A decode step (up to
+    /// GEMV_MAX_X rows, one per session, logits for each) runs as a
+    /// recorded graph where the device allows.
+    #[allow(clippy::too_many_arguments)]
     pub fn run_step(
         &self,
         caches: &mut [&mut CudaKvCache],
@@ -149,18 +151,19 @@ impl CudaBackend {
         rows: &[SeqPos],
         logit_rows: &[usize],
         n_vocab: usize,
+        logits: &mut [&mut Vec<f32>],
         mut enqueue: impl FnMut(&mut [&mut CudaKvCache]) -> Result<DeviceBuffer>,
-    ) -> Result<Vec<f32>> {
-        let n_logits = logit_rows.len() * n_vocab;
+    ) -> Result<()> {
+        assert_eq!(logits.len(), logit_rows.len());
         let decode_step = tokens.len() == rows.len()
             && (1..=super::GEMV_MAX_X).contains(&rows.len())
             && logit_rows.iter().copied().eq(0..rows.len());
         if !self.graph_decode || !decode_step {
-            return self.run_directly(caches, &mut enqueue, n_logits);
+            return self.run_directly(caches, &mut enqueue, n_vocab, logits);
         }
         let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
         if graphs.off {
-            return self.run_directly(caches, &mut enqueue, n_logits);
+            return self.run_directly(caches, &mut enqueue, n_vocab, logits);
         }
         let ids: Vec<c_int> = tokens.iter().map(|&t| t as c_int).collect();
         let table = device_rows(caches, rows)?;
@@ -180,9 +183,9 @@ impl CudaBackend {
                     // if it fails that way too, its error is the real one.
                     // Out of memory says nothing about recording: a later
                     // step is recorded.
-                    let logits = self.run_directly(caches, &mut enqueue, n_logits)?;
+                    self.run_directly(caches, &mut enqueue, n_vocab, logits)?;
                     graphs.off |= e.kind() != ErrorKind::OutOfMemory;
-                    return Ok(logits);
+                    return Ok(());
                 }
             },
         };
@@ -193,10 +196,9 @@ impl CudaBackend {
             graph.inputs.upload(&ids, &table, &state.stream)?;
             graph.graph.launch(&state.stream)?;
         }
-        let mut logits = vec![0f32; n_logits];
-        self.read(&graph.logits, &mut logits)?;
+        self.read_rows(&graph.logits, n_vocab, logits)?;
         graphs.replays += 1;
-        Ok(logits)
+        Ok(())
     }
 
     /// Counts of recorded and replayed decode steps.
@@ -244,13 +246,12 @@ impl CudaBackend {
         &self,
         caches: &mut [&mut CudaKvCache],
         enqueue: &mut impl FnMut(&mut [&mut CudaKvCache]) -> Result<DeviceBuffer>,
-        n_logits: usize,
-    ) -> Result<Vec<f32>> {
+        n_vocab: usize,
+        logits: &mut [&mut Vec<f32>],
+    ) -> Result<()> {
         let _shared = self.no_capture();
         let device = enqueue(caches)?;
-        let mut logits = vec![0f32; n_logits];
-        self.read(&device, &mut logits)?;
-        Ok(logits)
+        self.read_rows(&device, n_vocab, logits)
     }
 
     /// Records one step of `n_rows` rows: `enqueue`'s launches go into a

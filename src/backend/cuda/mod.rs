@@ -1107,6 +1107,23 @@ fn check_tensor_layouts(file: &GgufFile) -> Result<()> {
     Ok(())
 }
 
+/// The first `len` values of `buffer`, copied into the backend's pinned
+/// buffer (grown to the largest read): a copy into pageable memory ran at a
+/// fraction of the link's speed (docs/cuda-performance.md, step 17). Waits
+/// for the stream, so the step's staging pieces are free again.
+fn read_to_pinned<'a>(st: &'a mut State, buffer: &DeviceBuffer, len: usize) -> Result<&'a [f32]> {
+    assert!(len <= buffer.len());
+    let bytes = len * 4;
+    if st.readback.capacity() < bytes {
+        st.readback = PinnedBuffer::new(bytes.next_power_of_two())?;
+    }
+    let pinned = &mut st.readback.as_mut_slice()[..bytes];
+    // SAFETY: the buffer holds `bytes` bytes; the copy waits for the stream.
+    unsafe { runtime::copy_to_host(pinned, buffer.as_ptr().cast(), st.stream.raw())? };
+    st.staging.reset();
+    Ok(st.readback.as_f32_slice(len))
+}
+
 impl Backend for CudaBackend {
     type Buffer = DeviceBuffer;
     type KvCache = CudaKvCache;
@@ -1117,19 +1134,22 @@ impl Backend for CudaBackend {
 
     fn read(&self, buffer: &DeviceBuffer, out: &mut [f32]) -> Result<()> {
         let mut state = self.lock();
-        let st = &mut *state;
-        assert!(out.len() <= buffer.len());
-        let bytes = out.len() * 4;
-        if st.readback.capacity() < bytes {
-            st.readback = PinnedBuffer::new(bytes.next_power_of_two())?;
+        out.copy_from_slice(read_to_pinned(&mut state, buffer, out.len())?);
+        Ok(())
+    }
+
+    fn read_rows(
+        &self,
+        buffer: &DeviceBuffer,
+        row_len: usize,
+        rows: &mut [&mut Vec<f32>],
+    ) -> Result<()> {
+        let mut state = self.lock();
+        let pinned = read_to_pinned(&mut state, buffer, row_len * rows.len())?;
+        for (row, values) in rows.iter_mut().zip(pinned.chunks_exact(row_len)) {
+            row.clear();
+            row.extend_from_slice(values);
         }
-        let pinned = &mut st.readback.as_mut_slice()[..bytes];
-        // SAFETY: the buffer holds `bytes` bytes; the copy waits for the stream.
-        unsafe { runtime::copy_to_host(pinned, buffer.as_ptr().cast(), st.stream.raw())? };
-        for (value, b) in out.iter_mut().zip(pinned.chunks_exact(4)) {
-            *value = f32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
-        }
-        st.staging.reset();
         Ok(())
     }
 

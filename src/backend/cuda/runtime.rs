@@ -347,6 +347,16 @@ impl PinnedBuffer {
         // SAFETY: `len` bytes allocated by cudaHostAlloc, owned by self.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
+    /// The first `len` values as f32, so that results are copied out as
+    /// whole slices rather than converted 4 bytes at a time.
+    pub fn as_f32_slice(&self, len: usize) -> &[f32] {
+        assert!(len * 4 <= self.len);
+        assert_eq!(self.ptr as usize % std::mem::align_of::<f32>(), 0);
+        // SAFETY: `len * 4` bytes allocated by cudaHostAlloc and owned by
+        // self (checked above), aligned for f32 (checked above; the runtime
+        // aligns host allocations for any type); every bit pattern is an f32.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<f32>(), len) }
+    }
     pub fn as_ptr(&self) -> *const c_void {
         self.ptr.cast()
     }
