@@ -295,6 +295,7 @@ template <class M, int X> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) 
     // Scale units (groups sharing a scale) of a step, and how many of each
     // row's units each of the row's four lanes decodes.
     constexpr int UNITS = GROUPS / M::SCALE_GROUPS, LANE_UNITS = UNITS / 4;
+    static_assert(UNITS % 4 == 0 && LANE_UNITS >= 1, "a row's four lanes share its scale units evenly");
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int row0 = blockIdx.x * M40_MMQ_ROWS, x0 = blockIdx.z * X;
     const int cols = p.cols, n_x = p.n_x;
@@ -493,7 +494,10 @@ template <class M, int X> static int m40_mmq_block_shared() {
 }
 
 // Allows the kernel its shared memory (over the 48 KB default) on the
-// current device; false where the device has less.
+// current device; false where the device has less (on a host with several
+// kinds of GPU, also where the first device's padding, m40_mmq_block_shared,
+// exceeds this one's limit: that device then keeps cuBLAS and the decode
+// kernel for these products).
 template <class M, int X> static bool m40_mmq_allow_shared() {
     if (cudaFuncSetAttribute(mmq_kernel<M, X>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              m40_mmq_block_shared<M, X>()) == cudaSuccess)
@@ -503,7 +507,8 @@ template <class M, int X> static bool m40_mmq_allow_shared() {
 }
 
 // Resident blocks of the kernel per SM, found once, on the device of the
-// first call (another device only changes how K is split): 0 where this
+// first call (on another kind of GPU the splits and the shared-memory
+// padding may then not be that GPU's best): 0 where this
 // build has no sm_80+ code there (m40_code_version, gemv.cu) or the
 // kernel's shared memory does not fit. After the first call, a read.
 template <class M, int X> static int m40_mmq_blocks_per_sm() {

@@ -350,7 +350,7 @@ impl PinnedBuffer {
     /// The first `len` values as f32, so that results are copied out as
     /// whole slices rather than converted 4 bytes at a time.
     pub fn as_f32_slice(&self, len: usize) -> &[f32] {
-        assert!(len * 4 <= self.len);
+        assert!(len <= self.len / 4);
         assert_eq!(self.ptr as usize % std::mem::align_of::<f32>(), 0);
         // SAFETY: `len * 4` bytes allocated by cudaHostAlloc and owned by
         // self (checked above), aligned for f32 (checked above; the runtime
