@@ -68,6 +68,17 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
+/// Row i of `values` (rows of `row_len`) replacing the contents of
+/// `rows[i]`, whose allocation is reused: the host side of every backend's
+/// [`Backend::read_rows`].
+fn fill_rows(values: &[f32], row_len: usize, rows: &mut [&mut Vec<f32>]) {
+    assert!(values.len() >= row_len * rows.len());
+    for (row, values) in rows.iter_mut().zip(values.chunks_exact(row_len)) {
+        row.clear();
+        row.extend_from_slice(values);
+    }
+}
+
 /// The operations a device provides to the forward pass. Activations are
 /// row-major `rows × width` matrices of f32 in the backend's `Buffer`s.
 pub trait Backend {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 pub use matmul::{matmul, WeightMatrix};
 pub use pool::ThreadPool;
 
-use super::{AttentionShape, Backend, Glu, Rope, SeqPos};
+use super::{fill_rows, AttentionShape, Backend, Glu, Rope, SeqPos};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv_cache::KvCache;
@@ -77,11 +77,7 @@ impl Backend for CpuBackend {
         row_len: usize,
         rows: &mut [&mut Vec<f32>],
     ) -> Result<()> {
-        assert!(buffer.len() >= row_len * rows.len());
-        for (row, values) in rows.iter_mut().zip(buffer.chunks_exact(row_len)) {
-            row.clear();
-            row.extend_from_slice(values);
-        }
+        fill_rows(buffer, row_len, rows);
         Ok(())
     }
 

@@ -18,8 +18,8 @@ use std::ffi::c_int;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use super::{
-    fused, AttentionShape, Backend, GatedFfn, Glu, Heads, Norm, Product, Rope, RopeMode, Scratch,
-    SeqPos,
+    fill_rows, fused, AttentionShape, Backend, GatedFfn, Glu, Heads, Norm, Product, Rope, RopeMode,
+    Scratch, SeqPos,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -1146,10 +1146,7 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         let mut state = self.lock();
         let pinned = read_to_pinned(&mut state, buffer, row_len * rows.len())?;
-        for (row, values) in rows.iter_mut().zip(pinned.chunks_exact(row_len)) {
-            row.clear();
-            row.extend_from_slice(values);
-        }
+        fill_rows(pinned, row_len, rows);
         Ok(())
     }
 
