@@ -48,24 +48,25 @@ __device__ __forceinline__ M40Range m40_range(const M40Row &row, int layer, int 
     return g;
 }
 
-// Warp 0 of a block merges its warps' online-softmax states (states[w],
-// values accs[w * stride + d]; a warp that saw no position has max −∞ and
-// sum 0) into `o`: the normalized output (o[d]) when `normalize`, else a
-// partial [max, sum, acc[head_dim_v]] for the combine kernel.
+// One warp merges WARPS warps' online-softmax states (states[w], values
+// accs[w * stride + d]; a warp that saw no position has max −∞ and sum 0)
+// into `o`: the normalized output (o[d]) when `normalize`, else a partial
+// [max, sum, acc[head_dim_v]] for the combine kernel.
+template <int WARPS>
 __device__ void m40_merge_warps(const Partial *states, const float *accs, int stride, int head_dim_v, bool normalize,
                                 float *o) {
     const int lane = threadIdx.x % 32;
     float block_max = -INFINITY;
-    for (int w = 0; w < M40_ATTN_WARPS; w++) block_max = fmaxf(block_max, states[w].max);
-    float block_sum = 0.0f, factor[M40_ATTN_WARPS];
-    for (int w = 0; w < M40_ATTN_WARPS; w++) {
+    for (int w = 0; w < WARPS; w++) block_max = fmaxf(block_max, states[w].max);
+    float block_sum = 0.0f, factor[WARPS];
+    for (int w = 0; w < WARPS; w++) {
         factor[w] = states[w].sum > 0.0f ? expf(states[w].max - block_max) : 0.0f;
         block_sum += states[w].sum * factor[w];
     }
     if (!normalize && lane == 0) o[0] = block_max, o[1] = block_sum;
     for (int d = lane; d < head_dim_v; d += 32) {
         float a = 0.0f;
-        for (int w = 0; w < M40_ATTN_WARPS; w++) a += accs[w * stride + d] * factor[w];
+        for (int w = 0; w < WARPS; w++) a += accs[w * stride + d] * factor[w];
         if (normalize)
             o[d] = a / block_sum;
         else
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     for (int j = 0; j < M40_ATTN_MAX_PER_LANE; j++) accs[warp][lane + 32 * j] = acc[j];
     __syncthreads();
     if (warp != 0) return;
-    m40_merge_warps(states, &accs[0][0], 32 * M40_ATTN_MAX_PER_LANE, head_dim_v, false,
+    m40_merge_warps<M40_ATTN_WARPS>(states, &accs[0][0], 32 * M40_ATTN_MAX_PER_LANE, head_dim_v, false,
                     partial + ((size_t(r) * n_head + head) * n_splits + split) * (head_dim_v + 2));
 }
 
@@ -360,34 +361,52 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
 // twice the registers and load their values after the scores. Heads of a
 // multiple of 8 values; one split writes the normalized output directly,
 // more write partials for the combine kernel.
-template <int MAX_D>
+//
+// A block takes HEADS query heads of a row (blockIdx.y × HEADS onwards), its
+// warps dealt out evenly among them. With one head the four warps share its
+// range, 32 positions each in turn, which suits a few rows' long ranges.
+// Many rows' short ranges (32 sessions at ~100 positions: at most one round
+// for each warp) would leave most of those warps idle while they hold their
+// registers (196 a thread: two blocks an SM); with four heads every warp
+// walks a range of its own (H100, llama-7b, 32 sessions: see
+// docs/cuda-performance.md, step 26).
+template <int MAX_D, int HEADS>
 __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     attention_decode_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, int layer, int n_head,
                             int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale, int n_splits,
                             float *__restrict__ partial, float *__restrict__ out) {
     m40_wait_for_prior_kernels();
     m40_allow_next_kernel();
+    static_assert(M40_ATTN_WARPS % HEADS == 0, "a head's warps are a whole share of the block's");
     constexpr int CHUNKS = MAX_D / 8;       // 16-byte pieces of a key, at most
     constexpr int LANE_PAIRS = MAX_D / 64;  // value pairs per lane
     constexpr bool VALUES_WITH_KEYS = MAX_D <= 128;
-    constexpr int QUERY_PER_THREAD = (MAX_D + 32 * M40_ATTN_WARPS - 1) / (32 * M40_ATTN_WARPS);
-    const int r = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
+    constexpr int HEAD_WARPS = M40_ATTN_WARPS / HEADS, HEAD_THREADS = 32 * HEAD_WARPS;
+    constexpr int QUERY_PER_THREAD = (MAX_D + HEAD_THREADS - 1) / HEAD_THREADS;
+    const int r = blockIdx.x, split = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // The warp's head (its slot in the block) and its turn among the head's warps.
+    const int slot = warp / HEAD_WARPS, turn = warp % HEAD_WARPS, head_thread = threadIdx.x % HEAD_THREADS;
+    const int head = blockIdx.y * HEADS + slot;
+    // The last block's spare slots (n_head not a multiple of HEADS) take no positions.
+    const bool has_head = head < n_head;
 
     // The query's loads go out beside the row table's: neither waits on the other.
     const float *qh = q + (size_t(r) * n_head + head) * head_dim_k;
     float query_part[QUERY_PER_THREAD];
 #pragma unroll
     for (int i = 0; i < QUERY_PER_THREAD; i++) {
-        const int d = threadIdx.x + 32 * M40_ATTN_WARPS * i;
-        query_part[i] = d < head_dim_k ? qh[d] : 0.0f;
+        const int d = head_thread + HEAD_THREADS * i;
+        query_part[i] = has_head && d < head_dim_k ? qh[d] : 0.0f;
     }
-    const M40Range g =
-        m40_range(rows[r], layer, head, n_head, n_head_kv, head_dim_k, head_dim_v, window, n_splits, split);
-    __shared__ __align__(16) float query[MAX_D];
+    M40Range g = m40_range(rows[r], layer, min(head, n_head - 1), n_head, n_head_kv, head_dim_k, head_dim_v, window,
+                           n_splits, split);
+    if (!has_head) g.end = g.begin;
+    __shared__ __align__(16) float queries[HEADS][MAX_D];
+    float *query = queries[slot];
 #pragma unroll
     for (int i = 0; i < QUERY_PER_THREAD; i++) {
-        const int d = threadIdx.x + 32 * M40_ATTN_WARPS * i;
+        const int d = head_thread + HEAD_THREADS * i;
         if (d < head_dim_k) query[d] = query_part[i] * scale;
     }
     __syncthreads();
@@ -396,7 +415,7 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
 #pragma unroll
     for (int j = 0; j < 2 * LANE_PAIRS; j++) acc[j] = 0.0f;
     float run_max = -INFINITY, run_sum = 0.0f;
-    for (int t = g.begin + 32 * warp; t < g.end; t += 32 * M40_ATTN_WARPS) {
+    for (int t = g.begin + 32 * turn; t < g.end; t += 32 * HEAD_WARPS) {
         const bool valid = t + lane < g.end;
         const int n = min(32, g.end - t);
         // Value pair `pair` of position t + c (c < n, pair within the head).
@@ -474,28 +493,30 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
         if (d < head_dim_v) accs[warp][d] = acc[2 * j], accs[warp][d + 1] = acc[2 * j + 1];
     }
     __syncthreads();
-    if (warp != 0) return;
+    if (turn != 0 || !has_head) return;
     const size_t row_head = size_t(r) * n_head + head;
-    m40_merge_warps(states, &accs[0][0], MAX_D, head_dim_v, n_splits == 1,
-                    n_splits == 1 ? out + row_head * head_dim_v
-                                  : partial + (row_head * n_splits + split) * (head_dim_v + 2));
+    m40_merge_warps<HEAD_WARPS>(&states[warp], &accs[warp][0], MAX_D, head_dim_v, n_splits == 1,
+                                n_splits == 1 ? out + row_head * head_dim_v
+                                              : partial + (row_head * n_splits + split) * (head_dim_v + 2));
 }
 
 // Attention of n_rows rows. With prompt_chunk the rows are one sequence at
 // consecutive positions and go to the tiled kernel; other rows to the
-// lane-per-position kernel; both need head sizes of a multiple of 8, and
-// other sizes take attention_partial_kernel (a warp per position). partial:
-// n_rows × n_head × n_splits × (head_dim_v + 2) floats of scratch (the tiled
-// and lane-per-position kernels with one range write out directly).
-// overlap: see m40_launch.
+// lane-per-position kernel, heads_per_block (1 or 4) query heads a block;
+// both need head sizes of a multiple of 8, and other sizes take
+// attention_partial_kernel (a warp per position). partial: n_rows × n_head ×
+// n_splits × (head_dim_v + 2) floats of scratch (the tiled and
+// lane-per-position kernels with one range write out directly). overlap:
+// see m40_launch.
 M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *rows, int layer, int n_head,
                                      int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
-                                     int prompt_chunk, int n_splits, float *partial, float *out, int overlap,
-                                     cudaStream_t stream) {
+                                     int prompt_chunk, int n_splits, int heads_per_block, float *partial, float *out,
+                                     int overlap, cudaStream_t stream) {
     const int dim = max(head_dim_k, head_dim_v);
     const bool multiple_of_8 = head_dim_k % 8 == 0 && head_dim_v % 8 == 0;
     if (dim > 32 * M40_ATTN_MAX_PER_LANE || n_splits < 1 || n_head_kv < 1 || n_head % n_head_kv != 0 ||
-        n_head > 65535 || n_splits > 65535 || (prompt_chunk && !multiple_of_8))
+        n_head > 65535 || n_splits > 65535 || (prompt_chunk && !multiple_of_8) ||
+        (heads_per_block != 1 && heads_per_block != 4))
         return cudaErrorInvalidValue;
     if (n_rows < 1) return cudaSuccess;
     const auto by_head_size = [&](auto launch) {
@@ -516,9 +537,17 @@ M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *r
         });
     } else if (multiple_of_8) {
         by_head_size([&](auto size) {
-            m40_launch(overlap, attention_decode_kernel<decltype(size)::value>, dim3(n_rows, n_head, n_splits),
-                       32 * M40_ATTN_WARPS, stream, q, rows, layer, n_head, n_head_kv, head_dim_k, head_dim_v, window,
-                       scale, n_splits, partial, out);
+            constexpr int MAX_D = decltype(size)::value;
+            const auto launch = [&](auto heads) {
+                constexpr int HEADS = decltype(heads)::value;
+                m40_launch(overlap, attention_decode_kernel<MAX_D, HEADS>,
+                           dim3(n_rows, (n_head + HEADS - 1) / HEADS, n_splits), 32 * M40_ATTN_WARPS, stream, q, rows,
+                           layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial, out);
+            };
+            if (heads_per_block == 4)
+                launch(std::integral_constant<int, 4>{});
+            else
+                launch(std::integral_constant<int, 1>{});
         });
     } else {
         m40_launch(overlap, attention_partial_kernel, dim3(n_rows, n_head, n_splits), 32 * M40_ATTN_WARPS, stream, q,

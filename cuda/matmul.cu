@@ -78,8 +78,9 @@ static int m40_row_chunk(int n_rows, int cols) {
     return ((cols + blocks_per_row - 1) / blocks_per_row + 15) / 16 * 16;
 }
 
-// Row r of x as f16 after division by scales[r], a power of two chosen so
-// the row's largest magnitude lands in [2^14, 2^15) when it would otherwise
+// Row r of x (with a norm: x / rms(x) · norm, as rms_norm_kernel computes
+// it) as f16 after division by scales[r], a power of two chosen so the
+// row's largest magnitude lands in [2^14, 2^15) when it would otherwise
 // overflow f16 (above 2^15) or sink towards its subnormals (below 2^-4);
 // every other row keeps scale 1. Powers of two divide exactly, so the
 // product's row r times scales[r] is the product of the f16-rounded row.
@@ -87,14 +88,17 @@ static int m40_row_chunk(int n_rows, int cols) {
 // Grid: (rows, chunks of `chunk` values).
 template <class Order>
 __global__ void __launch_bounds__(M40_ROW_THREADS)
-    rows_to_f16_kernel(const float *__restrict__ x, int cols, int chunk, __half *__restrict__ out,
-                       float *__restrict__ scales, Order order) {
+    rows_to_f16_kernel(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols, int chunk,
+                       __half *__restrict__ out, float *__restrict__ scales, Order order) {
+    static_assert(M40_ROW_THREADS == M40_NORM_THREADS, "m40_inverse_rms sums over the block");
     __shared__ float warp_max[M40_ROW_THREADS / 32];
     m40_wait_for_prior_kernels();
     m40_allow_next_kernel();
     const float *row = x + size_t(blockIdx.x) * cols;
+    const float inverse_rms = norm ? m40_inverse_rms(row, cols, eps) : 1.0f;
+    const auto value = [&](int i) { return norm ? row[i] * inverse_rms * norm[i] : row[i]; };
     float largest = 0.0f;
-    for (int i = threadIdx.x; i < cols; i += M40_ROW_THREADS) largest = fmaxf(largest, fabsf(row[i]));
+    for (int i = threadIdx.x; i < cols; i += M40_ROW_THREADS) largest = fmaxf(largest, fabsf(value(i)));
     largest = m40_warp_max(largest);
     if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = largest;
     __syncthreads();
@@ -112,7 +116,7 @@ __global__ void __launch_bounds__(M40_ROW_THREADS)
     __half *o = out + size_t(blockIdx.x) * cols;
     const int end = min(cols, int(blockIdx.y + 1) * chunk);
     for (int i = blockIdx.y * chunk + threadIdx.x; i < end; i += M40_ROW_THREADS)
-        o[i] = __float2half_rn(row[order(i)] * inverse);
+        o[i] = __float2half_rn(value(order(i)) * inverse);
     if (blockIdx.y == 0 && threadIdx.x == 0) scales[blockIdx.x] = scale;
 }
 
@@ -125,8 +129,8 @@ M40_EXPORT cudaError_t m40_rows_to_f16(const float *x, int n_rows, int cols, uin
     if (n_rows < 1 || cols < 1) return cudaErrorInvalidValue;
     const int chunk = m40_row_chunk(n_rows, cols);
     const dim3 grid(n_rows, m40_blocks(size_t(cols), chunk));
-    rows_to_f16_kernel<<<grid, M40_ROW_THREADS, 0, stream>>>(x, cols, chunk, reinterpret_cast<__half *>(out),
-                                                             scales, M40RowOrder{});
+    rows_to_f16_kernel<<<grid, M40_ROW_THREADS, 0, stream>>>(x, nullptr, 0.0f, cols, chunk,
+                                                             reinterpret_cast<__half *>(out), scales, M40RowOrder{});
     return m40_launch_status();
 }
 

@@ -15,10 +15,11 @@
 // fragments made the 32-row products ~10% faster on the H100 (see
 // docs/cuda-performance.md, step 23).
 //
-//   - Activation rows are converted to f16 first (m40_rows_to_f16's
-//     power-of-two row scales keep them in range; the epilogue multiplies
-//     them back), with each 16 values in the order the weights decode to
-//     (m40_mmq_order below), so that no byte shuffles are needed.
+//   - Activation rows are converted to f16 first, normalized on the way
+//     where a norm precedes the product (m40_rows_to_f16's power-of-two row
+//     scales keep them in range; the epilogue multiplies them back), with
+//     each 16 values in the order the weights decode to (m40_mmq_order
+//     below), so that no byte shuffles are needed.
 //   - A block of 8 warps takes 128 weight rows × X activation rows (16 or
 //     32); warp w takes rows 16w..16w+15 as one m16 tile against X / 8 n8
 //     tiles.
@@ -94,16 +95,6 @@ __host__ __device__ constexpr int m40_mmq_order(int slot) {
 struct M40MmqOrder {
     __device__ int operator()(int i) const { return (i & ~15) | m40_mmq_order(i & 15); }
 };
-
-// x (n_rows × cols f32) as f16 rows in m40_mmq_order, scaled into f16's
-// range (rows_to_f16_kernel, matmul.cu).
-static void m40_rows_to_f16_ordered(bool overlap, const float *x, int n_rows, int cols, uint16_t *x_f16,
-                                    float *x_scales, cudaStream_t stream) {
-    const int chunk = m40_row_chunk(n_rows, cols);
-    const dim3 grid(n_rows, m40_blocks(size_t(cols), chunk));
-    m40_launch(overlap, rows_to_f16_kernel<M40MmqOrder>, grid, M40_ROW_THREADS, stream, x, cols, chunk,
-               reinterpret_cast<__half *>(x_f16), x_scales, M40MmqOrder{});
-}
 
 // Mmq<TYPE>: VALUES and BYTES per block; codes(s, t, q): the 4 unsigned
 // codes of values 4t..4t+3 of group q (0..15) of a row's 256-value step at
@@ -598,11 +589,17 @@ M40_EXPORT cudaError_t m40_mmq(int type, const M40Mmq *params, cudaStream_t stre
     return status != cudaSuccess ? status : launched;
 }
 
-// x (n_rows × cols f32) as f16 in m40_mmq_order with its row scales: the
-// input of m40_mmq launches (one conversion serves every matrix of an input).
-M40_EXPORT cudaError_t m40_mmq_activations(int overlap, const float *x, int n_rows, int cols, uint16_t *x_f16,
-                                           float *x_scales, cudaStream_t stream) {
+// x (n_rows × cols f32), or norm(x) where `norm` (cols weights, and eps) is
+// given, as f16 rows in m40_mmq_order scaled into f16's range, with their
+// row scales (rows_to_f16_kernel, matmul.cu): the input of m40_mmq launches
+// (one conversion serves every matrix of an input). With the norm the
+// conversion saves the norm's own launch and pass over the rows.
+M40_EXPORT cudaError_t m40_mmq_activations(int overlap, const float *x, const float *norm, float eps, int n_rows,
+                                           int cols, uint16_t *x_f16, float *x_scales, cudaStream_t stream) {
     if (n_rows < 1 || cols < 1 || cols % 16 != 0) return cudaErrorInvalidValue;
-    m40_rows_to_f16_ordered(overlap, x, n_rows, cols, x_f16, x_scales, stream);
+    const int chunk = m40_row_chunk(n_rows, cols);
+    const dim3 grid(n_rows, m40_blocks(size_t(cols), chunk));
+    m40_launch(overlap, rows_to_f16_kernel<M40MmqOrder>, grid, M40_ROW_THREADS, stream, x, norm, eps, cols, chunk,
+               reinterpret_cast<__half *>(x_f16), x_scales, M40MmqOrder{});
     return m40_launch_status();
 }

@@ -856,6 +856,15 @@ fn attention_matches_the_cpu_for_prefill_decode_gqa_windows_and_long_histories()
         SeqPos { seq: 1, pos: 700 },
         SeqPos { seq: 2, pos: 0 },
     ];
+    // Many rows of short histories take blocks of four heads, a warp each
+    // (the last block of 14 heads has two spare warps); a few rows of long
+    // ones split their ranges, here over blocks of four heads as well.
+    let sessions = |n: usize, pos: &dyn Fn(usize) -> usize| -> (Vec<usize>, Vec<SeqPos>) {
+        let rows: Vec<SeqPos> = (0..n).map(|seq| SeqPos { seq, pos: pos(seq) }).collect();
+        (rows.iter().map(|r| r.pos + 1).collect(), rows)
+    };
+    let (many_lens, many_rows) = sessions(32, &|s| s * 37 % 200);
+    let (long_lens, long_rows) = sessions(8, &|s| 900 - 50 * s);
     let cases: Vec<(&str, AttentionShape, Vec<usize>, Vec<SeqPos>)> = vec![
         (
             "prefill, GQA 4/2, d64",
@@ -932,6 +941,18 @@ fn attention_matches_the_cpu_for_prefill_decode_gqa_windows_and_long_histories()
             shape(8, 2, 64, None),
             vec![40, 701, 1],
             batch.to_vec(),
+        ),
+        (
+            "32 sessions' decode rows, GQA 14/2, d128, four heads a block",
+            shape(14, 2, 128, None),
+            many_lens,
+            many_rows,
+        ),
+        (
+            "8 sessions at 550-900, d64, four heads a block over several ranges",
+            shape(8, 8, 64, None),
+            long_lens,
+            long_rows,
         ),
     ];
     let mut report = Vec::new();

@@ -9,9 +9,9 @@
 //!
 //! What a recorded step depends on:
 //! - the number of rows (one per session), which picks the graph;
-//! - each attention launch's split count, which grows with the sequence
-//!   length: a replay checks it, and a step whose counts changed is
-//!   recorded again;
+//! - each attention launch's split count (and with it the heads a block
+//!   takes), which grows with the sequence length: a replay checks the
+//!   launches, and a step whose launches changed is recorded again;
 //! - everything else the kernels read through pointers: weights and the
 //!   8-bit activation scratch (fixed for the backend's life; every step
 //!   uses the scratch in stream order), the step's inputs (copied in before
@@ -24,7 +24,9 @@ use std::sync::Arc;
 use super::kernels::DeviceRow;
 use super::memory::{Arena, DeviceAllocator, DevicePtr};
 use super::runtime::{self, OwnedGraph, OwnedStream, PinnedBuffer};
-use super::{as_bytes, device_rows, AttentionShape, CudaBackend, CudaKvCache, DeviceBuffer};
+use super::{
+    as_bytes, device_rows, AttentionLaunch, AttentionShape, CudaBackend, CudaKvCache, DeviceBuffer,
+};
 use crate::backend::{Backend, SeqPos};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -103,16 +105,16 @@ impl StepInputs {
 /// What a backend records while a step is being captured.
 pub(super) struct Capture {
     pub inputs: StepInputs,
-    /// The attention launches' shapes, each once, and the split count each
-    /// was recorded with.
-    pub attention: Vec<(AttentionShape, usize)>,
+    /// The attention launches' shapes, each once, and how each was
+    /// launched in the recording.
+    pub attention: Vec<(AttentionShape, AttentionLaunch)>,
 }
 
 /// One recorded decode step.
 pub(super) struct DecodeGraph {
     graph: OwnedGraph,
     inputs: StepInputs,
-    attention: Vec<(AttentionShape, usize)>,
+    attention: Vec<(AttentionShape, AttentionLaunch)>,
     logits: DeviceBuffer,
     /// The recording's activations and scratch, named by its kernels.
     _memory: (Vec<DevicePtr<u8>>, Arena),
@@ -171,7 +173,7 @@ impl CudaBackend {
             g.inputs.rows == rows.len()
                 && g.attention
                     .iter()
-                    .all(|(shape, splits)| self.attention_launch(rows, shape).1 == *splits)
+                    .all(|(shape, launch)| self.attention_launch(rows, shape) == *launch)
         });
         let graph = match recorded {
             // The most recently used goes last.

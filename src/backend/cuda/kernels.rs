@@ -163,11 +163,14 @@ extern "C" {
     /// Called once per device, with it current, before its first `m40_mmq`.
     pub fn m40_mmq_prepare(ty: c_int) -> c_int;
     pub fn m40_mmq(ty: c_int, launch: *const MmqLaunch, stream: Stream) -> c_int;
-    /// x (n_rows × cols f32) as `m40_mmq` takes it converted (x_f16, n_rows
-    /// × cols; x_scales, n_rows).
+    /// x (n_rows × cols f32), normalized first where `norm` (cols f32
+    /// weights, with eps) is not null, as `m40_mmq` takes it converted
+    /// (x_f16, n_rows × cols; x_scales, n_rows).
     pub fn m40_mmq_activations(
         overlap: c_int,
         x: *const f32,
+        norm: *const f32,
+        eps: f32,
         n_rows: c_int,
         cols: c_int,
         x_f16: *mut u16,
@@ -313,6 +316,7 @@ extern "C" {
         scale: f32,
         prompt_chunk: c_int,
         n_splits: c_int,
+        heads_per_block: c_int,
         partial: *mut f32,
         out: *mut f32,
         overlap: c_int,

@@ -542,9 +542,8 @@ impl CudaBackend {
         state
     }
 
-    /// Whether attention over `rows` takes the tiled kernel, and into how
-    /// many ranges it splits each row's positions.
-    fn attention_launch(&self, rows: &[SeqPos], shape: &AttentionShape) -> (bool, usize) {
+    /// How attention over `rows` is launched.
+    fn attention_launch(&self, rows: &[SeqPos], shape: &AttentionShape) -> AttentionLaunch {
         let longest = rows
             .iter()
             .map(|r| shape.window.map_or(r.pos + 1, |w| w.min(r.pos + 1)))
@@ -553,7 +552,7 @@ impl CudaBackend {
         let sms = self.info.multiprocessors;
         let multiple_of_8 = heads_of_multiples_of_8(shape);
         let tiled = multiple_of_8 && is_prompt_chunk(rows);
-        let n_splits = if tiled {
+        let splits = if tiled {
             let tile_rows = if shape.head_dim_k.max(shape.head_dim_v) > 128 {
                 16
             } else {
@@ -565,7 +564,18 @@ impl CudaBackend {
         } else {
             attention_splits(rows.len() * shape.n_head, longest, sms)
         };
-        (tiled, n_splits)
+        // The lane-per-position kernel gives each warp a (row, head, range)
+        // of its own where such blocks still fill half the GPU's SMs.
+        let own_ranges = rows.len() * shape.n_head.div_ceil(4) * splits >= sms.div_ceil(2);
+        AttentionLaunch {
+            tiled,
+            splits,
+            heads_per_block: if multiple_of_8 && !tiled && own_ranges {
+                4
+            } else {
+                1
+            },
+        }
     }
 
     fn weight_ptr(&self, w: &Weight) -> *const u8 {
@@ -604,7 +614,7 @@ impl CudaBackend {
                 accumulate: false,
             };
             // SAFETY: as the caller promises.
-            return unsafe { self.tensor_core_products_of(st, x, rows, &[product]) };
+            return unsafe { self.tensor_core_products_of(st, x, rows, None, &[product]) };
         }
         if let (Some(cublas), true) = (&st.cublas, rows >= GEMM_MIN_ROWS) {
             let gemm = Gemm {
@@ -765,9 +775,10 @@ impl CudaBackend {
         )
     }
 
-    /// Products of the same `rows` activation rows x with several matrices
-    /// on f16 tensor cores (`tensor_core_products`): x is converted to f16
-    /// once for all of them.
+    /// Products of the same `rows` activation rows x, or norm(x) where a
+    /// norm is given, with several matrices on f16 tensor cores
+    /// (`tensor_core_products`): x is normalized and converted to f16 once
+    /// for all of them.
     ///
     /// # Safety
     /// x holds rows × cols values (every matrix's width) and each product's
@@ -777,6 +788,7 @@ impl CudaBackend {
         st: &mut State,
         x: *const f32,
         rows: usize,
+        norm: Option<Norm>,
         products: &[TensorCoreProduct],
     ) -> Result<()> {
         let Some(first) = products.first() else {
@@ -815,10 +827,29 @@ impl CudaBackend {
             st.arena.take::<f32>(rows),
         );
         let overlap = c_int::from(self.overlap_launches);
-        // SAFETY: x holds rows × cols values; x_f16 and x_scales were sized
-        // for them above.
+        let (norm_weights, eps) = match norm {
+            Some(n) => {
+                assert_eq!(n.weight.cols * n.weight.rows, first.w.cols);
+                (self.vector(n.weight)?, n.eps)
+            }
+            None => (std::ptr::null(), 0.0),
+        };
+        // SAFETY: x holds rows × cols values, a norm cols weights; x_f16 and
+        // x_scales were sized for them above.
         check(
-            unsafe { m40_mmq_activations(overlap, x, n_x, cols, x_f16, x_scales, st.stream.raw()) },
+            unsafe {
+                m40_mmq_activations(
+                    overlap,
+                    x,
+                    norm_weights,
+                    eps,
+                    n_x,
+                    cols,
+                    x_f16,
+                    x_scales,
+                    st.stream.raw(),
+                )
+            },
             || "activation rows to f16 for tensor cores".to_string(),
         )?;
         for (p, &splits) in products.iter().zip(&splits) {
@@ -1452,12 +1483,13 @@ impl Backend for CudaBackend {
         let st = &mut *state;
         let table = device_rows(caches, rows)?;
         let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
-        let (tiled, n_splits) = self.attention_launch(rows, shape);
+        let launch = self.attention_launch(rows, shape);
+        let n_splits = launch.splits;
         if let Some(capture) = &mut st.capture {
             // Layers of one shape share an entry: a replay checks each once.
-            let launch = (*shape, n_splits);
-            if !capture.attention.contains(&launch) {
-                capture.attention.push(launch);
+            let entry = (*shape, launch);
+            if !capture.attention.contains(&entry) {
+                capture.attention.push(entry);
             }
         }
         // Those two kernels write the output directly over one range.
@@ -1487,8 +1519,9 @@ impl Backend for CudaBackend {
                         .window
                         .map_or(0, |w| w.min(i32::MAX as usize) as c_int),
                     shape.scale,
-                    c_int::from(tiled),
+                    c_int::from(launch.tiled),
                     n_splits as c_int,
+                    launch.heads_per_block as c_int,
                     partial,
                     out.as_mut_ptr(),
                     c_int::from(self.overlap_launches),
@@ -1509,12 +1542,33 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         let mut state = self.lock();
         let st = &mut *state;
-        let (input, fused_norm) = self.normalized_input(st, x, norm, rows, normed)?;
         for p in products.iter() {
             assert!(
                 p.w.cols == norm.weight.cols * norm.weight.rows && p.out.len() >= rows * p.w.rows
             );
         }
+        assert!(x.len() >= rows * norm.weight.cols * norm.weight.rows);
+        if rows > GEMV_MAX_X
+            && products
+                .iter()
+                .all(|p| self.tensor_core_products(p.w.ty, rows))
+        {
+            let on_tensor_cores: Vec<TensorCoreProduct> = products
+                .iter_mut()
+                .map(|p| TensorCoreProduct {
+                    w: p.w,
+                    bias: p.bias,
+                    out: p.out.as_mut_ptr(),
+                    accumulate: false,
+                })
+                .collect();
+            // SAFETY: x holds rows × the norm's width values (checked above),
+            // each out rows × its w.rows, each bias its product's.
+            return unsafe {
+                self.tensor_core_products_of(st, x.as_ptr(), rows, Some(norm), &on_tensor_cores)
+            };
+        }
+        let (input, fused_norm) = self.normalized_input(st, x, norm, rows, normed)?;
         if rows > GEMV_MAX_X {
             let on_tensor_cores: Vec<TensorCoreProduct> = products
                 .iter_mut()
@@ -1527,7 +1581,7 @@ impl Backend for CudaBackend {
                 })
                 .collect();
             // SAFETY: as below; each bias is its product's.
-            unsafe { self.tensor_core_products_of(st, input, rows, &on_tensor_cores)? };
+            unsafe { self.tensor_core_products_of(st, input, rows, None, &on_tensor_cores)? };
             for p in products.iter_mut() {
                 if self.tensor_core_products(p.w.ty, rows) {
                     continue;
@@ -1586,7 +1640,47 @@ impl Backend for CudaBackend {
         out: &mut DeviceBuffer,
     ) -> Result<()> {
         let (gate, up) = (ffn.gate, ffn.up);
-        let one_launch = gate.ty == up.ty && gate.rows == up.rows && gate.cols == up.cols;
+        let same_shape = gate.rows == up.rows && gate.cols == up.cols;
+        let width = norm.weight.cols * norm.weight.rows;
+        if rows > GEMV_MAX_X
+            && same_shape
+            && self.tensor_core_products(gate.ty, rows)
+            && self.tensor_core_products(up.ty, rows)
+        {
+            let n = rows * gate.rows;
+            assert!(x.len() >= rows * width && gate.cols == width);
+            assert!(scratch.product.len() >= n && scratch.product2.len() >= n && out.len() >= n);
+            let products = [
+                TensorCoreProduct {
+                    w: gate,
+                    bias: None,
+                    out: scratch.product.as_mut_ptr(),
+                    accumulate: false,
+                },
+                TensorCoreProduct {
+                    w: up,
+                    bias: None,
+                    out: scratch.product2.as_mut_ptr(),
+                    accumulate: false,
+                },
+            ];
+            {
+                let mut state = self.lock();
+                // SAFETY: x holds rows × width values, both products rows ×
+                // gate.rows (checked above).
+                unsafe {
+                    self.tensor_core_products_of(
+                        &mut state,
+                        x.as_ptr(),
+                        rows,
+                        Some(norm),
+                        &products,
+                    )?
+                };
+            }
+            return self.glu(ffn.glu, scratch.product, scratch.product2, n, out);
+        }
+        let one_launch = gate.ty == up.ty && same_shape;
         if rows > GEMV_MAX_X || !one_launch {
             return fused::norm_gated_ffn(self, x, norm, rows, ffn, scratch, out);
         }
@@ -1646,7 +1740,7 @@ impl Backend for CudaBackend {
                 accumulate: true,
             };
             // SAFETY: a holds rows × w.cols values, x rows × w.rows (checked).
-            return unsafe { self.tensor_core_products_of(st, a.as_ptr(), rows, &[product]) };
+            return unsafe { self.tensor_core_products_of(st, a.as_ptr(), rows, None, &[product]) };
         }
         assert!(product.len() >= rows * w.rows);
         if let Some(norm) = post_norm {
@@ -1752,6 +1846,16 @@ impl Backend for CudaBackend {
             )
         }
     }
+}
+
+/// An attention launch (`m40_attention`): the tiled prefill kernel or not,
+/// the ranges each (row, head) splits its positions into, and the query
+/// heads of a lane-per-position block (1 or 4).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct AttentionLaunch {
+    tiled: bool,
+    splits: usize,
+    heads_per_block: usize,
 }
 
 /// How many ranges each (row, head) splits its positions into. A warp walks
