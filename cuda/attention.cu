@@ -1,8 +1,9 @@
 // Causal attention of each row's query heads over its sequence's f16 KV
-// cache: the positions a row sees are split into n_splits ranges, one block
-// per (head, row, range) computing an online-softmax partial (max, sum,
-// weighted values), then one block per (head, row) combines the partials
-// (or, with one range, the block writes the output itself). Decode rows take
+// cache: the positions a row sees are split into n_splits ranges, each
+// (head, row, range) computing an online-softmax partial (max, sum, weighted
+// values) in a block or, for many short decode ranges, a warp of its own;
+// then one block per (head, row) combines the partials (or, with one range,
+// the output is written directly). Decode rows take
 // a kernel whose lanes score 32 positions at once; prompt chunks a tiled
 // kernel sharing each key and value among 32 rows; odd head sizes a kernel
 // with a warp per position.
@@ -25,9 +26,9 @@ __device__ __forceinline__ const __half *m40_cache_head(unsigned long long cache
     return reinterpret_cast<const __half *>(cache) + size_t(layer) * n_ctx * width + size_t(kv_head) * head_dim;
 }
 
-// What block (row r, head, split) of a decode-style launch attends to: its
-// range begin .. end of the positions the row sees, and its KV head's keys
-// and values (`k_width` / `v_width` halves per position).
+// What (row r, head, split) of a decode-style launch attends to: its range
+// begin .. end of the positions the row sees, and its KV head's keys and
+// values (`k_width` / `v_width` halves per position).
 struct M40Range {
     int begin, end, k_width, v_width;
     const __half *keys, *values;
@@ -367,9 +368,9 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
 // range, 32 positions each in turn, which suits a few rows' long ranges.
 // Many rows' short ranges (32 sessions at ~100 positions: at most one round
 // for each warp) would leave most of those warps idle while they hold their
-// registers (196 a thread: two blocks an SM); with four heads every warp
-// walks a range of its own (H100, llama-7b, 32 sessions: see
-// docs/cuda-performance.md, step 26).
+// registers (~200 a thread: two blocks an SM); with four heads every warp
+// walks a range of its own (four_heads_a_block in src/backend/cuda/mod.rs
+// chooses; docs/cuda-performance.md, step 26).
 template <int MAX_D, int HEADS>
 __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     attention_decode_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, int layer, int n_head,
@@ -391,8 +392,9 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     // The last block's spare slots (n_head not a multiple of HEADS) take no positions.
     const bool has_head = head < n_head;
 
-    // The query's loads go out beside the row table's: neither waits on the other.
-    const float *qh = q + (size_t(r) * n_head + head) * head_dim_k;
+    // The query's loads go out beside the row table's: neither waits on the
+    // other. (A spare slot's pointer is its row's last head, never read.)
+    const float *qh = q + (size_t(r) * n_head + min(head, n_head - 1)) * head_dim_k;
     float query_part[QUERY_PER_THREAD];
 #pragma unroll
     for (int i = 0; i < QUERY_PER_THREAD; i++) {

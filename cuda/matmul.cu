@@ -71,8 +71,8 @@ M40_EXPORT cudaError_t m40_dequantize_rows_f16(int type, const uint8_t *w, int c
 
 // Values of a row each block of rows_to_f16_kernel converts (a multiple of
 // 16): a few rows are each spread over several blocks, ~256 blocks in all,
-// each block finding the row's largest magnitude itself (the row is read
-// from L2); many rows take a block each.
+// each block finding the row's largest magnitude (and with a norm its sum of
+// squares) itself, the row read from L2; many rows take a block each.
 static int m40_row_chunk(int n_rows, int cols) {
     const int blocks_per_row = max(1, min((256 + n_rows - 1) / n_rows, cols / 512));
     return ((cols + blocks_per_row - 1) / blocks_per_row + 15) / 16 * 16;

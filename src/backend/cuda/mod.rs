@@ -564,17 +564,14 @@ impl CudaBackend {
         } else {
             attention_splits(rows.len() * shape.n_head, longest, sms)
         };
-        // The lane-per-position kernel gives each warp a (row, head, range)
-        // of its own where such blocks still fill half the GPU's SMs.
-        let own_ranges = rows.len() * shape.n_head.div_ceil(4) * splits >= sms.div_ceil(2);
+        let four_heads = multiple_of_8
+            && !tiled
+            && splits == 1
+            && four_heads_a_block(rows.len(), shape.n_head, longest, sms);
         AttentionLaunch {
             tiled,
             splits,
-            heads_per_block: if multiple_of_8 && !tiled && own_ranges {
-                4
-            } else {
-                1
-            },
+            heads_per_block: if four_heads { 4 } else { 1 },
         }
     }
 
@@ -1063,7 +1060,8 @@ struct Gemm<'a> {
 }
 
 /// Whether the decode kernel normalizes `rows` activation rows itself
-/// (decode batches; prefill normalizes first and multiplies through cuBLAS).
+/// (decode batches; more rows are normalized in the tensor cores' f16
+/// conversion, or first where cuBLAS multiplies them).
 fn fuses_norm(rows: usize) -> bool {
     rows <= GEMV_MAX_X
 }
@@ -1642,8 +1640,7 @@ impl Backend for CudaBackend {
         let (gate, up) = (ffn.gate, ffn.up);
         let same_shape = gate.rows == up.rows && gate.cols == up.cols;
         let width = norm.weight.cols * norm.weight.rows;
-        if rows > GEMV_MAX_X
-            && same_shape
+        if same_shape
             && self.tensor_core_products(gate.ty, rows)
             && self.tensor_core_products(up.ty, rows)
         {
@@ -1879,6 +1876,31 @@ fn heads_of_multiples_of_8(shape: &AttentionShape) -> bool {
     shape.head_dim_k.is_multiple_of(8) && shape.head_dim_v.is_multiple_of(8)
 }
 
+/// Whether the lane-per-position kernel takes four heads a block, a warp
+/// walking each (row, head) alone, rather than one head whose four warps
+/// share its positions, 32 each a round. Two blocks fit an SM (the kernel's
+/// registers); the time of either layout is taken as its waves of blocks
+/// times the rounds of a warp. Four heads must also need fewer waves, so
+/// that with one wave either way the shared ranges stay.
+///
+/// Measured on the H100 (32 heads of 128 values, µs a launch, one head /
+/// four): 32 rows at 100 positions 33.2 / 27.5 and at 2000 378 / 368, where
+/// this picks four; 1 row at 1100 positions over 9 ranges 17.5 / 22.0, 8 rows
+/// at 1000 over 2 ranges 60.2 / 75.6, 16 rows at 1000 102.6 / 132.8, where it
+/// keeps one.
+fn four_heads_a_block(
+    rows: usize,
+    n_head: usize,
+    positions: usize,
+    multiprocessors: usize,
+) -> bool {
+    let slots = 2 * multiprocessors.max(1);
+    let rounds = positions.div_ceil(32);
+    let waves_one = (rows * n_head).div_ceil(slots);
+    let waves_four = (rows * n_head.div_ceil(4)).div_ceil(slots);
+    waves_four * rounds <= waves_one * rounds.div_ceil(4) && waves_four < waves_one
+}
+
 /// Rows that the tiled prefill kernel takes: enough of them (a prompt
 /// chunk, not a decode batch), all of one sequence at consecutive positions.
 fn is_prompt_chunk(rows: &[SeqPos]) -> bool {
@@ -1892,7 +1914,7 @@ fn is_prompt_chunk(rows: &[SeqPos]) -> bool {
 /// many blocks one range takes (tiles or rows, times heads): one range when
 /// those blocks fill the GPU twice; else enough ranges to, each of at least
 /// 128 positions (4 rounds of the tiled kernel's 32 positions, one round of
-/// the 4 warps × 32 lanes of the other).
+/// the 4 warps × 32 lanes of the other with one head a block).
 fn block_attention_splits(
     blocks_per_range: usize,
     longest: usize,
@@ -1915,4 +1937,34 @@ fn device_rows(caches: &[&mut CudaKvCache], rows: &[SeqPos]) -> Result<Vec<Devic
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn four_heads_a_block_where_the_h100_measured_them_faster() {
+        const H100: usize = 132;
+        // (rows, positions, measured faster with four heads), 32 heads.
+        for (rows, positions, four) in [
+            (32, 100, true),
+            (32, 2000, true),
+            (16, 1000, false),
+            (8, 129, false),
+            (1, 1100, false),
+        ] {
+            assert_eq!(
+                four_heads_a_block(rows, 32, positions, H100),
+                four,
+                "{rows} rows at {positions}"
+            );
+        }
+        // One wave either way: the shared ranges stay.
+        assert!(!four_heads_a_block(1, 32, 10, H100));
+        assert!(!four_heads_a_block(8, 32, 10, H100));
+        // 16 sessions: four heads while a warp's range is two rounds at most.
+        assert!(four_heads_a_block(16, 32, 64, H100));
+        assert!(!four_heads_a_block(16, 32, 65, H100));
+    }
 }
