@@ -1546,27 +1546,6 @@ impl Backend for CudaBackend {
             );
         }
         assert!(x.len() >= rows * norm.weight.cols * norm.weight.rows);
-        if rows > GEMV_MAX_X
-            && products
-                .iter()
-                .all(|p| self.tensor_core_products(p.w.ty, rows))
-        {
-            let on_tensor_cores: Vec<TensorCoreProduct> = products
-                .iter_mut()
-                .map(|p| TensorCoreProduct {
-                    w: p.w,
-                    bias: p.bias,
-                    out: p.out.as_mut_ptr(),
-                    accumulate: false,
-                })
-                .collect();
-            // SAFETY: x holds rows × the norm's width values (checked above),
-            // each out rows × its w.rows, each bias its product's.
-            return unsafe {
-                self.tensor_core_products_of(st, x.as_ptr(), rows, Some(norm), &on_tensor_cores)
-            };
-        }
-        let (input, fused_norm) = self.normalized_input(st, x, norm, rows, normed)?;
         if rows > GEMV_MAX_X {
             let on_tensor_cores: Vec<TensorCoreProduct> = products
                 .iter_mut()
@@ -1578,6 +1557,15 @@ impl Backend for CudaBackend {
                     accumulate: false,
                 })
                 .collect();
+            if on_tensor_cores.len() == products.len() {
+                // The norm goes into the f16 conversion.
+                // SAFETY: x holds rows × the norm's width values (checked
+                // above), each out rows × its w.rows, each bias its product's.
+                return unsafe {
+                    self.tensor_core_products_of(st, x.as_ptr(), rows, Some(norm), &on_tensor_cores)
+                };
+            }
+            let (input, _) = self.normalized_input(st, x, norm, rows, normed)?;
             // SAFETY: as below; each bias is its product's.
             unsafe { self.tensor_core_products_of(st, input, rows, None, &on_tensor_cores)? };
             for p in products.iter_mut() {
@@ -1596,6 +1584,7 @@ impl Backend for CudaBackend {
             }
             return Ok(());
         }
+        let (input, fused_norm) = self.normalized_input(st, x, norm, rows, normed)?;
         // Consecutive products of one type share a launch (Q, K and V usually
         // do); x is quantized for the first launch on the integer path.
         let mut quantized = false;
