@@ -10,7 +10,8 @@
 //   - weights are decoded in registers with integer tricks instead of int →
 //     float conversions (a quarter-rate instruction on sm_80+): a small
 //     integer q placed in the mantissa of 2^23 is the float 2^23 + q;
-//   - weights, read once per step, go through L2 only (ld.global.cg), so
+//   - weights, read once per step, go through L2 only (ld.global.cg) or as
+//     a stream (ld.global.cs, evicted first; m40_streamed_weights), so
 //     that their stream does not evict from L1 the activations every warp
 //     reads again and again;
 //   - activations come through the read-only cache (optionally
@@ -118,7 +119,7 @@ template <> struct Gemv<M40_F32> {
     __device__ static int pos(int, int g) { return 4 * g; }
     __device__ static void unit(const uint8_t *b, int, float *v, float *sc, float *) {
         const float4 *p = reinterpret_cast<const float4 *>(b);
-        const float4 a = __ldcg(p), c = __ldcg(p + 1);
+        const float4 a = __ldcs(p), c = __ldcs(p + 1);
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = c.x, v[5] = c.y, v[6] = c.z, v[7] = c.w;
         sc[0] = sc[1] = 1.0f;
     }
@@ -132,7 +133,7 @@ template <float (*WIDEN)(uint32_t)> struct GemvHalf {
     static constexpr bool DIRECT = true;
     __device__ static int pos(int, int g) { return 4 * g; }
     __device__ static void unit(const uint8_t *b, int, float *v, float *sc, float *) {
-        m40_words8(__ldcg(reinterpret_cast<const uint4 *>(b)), v, WIDEN);
+        m40_words8(__ldcs(reinterpret_cast<const uint4 *>(b)), v, WIDEN);
         sc[0] = sc[1] = 1.0f;
     }
 };
@@ -544,6 +545,24 @@ template <> struct GemvQ8<M40_Q6_K> {
 template <class G> constexpr bool m40_integer = false;
 template <int T> constexpr bool m40_integer<GemvQ8<T>> = true;
 
+// Whether the staged formats' weights are loaded as a stream (ld.global.cs:
+// evicted first from L1 and L2) rather than through L2 only
+// (ld.global.cg); the direct formats (F32, F16, BF16) stream. Measured on
+// the H100 (tg128, llama-7b unless stated; cg / cs, each in two device
+// calls of two rounds): F16 186.9 / 186.6 against 187.9 / 187.6, then
+// 186.8 / 186.7 against 188.4 / 187.1; Q4_K 418.8 / 419.9 against 422.6 /
+// 426.3, then 417.2 / 416.0 against 422.0 / 423.5 (8 and 32 sessions
+// level); but Q8_0 310.6 / 309.8 against 299.6 / 300.1, then 311.3 / 311.0
+// against 302.0 / 303.0, and Q4_0 476.5 / 477.1 against 471.2 / 475.0, then
+// 477.3 / 480.9 against 472.1 / 471.7 (llama-1b Q4_0 gained 3.5%: 1401.4 /
+// 1387.7 against 1451.4 / 1447.4). The formats not measured keep cg.
+template <class G> constexpr bool m40_streamed_weights = false;
+template <> constexpr bool m40_streamed_weights<GemvQ8<M40_Q4_K>> = true;
+
+template <bool STREAM> __device__ __forceinline__ uint4 m40_weight_vector(const uint4 *p) {
+    return STREAM ? __ldcs(p) : __ldcg(p);
+}
+
 // ---- the kernel ----
 
 // Matrix m of a launch, chosen without indexing the parameter array at run
@@ -843,7 +862,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
 #pragma unroll
                 for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++) {
                     const int index = lane + 32 * k;
-                    if (index < vectors) next[j][k] = __ldcg(aligned + index);
+                    if (index < vectors) next[j][k] = m40_weight_vector<m40_streamed_weights<G>>(aligned + index);
                 }
             }
         };
@@ -910,10 +929,9 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
     }
 }
 
-// Resident blocks of a kernel per SM, computed once per kernel for the
-// device of its first launch (another device only changes the grid).
+// Resident blocks of a kernel per SM on the current device.
 template <class G, int R, int NX, bool NORM, int CHUNK, bool SPLIT> static int m40_gemv_blocks_per_sm() {
-    static const int blocks_per_sm = [] {
+    return m40_per_device([] {
         int n = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<G, R, NX, NORM, CHUNK, SPLIT>,
                                                           32 * M40_GEMV_WARPS, 0) != cudaSuccess ||
@@ -922,8 +940,7 @@ template <class G, int R, int NX, bool NORM, int CHUNK, bool SPLIT> static int m
             n = 1;
         }
         return n;
-    }();
-    return blocks_per_sm;
+    });
 }
 
 // Whether one session's product shares each row group among a block's

@@ -467,10 +467,9 @@ template <class F> static cudaError_t m40_with_mmq_format(int type, F &&f) {
 // on others, which then set the product's time (H100, llama-7b Q4_K,
 // 74 registers a thread: 32 sessions 4105 tok/s with the previous kernel,
 // 3855 with this one unbounded; without overlapping launches 3665 /
-// 3841). Found once, on the device of the first call, like
-// m40_mmq_blocks_per_sm.
+// 3841). Per device, like m40_mmq_blocks_per_sm.
 template <class M, int X> static int m40_mmq_block_shared() {
-    static const int bytes = [] {
+    return m40_per_device([] {
         int device = 0, per_sm = 0, reserved = 0, per_block = 0;
         if (cudaGetDevice(&device) != cudaSuccess ||
             cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
@@ -480,15 +479,12 @@ template <class M, int X> static int m40_mmq_block_shared() {
             return m40_mmq_shared_bytes<M, X>();
         }
         return max(m40_mmq_shared_bytes<M, X>(), min(per_sm / 2 - reserved, per_block));
-    }();
-    return bytes;
+    });
 }
 
 // Allows the kernel its shared memory (over the 48 KB default) on the
-// current device; false where the device has less (on a host with several
-// kinds of GPU, also where the first device's padding, m40_mmq_block_shared,
-// exceeds this one's limit: that device then keeps cuBLAS and the decode
-// kernel for these products).
+// current device; false where the device has less (that device then keeps
+// cuBLAS and the decode kernel for these products).
 template <class M, int X> static bool m40_mmq_allow_shared() {
     if (cudaFuncSetAttribute(mmq_kernel<M, X>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              m40_mmq_block_shared<M, X>()) == cudaSuccess)
@@ -497,13 +493,11 @@ template <class M, int X> static bool m40_mmq_allow_shared() {
     return false;
 }
 
-// Resident blocks of the kernel per SM, found once, on the device of the
-// first call (on another kind of GPU the splits and the shared-memory
-// padding may then not be that GPU's best): 0 where this
+// Resident blocks of the kernel per SM on the current device: 0 where this
 // build has no sm_80+ code there (m40_code_version, gemv.cu) or the
-// kernel's shared memory does not fit. After the first call, a read.
+// kernel's shared memory does not fit. After a device's first call, a read.
 template <class M, int X> static int m40_mmq_blocks_per_sm() {
-    static const int blocks_per_sm = [] {
+    return m40_per_device([] {
         int n = 0;
         if (m40_code_version() < 80 || !m40_mmq_allow_shared<M, X>() ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mmq_kernel<M, X>, 32 * M40_MMQ_WARPS,
@@ -513,8 +507,7 @@ template <class M, int X> static int m40_mmq_blocks_per_sm() {
             n = 0;
         }
         return n;
-    }();
-    return blocks_per_sm;
+    });
 }
 
 // 1 where the current device runs tensor-core products of `type`: this

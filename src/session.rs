@@ -26,8 +26,11 @@ pub struct Session {
     n_batch: usize,
     /// The tokens whose keys and values the cache holds, in order.
     tokens: Vec<u32>,
-    /// Next-token logits after the last decode.
-    logits: Option<Vec<f32>>,
+    /// Next-token logits after the last decode; empty before it. Each
+    /// decode writes its logits over the last one's, in place: there is
+    /// nothing to allocate a token, and nothing taken out that a panic in
+    /// the forward pass could lose.
+    logits: Vec<f32>,
     /// The sampler's random state and the seed it came from.
     rng: Option<(u64, Rng)>,
 }
@@ -61,7 +64,7 @@ impl Session {
             n_ctx,
             n_batch,
             tokens: Vec::new(),
-            logits: None,
+            logits: Vec::new(),
             rng: None,
         })
     }
@@ -79,13 +82,13 @@ impl Session {
         &self.tokens
     }
     pub fn logits(&self) -> Option<&[f32]> {
-        self.logits.as_deref()
+        (!self.logits.is_empty()).then_some(&self.logits)
     }
 
     /// Forgets every token.
     pub fn reset(&mut self) {
         self.tokens.clear();
-        self.logits = None;
+        self.logits.clear();
         self.rng = None;
     }
 
@@ -100,7 +103,7 @@ impl Session {
         }
         if n_keep < self.tokens.len() {
             self.tokens.truncate(n_keep);
-            self.logits = None;
+            self.logits.clear();
         }
         Ok(())
     }
@@ -149,7 +152,6 @@ impl Session {
 
     fn decode_chunks(&mut self, tokens: &[u32]) -> Result<()> {
         let model = Arc::clone(&self.model);
-        let mut logits = Vec::new();
         let n_chunks = tokens.len().div_ceil(self.n_batch);
         for (i, chunk) in tokens.chunks(self.n_batch).enumerate() {
             let start = self.tokens.len();
@@ -169,12 +171,11 @@ impl Session {
             let out: &mut [&mut Vec<f32>] = if wanted.is_empty() {
                 &mut []
             } else {
-                &mut [&mut logits]
+                &mut [&mut self.logits]
             };
             run(&model, &mut [&mut self.kv], chunk, &rows, wanted, out)?;
             self.tokens.extend_from_slice(chunk);
         }
-        self.logits = Some(logits);
         Ok(())
     }
 
@@ -213,42 +214,39 @@ impl Session {
             })
             .collect();
         let wanted: Vec<usize> = (0..sessions.len()).collect();
-        // The step's logits go straight into each session's previous logits
-        // vector, with no batch-wide vector between (32 sessions of a
-        // 32000-token vocabulary: 4 MB a step to allocate, zero and copy).
-        let mut logits: Vec<Vec<f32>> = sessions
+        // The step's logits go straight into each session's logits vector,
+        // with no batch-wide vector between (32 sessions of a 32000-token
+        // vocabulary: 4 MB a step to allocate, zero and copy); on failure
+        // run leaves them as they were.
+        let (mut caches, mut out): (Vec<&mut SequenceCache>, Vec<&mut Vec<f32>>) = sessions
             .iter_mut()
-            .map(|s| s.logits.take().unwrap_or_default())
-            .collect();
-        let result = {
-            let mut caches: Vec<&mut SequenceCache> =
-                sessions.iter_mut().map(|s| &mut s.kv).collect();
-            let mut out: Vec<&mut Vec<f32>> = logits.iter_mut().collect();
-            run(&model, &mut caches, tokens, &rows, &wanted, &mut out)
-        };
-        for ((s, &t), l) in sessions.iter_mut().zip(tokens).zip(logits) {
-            if result.is_ok() {
-                s.tokens.push(t);
-            }
-            // On failure run left the vectors as they were: an empty one
-            // stands for a session that had no logits.
-            s.logits = (!l.is_empty()).then_some(l);
+            .map(|s| (&mut s.kv, &mut s.logits))
+            .unzip();
+        run(&model, &mut caches, tokens, &rows, &wanted, &mut out)?;
+        for (s, &t) in sessions.iter_mut().zip(tokens) {
+            s.tokens.push(t);
         }
-        result
+        Ok(())
     }
 
     /// Picks the next token from the last logits.
     pub fn sample(&mut self, params: &SamplerParams) -> Result<u32> {
         params.check()?;
-        let logits = self
-            .logits
-            .as_deref()
-            .ok_or_else(|| Error::invalid_argument("no logits to sample from: decode first"))?;
+        if self.logits.is_empty() {
+            return Err(Error::invalid_argument(
+                "no logits to sample from: decode first",
+            ));
+        }
         let rng = match &mut self.rng {
             Some((seed, rng)) if *seed == params.seed => rng,
             slot => &mut slot.insert((params.seed, Rng::new(params.seed))).1,
         };
-        Ok(crate::sampling::sample(logits, &self.tokens, params, rng))
+        Ok(crate::sampling::sample(
+            &self.logits,
+            &self.tokens,
+            params,
+            rng,
+        ))
     }
 
     /// Tokenizes `prompt` (BOS added if the session is empty, special tokens
@@ -271,7 +269,7 @@ impl Session {
         let tokens = tokenizer.tokenize(prompt, self.tokens.is_empty(), true)?;
         if !tokens.is_empty() {
             self.decode(&tokens)?;
-        } else if self.logits.is_none() {
+        } else if self.logits.is_empty() {
             return Err(Error::invalid_argument(
                 "the prompt is empty and the session has no logits to continue from",
             ));
