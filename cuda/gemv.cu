@@ -956,6 +956,10 @@ template <class G, int R, int NX, bool NORM, int CHUNK, bool SPLIT> static int m
 // with too few row groups for two waves of resident warps: on the H100
 // neither choice won every product there (Q4_0 7b attention output 9.32 /
 // 10.72, 1b down 9.38 / 8.04), and its GPU, the M40, has 24 SMs, not 132.
+// The float formats split up to four waves, which on the H100 splits every
+// llama-7b F16 product (tg128, three rounds, splitting below 0 / 1 / 2 / 4
+// waves: 181.5 / 181.7 / 181.0, 186.2 / 185.0 / 186.1, 187.4 / 188.1 /
+// 188.2, 189.2 / 189.2 / 188.7); the M40's F16 was not measured.
 template <class G, int R, int CHUNK>
 static bool m40_gemv_split(const M40Gemv &p, size_t groups, size_t resident_warps) {
     if (p.cols / G::VALUES < M40_GEMV_WARPS) return false;
@@ -965,7 +969,8 @@ static bool m40_gemv_split(const M40Gemv &p, size_t groups, size_t resident_warp
         const size_t chunks = (size_t(p.cols / G::VALUES) * G::BYTES + CHUNK - 1) / CHUNK;
         return rounds * chunks >= 16;
     } else {
-        return groups < 2 * resident_warps;
+        const size_t waves = G::DIRECT ? 4 : 2;
+        return groups < waves * resident_warps;
     }
 }
 
