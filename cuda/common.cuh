@@ -21,24 +21,25 @@
 #define M40_EXPORT extern "C"
 
 // A launch parameter that belongs to the current device (a kernel's
-// occupancy, its shared-memory allowance): `find()` (≥ 0) on the device's
-// first request, then a read. Kept per device because a host may hold
-// several kinds of GPU. Each call site has its own cache (`find` is a
-// lambda of its own type); two threads finding the same value at once
-// store it twice, which is harmless.
+// occupancy, its shared-memory allowance): `find(device)` (≥ 0; device −1
+// where the current one cannot be read) on the device's first request, then
+// a read. Kept per device because a host may hold several kinds of GPU.
+// Each call site has its own cache (`find` is a lambda of its own type);
+// two threads finding the same value at once store it twice, which is
+// harmless.
 #define M40_CACHED_DEVICES 64
 template <class Find> static int m40_per_device(Find find) {
     // Static storage starts zeroed: 0 is "not found yet", else value + 1.
     static std::atomic<int> cache[M40_CACHED_DEVICES];
-    int device = 0;
+    int device = -1;
     if (cudaGetDevice(&device) != cudaSuccess) {
         cudaGetLastError();  // the launch that follows reports the failure
-        return find();
+        return find(-1);
     }
-    if (device < 0 || device >= M40_CACHED_DEVICES) return find();
+    if (device < 0 || device >= M40_CACHED_DEVICES) return find(device);
     int stored = cache[device].load(std::memory_order_relaxed);
     if (stored == 0) {
-        stored = find() + 1;
+        stored = find(device) + 1;
         cache[device].store(stored, std::memory_order_relaxed);
     }
     return stored - 1;

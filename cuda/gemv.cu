@@ -119,7 +119,7 @@ template <> struct Gemv<M40_F32> {
     __device__ static int pos(int, int g) { return 4 * g; }
     __device__ static void unit(const uint8_t *b, int, float *v, float *sc, float *) {
         const float4 *p = reinterpret_cast<const float4 *>(b);
-        const float4 a = __ldcs(p), c = __ldcs(p + 1);
+        const float4 a = __ldcs(p), c = __ldcs(p + 1);  // streamed: see m40_streamed_weights
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = c.x, v[5] = c.y, v[6] = c.z, v[7] = c.w;
         sc[0] = sc[1] = 1.0f;
     }
@@ -133,7 +133,7 @@ template <float (*WIDEN)(uint32_t)> struct GemvHalf {
     static constexpr bool DIRECT = true;
     __device__ static int pos(int, int g) { return 4 * g; }
     __device__ static void unit(const uint8_t *b, int, float *v, float *sc, float *) {
-        m40_words8(__ldcs(reinterpret_cast<const uint4 *>(b)), v, WIDEN);
+        m40_words8(__ldcs(reinterpret_cast<const uint4 *>(b)), v, WIDEN);  // streamed: see m40_streamed_weights
         sc[0] = sc[1] = 1.0f;
     }
 };
@@ -559,10 +559,6 @@ template <int T> constexpr bool m40_integer<GemvQ8<T>> = true;
 template <class G> constexpr bool m40_streamed_weights = false;
 template <> constexpr bool m40_streamed_weights<GemvQ8<M40_Q4_K>> = true;
 
-template <bool STREAM> __device__ __forceinline__ uint4 m40_weight_vector(const uint4 *p) {
-    return STREAM ? __ldcs(p) : __ldcg(p);
-}
-
 // ---- the kernel ----
 
 // Matrix m of a launch, chosen without indexing the parameter array at run
@@ -862,7 +858,8 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
 #pragma unroll
                 for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++) {
                     const int index = lane + 32 * k;
-                    if (index < vectors) next[j][k] = m40_weight_vector<m40_streamed_weights<G>>(aligned + index);
+                    if (index < vectors)
+                        next[j][k] = m40_streamed_weights<G> ? __ldcs(aligned + index) : __ldcg(aligned + index);
                 }
             }
         };
@@ -931,7 +928,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
 
 // Resident blocks of a kernel per SM on the current device.
 template <class G, int R, int NX, bool NORM, int CHUNK, bool SPLIT> static int m40_gemv_blocks_per_sm() {
-    return m40_per_device([] {
+    return m40_per_device([](int) {
         int n = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<G, R, NX, NORM, CHUNK, SPLIT>,
                                                           32 * M40_GEMV_WARPS, 0) != cudaSuccess ||

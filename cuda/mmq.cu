@@ -469,10 +469,9 @@ template <class F> static cudaError_t m40_with_mmq_format(int type, F &&f) {
 // 3855 with this one unbounded; without overlapping launches 3665 /
 // 3841). Per device, like m40_mmq_blocks_per_sm.
 template <class M, int X> static int m40_mmq_block_shared() {
-    return m40_per_device([] {
-        int device = 0, per_sm = 0, reserved = 0, per_block = 0;
-        if (cudaGetDevice(&device) != cudaSuccess ||
-            cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
+    return m40_per_device([](int device) {
+        int per_sm = 0, reserved = 0, per_block = 0;
+        if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
             cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess ||
             cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
             cudaGetLastError();
@@ -497,7 +496,7 @@ template <class M, int X> static bool m40_mmq_allow_shared() {
 // build has no sm_80+ code there (m40_code_version, gemv.cu) or the
 // kernel's shared memory does not fit. After a device's first call, a read.
 template <class M, int X> static int m40_mmq_blocks_per_sm() {
-    return m40_per_device([] {
+    return m40_per_device([](int) {
         int n = 0;
         if (m40_code_version() < 80 || !m40_mmq_allow_shared<M, X>() ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mmq_kernel<M, X>, 32 * M40_MMQ_WARPS,
