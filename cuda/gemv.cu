@@ -25,7 +25,10 @@
 //     weights are in flight before the previous kernel has finished.
 // Epilogues write, accumulate into (the residual add) or combine a gate and
 // an up row (SwiGLU/GeGLU), so a transformer layer's projections need no
-// separate element-wise kernels.
+// separate element-wise kernels; the query, key and value projections of
+// models without per-head norms rotate their RoPE pairs and store keys and
+// values in the KV cache (attention's inputs) in theirs.
+#include "ops.cuh"
 #include "q8.cuh"
 
 #define M40_GEMV_MAX_X 8
@@ -34,13 +37,14 @@
 enum M40GemvEpilogue { M40_GEMV_STORE = 0, M40_GEMV_ACCUMULATE = 1, M40_GEMV_GLU_SILU = 2, M40_GEMV_GLU_GELU = 3 };
 
 // One weight matrix of a launch: `rows` × cols weights, an optional bias of
-// `rows` f32, and its output (n_x rows of `rows` values).
+// `rows` f32, and its output (n_x rows of `rows` values; for keys and values,
+// the launch's KV cache rows instead).
 struct M40GemvMatrix {
     const uint8_t *w;
     const float *bias;
     float *y;
     int rows;
-    int pad;
+    int role;  // M40ProjectionRole
 };
 
 // Mirrors `GemvLaunch` in src/backend/cuda/kernels.rs.
@@ -65,6 +69,10 @@ struct M40Gemv {
     int x_quantized;
     // Overlap the stream's previous kernel (see m40_launch).
     int overlap;
+    // Where the query, key and value roles' results go (their cache rows,
+    // one per activation row; layer, head shapes, RoPE); rows is null where
+    // no matrix has such a role. Its own `overlap` is not read.
+    M40AttentionInputs attention;
 };
 
 // ---- decoding helpers ----
@@ -568,7 +576,7 @@ __device__ __forceinline__ const M40GemvMatrix &m40_matrix(const M40Gemv &p, int
 }
 
 // 1 / rms of each of the n_x activation rows, into inv_rms (all threads
-// of the block take part).
+// of the block take part): the batched kernels' norm prologue.
 __device__ void m40_gemv_inverse_rms(const M40Gemv &p, int n_x, float *inv_rms) {
     __shared__ float partial[M40_GEMV_WARPS][M40_GEMV_MAX_X];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -638,8 +646,8 @@ template <class G, int CHUNK_ROW_BYTES> __host__ __device__ constexpr int m40_ch
 // Activations are read through the read-only cache rather than staged per
 // block: every block of an SM shares that copy, where staging would read x
 // from L2 once per block (as many bytes as the weights of a small matrix).
-// Blocks loop over warp-sized row groups, so the norm's prologue runs once
-// per block.
+// Blocks loop over warp-sized row groups, so a prologue runs once per
+// block.
 //
 // SPLIT: the block's warps share each row group, warp w taking the w-th
 // quarter of the columns, and their sums meet in shared memory — where a
@@ -665,11 +673,22 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
     // on the H100, llama-7b tg128 / tg128@8, Q4_0 329.1 / 755.7 with the early
     // start against 334.7 / 811.4 without, Q4_K 270.1 / 946.9 against
     // 271.6 / 977.3; the successor still starts as their blocks exit.
+    //
+    // One session's kernels sum the norm's x² from the x values that their
+    // first row group loads anyway (a row group reads every column once: a
+    // warp's own, or with SPLIT its block's four warps together), rather
+    // than in a prologue that reads x once more between the wait and the
+    // first weight. The batched kernels keep the prologue: eight rows'
+    // sums live through the loop cost them 15 registers on sm_90 (F16: 80 →
+    // 95) and spills on sm_52.
+    constexpr bool RMS_INLINE = NORM && NX == 1;
     __shared__ float inv_rms[M40_GEMV_MAX_X];
     const auto inputs_ready = [&] {
         m40_wait_for_prior_kernels();
-        if (NORM) m40_gemv_inverse_rms(p, n_x, inv_rms);
+        if (NORM && !RMS_INLINE) m40_gemv_inverse_rms(p, n_x, inv_rms);
     };
+    bool measuring = RMS_INLINE;  // the first row group, summing x²
+    float sum_squares = 0.0f, inline_inv_rms = 1.0f;
 
     const int n_blocks = cols / G::VALUES;
     const size_t row_bytes = size_t(n_blocks) * G::BYTES;
@@ -720,6 +739,8 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
 #pragma unroll
                 for (int g = 0; g < GROUPS; g++) {
                     float4 a = __ldg(reinterpret_cast<const float4 *>(xb + size_t(t) * cols + G::pos(u, g)));
+                    if (RMS_INLINE && measuring)
+                        sum_squares = fmaf(a.x, a.x, fmaf(a.y, a.y, fmaf(a.z, a.z, fmaf(a.w, a.w, sum_squares))));
                     if (NORM) a = make_float4(a.x * nw[g].x, a.y * nw[g].y, a.z * nw[g].z, a.w * nw[g].w);
                     xv[4 * g] = a.x, xv[4 * g + 1] = a.y, xv[4 * g + 2] = a.z, xv[4 * g + 3] = a.w;
                 }
@@ -752,18 +773,24 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
         for (int j = 0; j < R; j++)
 #pragma unroll
             for (int t = 0; t < NX; t++)
-                if (t < n_x) acc[j][t] = m40_warp_sum(acc[j][t]) * (NORM ? inv_rms[t] : 1.0f);
+                if (t < n_x) acc[j][t] = m40_warp_sum(acc[j][t]) * (NORM && !RMS_INLINE ? inv_rms[t] : 1.0f);
+        if (RMS_INLINE && measuring) sum_squares = m40_warp_sum(sum_squares);
         if constexpr (SPLIT) {
             __shared__ float partial[M40_GEMV_WARPS][R][NX];
+            __shared__ float partial_squares[M40_GEMV_WARPS];
             __syncthreads();  // the previous group's sums have been read
             if (lane == 0) {
 #pragma unroll
                 for (int j = 0; j < R; j++)
 #pragma unroll
                     for (int t = 0; t < NX; t++) partial[warp][j][t] = acc[j][t];
+                if (RMS_INLINE && measuring) partial_squares[warp] = sum_squares;
             }
             __syncthreads();
-            if (warp != 0) return;
+            if (warp != 0) {
+                measuring = false;  // warp 0 scales the block's sums
+                return;
+            }
 #pragma unroll
             for (int j = 0; j < R; j++)
 #pragma unroll
@@ -772,6 +799,19 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
 #pragma unroll
                     for (int w = 1; w < M40_GEMV_WARPS; w++) acc[j][t] += partial[w][j][t];
                 }
+            if (RMS_INLINE && measuring) {
+                sum_squares = partial_squares[0];
+#pragma unroll
+                for (int w = 1; w < M40_GEMV_WARPS; w++) sum_squares += partial_squares[w];
+            }
+        }
+        if (RMS_INLINE) {
+            if (measuring) {
+                inline_inv_rms = 1.0f / sqrtf(sum_squares / float(cols) + p.eps);
+                measuring = false;
+            }
+#pragma unroll
+            for (int j = 0; j < R; j++) acc[j][0] *= inline_inv_rms;
         }
         // Lane t writes activation row t's results, its sums picked by
         // selects: indexing acc by the lane would move it to local memory.
@@ -793,6 +833,24 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
                 const float gate = sums[j] + (gm.bias ? gm.bias[g.row[j]] : 0.0f);
                 const float up = sums[j + R / 2] + (um.bias ? um.bias[g.row[j]] : 0.0f);
                 gm.y[size_t(t) * gm.rows + g.row[j]] = m40_activation(p.epilogue == M40_GEMV_GLU_GELU, gate) * up;
+            }
+        } else if (p.attention.rows) {
+            // RoPE pairs are adjacent rows of one matrix: every height is
+            // even (m40_gemv checks), and so are R and each matrix's first row.
+#pragma unroll
+            for (int j = 0; j < R; j += 2) {
+                if (!g.valid[j]) continue;
+                const M40GemvMatrix &m = m40_matrix(p, g.mat[j]);
+                const int row = g.row[j];
+                const float x0 = sums[j] + (m.bias ? m.bias[row] : 0.0f);
+                const float x1 = sums[j + 1] + (m.bias ? m.bias[row + 1] : 0.0f);
+                float *out = m.y + size_t(t) * m.rows;
+                if (m.role == M40_PLAIN_OUTPUT) {
+                    out[row] = x0;
+                    out[row + 1] = x1;
+                } else {
+                    m40_attention_input_pair(p.attention, m.role, t, row, x0, x1, out);
+                }
             }
         } else {
 #pragma unroll
@@ -1053,6 +1111,25 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
         return cudaErrorInvalidValue;
     for (int m = 0; m < 3; m++)
         if ((m < p.n_matrices) != (p.m[m].rows > 0)) return cudaErrorInvalidValue;
+    if (p.attention.rows) {
+        const M40AttentionInputs &a = p.attention;
+        if (p.epilogue != M40_GEMV_STORE || a.q_norm || a.k_norm || a.factors || a.neox || a.head_dim_k < 2 ||
+            a.head_dim_k > M40_MAX_HEAD_DIM || a.head_dim_v > M40_MAX_HEAD_DIM || a.rope_dims % 2 != 0 ||
+            a.rope_dims > a.head_dim_k)
+            return cudaErrorInvalidValue;
+        for (int m = 0; m < p.n_matrices; m++) {
+            const M40GemvMatrix &mat = p.m[m];
+            const int width = mat.role == M40_QUERIES ? a.n_head * a.head_dim_k
+                              : mat.role == M40_KEYS  ? a.n_head_kv * a.head_dim_k
+                              : mat.role == M40_VALUES ? a.n_head_kv * a.head_dim_v
+                                                       : mat.rows;
+            if (mat.role < M40_PLAIN_OUTPUT || mat.role > M40_VALUES || mat.rows != width || mat.rows % 2 != 0)
+                return cudaErrorInvalidValue;
+        }
+    } else {
+        for (int m = 0; m < 3; m++)
+            if (p.m[m].role != M40_PLAIN_OUTPUT) return cudaErrorInvalidValue;
+    }
     const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
     if (glu && (p.n_matrices != 2 || p.m[0].rows != p.m[1].rows)) return cudaErrorInvalidValue;
     if (type == M40_Q2_K || type == M40_Q3_K || type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K) {

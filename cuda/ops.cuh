@@ -27,6 +27,7 @@ struct M40AttentionInputs {
     const float *factors;  // rope_dims / 2 frequency divisors, or null
     double freq_base;
     double freq_scale;
+    double inv_freq_ratio;  // freq_base^(-2 / rope_dims)
     float eps;
     int layer;
     int n_head;
@@ -37,3 +38,65 @@ struct M40AttentionInputs {
     int rope_dims;
     int overlap;  // overlap the stream's previous kernel (see m40_launch)
 };
+
+// RoPE's cos and sin of pair i of a head at `pos`, as the decode products'
+// epilogue computes them: without the double-precision pow, cos and sin of
+// m40_rope_angle (ops.cu), whose registers would become every product
+// kernel's. Pair i's inverse frequency is ratio^i (ratio = base^(-2/dims),
+// from the host), by squaring in double (relative error ~1e-14: 2e-9 rad at
+// position 10^5); the angle is reduced to [-π, π] in double and its cos and
+// sin taken in f32 (__sincosf: absolute error under 4e-7). No frequency
+// factors: their double division alone changed the code of the Q4_0 decode
+// kernel, which has no attention inputs to store, from 92 registers to 79
+// and made it 5% slower (llama-7b tg128 476 → 452 on the H100), so models
+// with factors keep the separate kernel.
+__device__ __forceinline__ void m40_rope_angle_reduced(int pos, int i, double ratio, double freq_scale, float &c,
+                                                       float &s) {
+    double inv_freq = 1.0, power = ratio;
+    for (int e = i; e > 0; e >>= 1) {
+        if (e & 1) inv_freq *= power;
+        power *= power;
+    }
+    const double theta = double(pos) * freq_scale * inv_freq, two_pi = 6.283185307179586;
+    const double turns = rint(theta * (1.0 / two_pi));
+    __sincosf(float(fma(-turns, two_pi, theta)), &s, &c);
+}
+
+// What a decode product's rows are (M40GemvMatrix::role in gemv.cu): plain
+// outputs, or one layer's query, key or value projection, which its
+// epilogue turns into attention's inputs. Mirrors `ProjectionRole` in
+// src/backend/cuda/kernels.rs.
+enum M40ProjectionRole { M40_PLAIN_OUTPUT = 0, M40_QUERIES = 1, M40_KEYS = 2, M40_VALUES = 3 };
+
+// Values `row` and row + 1 (a RoPE pair: `row` even) of activation row t's
+// query, key or value projection (`role`), for models whose pairs are
+// adjacent (not NeoX), without frequency factors, and whose heads have no
+// norms: queries and keys rotated, then queries into `queries` (the row's
+// f32 heads), keys and values into the row's cache as f16. The decode
+// products' epilogue (gemv.cu) does attention_inputs_kernel's work with it.
+__device__ inline void m40_attention_input_pair(const M40AttentionInputs &a, int role, int t, int row, float x0,
+                                                float x1, float *queries) {
+    const M40Row kv = a.rows[t];
+    const size_t slot = size_t(a.layer) * kv.n_ctx + kv.pos;
+    if (role == M40_VALUES) {
+        __half *values = reinterpret_cast<__half *>(kv.values) + slot * a.n_head_kv * a.head_dim_v + row;
+        values[0] = __float2half_rn(x0);
+        values[1] = __float2half_rn(x1);
+        return;
+    }
+    const int i = row % a.head_dim_k;
+    if (i < a.rope_dims) {
+        float c, s;
+        m40_rope_angle_reduced(kv.pos, i / 2, a.inv_freq_ratio, a.freq_scale, c, s);
+        const float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+        x0 = r0, x1 = r1;
+    }
+    if (role == M40_QUERIES) {
+        queries[row] = x0;
+        queries[row + 1] = x1;
+    } else {
+        __half *keys = reinterpret_cast<__half *>(kv.keys) + slot * a.n_head_kv * a.head_dim_k + row;
+        keys[0] = __float2half_rn(x0);
+        keys[1] = __float2half_rn(x1);
+    }
+}

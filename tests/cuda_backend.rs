@@ -667,6 +667,85 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
             rows * n_head * heads.head_dim_v,
         );
 
+        // Norm, Q/K/V and the attention inputs as one step (for llama up
+        // to 8 rows, in the products' epilogue: its angles are f32 sines of
+        // reduced angles, within 4e-7 of the kernel's), then attention.
+        let mut steps = Vec::new();
+        for fused_step in [true, false] {
+            let mut outs = buffers(&widths);
+            let mut cache = g.kv_cache(1100, 2, kw, vw).unwrap();
+            let mut caches = [&mut cache];
+            {
+                let [q, k, v] = &mut outs[..] else {
+                    unreachable!()
+                };
+                let mut qkv = [
+                    Product {
+                        w: &l.wq,
+                        bias: l.bq.as_ref(),
+                        out: q,
+                    },
+                    Product {
+                        w: &l.wk,
+                        bias: l.bk.as_ref(),
+                        out: k,
+                    },
+                    Product {
+                        w: &l.wv,
+                        bias: l.bv.as_ref(),
+                        out: v,
+                    },
+                ];
+                let attn_norm = norm(&l.attn_norm);
+                if fused_step {
+                    g.norm_qkv_attention_inputs(
+                        &xg,
+                        attn_norm,
+                        &mut h,
+                        &mut qkv,
+                        &mut caches,
+                        1,
+                        &positions,
+                        heads,
+                        qk_norm,
+                        &rope,
+                    )
+                    .unwrap();
+                } else {
+                    fused::norm_qkv_attention_inputs(
+                        g,
+                        &xg,
+                        attn_norm,
+                        &mut h,
+                        &mut qkv,
+                        &mut caches,
+                        1,
+                        &positions,
+                        heads,
+                        qk_norm,
+                        &rope,
+                    )
+                    .unwrap();
+                }
+            }
+            let mut out = g.buffer(rows * n_head * heads.head_dim_v).unwrap();
+            g.attention(&caches, 1, &outs[0], &positions, &shape, &mut out)
+                .unwrap();
+            steps.push((outs, out));
+        }
+        compare(
+            "norm + Q/K/V + attention inputs, rotated queries",
+            &steps[0].0[0],
+            &steps[1].0[0],
+            widths[0],
+        );
+        compare(
+            "attention over the keys and values of norm + Q/K/V + attention inputs",
+            &steps[0].1,
+            &steps[1].1,
+            rows * n_head * heads.head_dim_v,
+        );
+
         // Norm, then gate and up with the activation.
         let ff = l.ffn_gate.rows;
         let ffn = GatedFfn {

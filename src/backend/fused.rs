@@ -133,6 +133,28 @@ pub fn attention_inputs<B: Backend + ?Sized>(
     b.store_kv(caches, layer, k, v, rows)
 }
 
+/// q, k and v of norm(x) for each of `rows`, then their attention inputs.
+#[allow(clippy::too_many_arguments)]
+pub fn norm_qkv_attention_inputs<B: Backend + ?Sized>(
+    b: &B,
+    x: &B::Buffer,
+    norm: Norm,
+    normed: &mut B::Buffer,
+    qkv: &mut [Product<B::Buffer>; 3],
+    caches: &mut [&mut B::KvCache],
+    layer: usize,
+    rows: &[SeqPos],
+    heads: Heads,
+    qk_norm: Option<(Norm, Norm)>,
+    rope: &Rope,
+) -> Result<()> {
+    b.norm_matmuls(x, norm, rows.len(), normed, qkv)?;
+    let [q, k, v] = qkv;
+    b.attention_inputs(
+        caches, layer, rows, heads, qk_norm, rope, q.out, k.out, v.out,
+    )
+}
+
 /// normed = norm(x) for `rows` rows of the norm's width.
 fn normalize<B: Backend + ?Sized>(
     b: &B,

@@ -223,6 +223,28 @@ pub trait Backend {
         fused::matmul_residual(self, w, a, rows, post_norm, product, x)
     }
 
+    /// q, k and v of norm(x) (`qkv`, one row per entry of `rows`), then
+    /// their attention inputs (`attention_inputs`): the first step of a
+    /// layer's attention block. `normed` is scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_qkv_attention_inputs(
+        &self,
+        x: &Self::Buffer,
+        norm: Norm,
+        normed: &mut Self::Buffer,
+        qkv: &mut [Product<Self::Buffer>; 3],
+        caches: &mut [&mut Self::KvCache],
+        layer: usize,
+        rows: &[SeqPos],
+        heads: Heads,
+        qk_norm: Option<(Norm, Norm)>,
+        rope: &Rope,
+    ) -> Result<()> {
+        fused::norm_qkv_attention_inputs(
+            self, x, norm, normed, qkv, caches, layer, rows, heads, qk_norm, rope,
+        )
+    }
+
     /// Per-head norms and RoPE of q and k, then k and v into the caches. q
     /// holds the rotated queries afterwards; k's contents are unspecified
     /// (the caches hold the rotated keys).

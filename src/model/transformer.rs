@@ -152,18 +152,18 @@ pub fn logits_on_device<B: Backend>(
             bias: bias.as_ref(),
             out,
         });
-        b.norm_matmuls(&x, norm(&lw.attn_norm), n, &mut h, &mut products)?;
         let qk_norm = lw.q_norm.as_ref().zip(lw.k_norm.as_ref());
-        b.attention_inputs(
+        b.norm_qkv_attention_inputs(
+            &x,
+            norm(&lw.attn_norm),
+            &mut h,
+            &mut products,
             caches,
             il,
             rows,
             heads,
             qk_norm.map(|(qn, kn)| (norm(qn), norm(kn))),
             &rope,
-            &mut q,
-            &mut k,
-            &v,
         )?;
         b.attention(caches, il, &q, rows, &shape, &mut attn)?;
         let post_attn = lw.post_attn_norm.as_ref().map(norm);

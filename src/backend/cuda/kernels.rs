@@ -40,10 +40,11 @@ pub struct GemvMatrix {
     pub w: *const u8,
     /// `rows` f32, or null.
     pub bias: *const f32,
-    /// n_x rows of `rows` values.
+    /// n_x rows of `rows` values (for keys and values: unused, they go to
+    /// the launch's KV cache rows).
     pub y: *mut f32,
     pub rows: c_int,
-    pub pad: c_int,
+    pub role: ProjectionRole,
 }
 
 impl GemvMatrix {
@@ -52,8 +53,20 @@ impl GemvMatrix {
         bias: std::ptr::null(),
         y: std::ptr::null_mut(),
         rows: 0,
-        pad: 0,
+        role: ProjectionRole::Plain,
     };
+}
+
+/// What a decode product's rows are (M40ProjectionRole in cuda/ops.cuh):
+/// plain outputs, or a layer's query, key or value projection, which the
+/// product's epilogue turns into attention's inputs (RoPE, the KV store).
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProjectionRole {
+    Plain = 0,
+    Queries = 1,
+    Keys = 2,
+    Values = 3,
 }
 
 /// A `m40_gemv` launch (M40Gemv in cuda/gemv.cu): one to three matrices of
@@ -81,6 +94,10 @@ pub struct GemvLaunch {
     /// 1: the kernels may start while the stream's previous kernel finishes
     /// (`m40_launch_overlap`).
     pub overlap: c_int,
+    /// Where the matrices with a query, key or value role put their
+    /// results, one cache row per activation row (`rows` null where no
+    /// matrix has such a role; its `overlap` is not read).
+    pub attention: AttentionInputs,
 }
 
 /// Bytes of `n_x` activation rows of `cols` values quantized to 8 bits in
@@ -126,6 +143,9 @@ pub struct AttentionInputs {
     pub factors: *const f32,
     pub freq_base: f64,
     pub freq_scale: f64,
+    /// freq_base^(−2 / rope_dims): the products' epilogue takes pair i's
+    /// inverse frequency as its i-th power.
+    pub inv_freq_ratio: f64,
     pub eps: f32,
     pub layer: c_int,
     pub n_head: c_int,
@@ -136,6 +156,28 @@ pub struct AttentionInputs {
     pub rope_dims: c_int,
     /// As `GemvLaunch::overlap`.
     pub overlap: c_int,
+}
+
+impl AttentionInputs {
+    /// For launches without attention inputs.
+    pub const NONE: AttentionInputs = AttentionInputs {
+        rows: std::ptr::null(),
+        q_norm: std::ptr::null(),
+        k_norm: std::ptr::null(),
+        factors: std::ptr::null(),
+        freq_base: 0.0,
+        freq_scale: 0.0,
+        inv_freq_ratio: 0.0,
+        eps: 0.0,
+        layer: 0,
+        n_head: 0,
+        n_head_kv: 0,
+        head_dim_k: 0,
+        head_dim_v: 0,
+        neox: 0,
+        rope_dims: 0,
+        overlap: 0,
+    };
 }
 
 /// Head sizes the attention kernel handles (32 lanes × M40_ATTN_MAX_PER_LANE).

@@ -634,7 +634,19 @@ impl CudaBackend {
         }
         let matrix = self.gemv_matrix(w, None, out)?;
         // SAFETY: as the caller promises.
-        unsafe { self.gemv(st, w, x, rows, &[matrix], GemvEpilogue::Store, None, false) }
+        unsafe {
+            self.gemv(
+                st,
+                w,
+                x,
+                rows,
+                &[matrix],
+                GemvEpilogue::Store,
+                None,
+                false,
+                &AttentionInputs::NONE,
+            )
+        }
     }
 
     /// A prefill product in FP32 (TF32 tensor cores on Ampere and newer):
@@ -895,7 +907,7 @@ impl CudaBackend {
             },
             y,
             rows: dim(w.rows, "a matrix height")?,
-            pad: 0,
+            role: ProjectionRole::Plain,
         })
     }
 
@@ -904,10 +916,13 @@ impl CudaBackend {
     /// its rows first when `norm` (weights, eps) is given. `input_quantized`:
     /// the previous launch of the same step took the integer path with the
     /// same x and norm, so the 8-bit scratch already holds them.
+    /// `attention`: where matrices with a query, key or value role put their
+    /// results (its row table has a row per x row), or `NONE`.
     ///
     /// # Safety
     /// x holds n_x × like.cols values; each matrix's y holds n_x of its rows
-    /// (for GLU epilogues: matrix 0's); a norm's weights hold like.cols values.
+    /// (for GLU epilogues: matrix 0's); a norm's weights hold like.cols values;
+    /// the attention inputs name live caches with room for their rows.
     #[allow(clippy::too_many_arguments)]
     unsafe fn gemv(
         &self,
@@ -919,6 +934,7 @@ impl CudaBackend {
         epilogue: GemvEpilogue,
         norm: Option<(*const f32, f32)>,
         input_quantized: bool,
+        attention: &AttentionInputs,
     ) -> Result<()> {
         // The scratch holds one launch's rows.
         assert!(!input_quantized || n_x <= GEMV_MAX_X);
@@ -950,6 +966,15 @@ impl CudaBackend {
                     .map_or(std::ptr::null_mut(), |q| q.as_ptr().cast_mut()),
                 x_quantized: c_int::from(input_quantized),
                 overlap: c_int::from(self.overlap_launches),
+                attention: AttentionInputs {
+                    rows: if attention.rows.is_null() {
+                        attention.rows
+                    } else {
+                        // SAFETY: the table has a row per x row.
+                        unsafe { attention.rows.add(first) }
+                    },
+                    ..*attention
+                },
             };
             // SAFETY: the launch names live device memory (see above); the
             // struct is read before the call returns.
@@ -964,6 +989,108 @@ impl CudaBackend {
                 },
                 || format!("{} matrix × vector", like.ty.name()),
             )?;
+        }
+        Ok(())
+    }
+
+    /// One layer's attention-input parameters for `rows`, their cache rows
+    /// uploaded.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_input_params(
+        &self,
+        st: &mut State,
+        caches: &[&mut CudaKvCache],
+        layer: usize,
+        rows: &[SeqPos],
+        heads: Heads,
+        qk_norm: Option<(Norm, Norm)>,
+        rope: &Rope,
+    ) -> Result<AttentionInputs> {
+        let table = device_rows(caches, rows)?;
+        let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
+        let vector_or_null = |w: Option<&Weight>| match w {
+            Some(w) => self.vector(w),
+            None => Ok(std::ptr::null()),
+        };
+        Ok(AttentionInputs {
+            rows: device_rows,
+            q_norm: vector_or_null(qk_norm.map(|(qn, _)| qn.weight))?,
+            k_norm: vector_or_null(qk_norm.map(|(_, kn)| kn.weight))?,
+            factors: vector_or_null(rope.freq_factors)?,
+            freq_base: f64::from(rope.freq_base),
+            freq_scale: f64::from(rope.freq_scale),
+            inv_freq_ratio: f64::from(rope.freq_base).powf(-2.0 / rope.dims as f64),
+            eps: qk_norm.map_or(0.0, |(qn, _)| qn.eps),
+            layer: layer as c_int,
+            n_head: heads.n_head as c_int,
+            n_head_kv: heads.n_head_kv as c_int,
+            head_dim_k: heads.head_dim_k as c_int,
+            head_dim_v: heads.head_dim_v as c_int,
+            neox: c_int::from(rope.mode == RopeMode::Neox),
+            rope_dims: rope.dims as c_int,
+            overlap: c_int::from(self.overlap_launches),
+        })
+    }
+
+    /// norm(x) times each product on the decode kernel (at most GEMV_MAX_X
+    /// rows). With `attention`, the products are a layer's queries, keys
+    /// and values, and their epilogue does the attention-input step: RoPE,
+    /// then the keys and values into the caches (`attention` says where).
+    #[allow(clippy::too_many_arguments)]
+    fn decode_products(
+        &self,
+        st: &State,
+        x: &DeviceBuffer,
+        norm: Norm,
+        rows: usize,
+        normed: &mut DeviceBuffer,
+        products: &mut [Product<DeviceBuffer>],
+        attention: Option<&AttentionInputs>,
+    ) -> Result<()> {
+        assert!(rows <= GEMV_MAX_X && (attention.is_none() || products.len() == 3));
+        let roles = [
+            ProjectionRole::Queries,
+            ProjectionRole::Keys,
+            ProjectionRole::Values,
+        ];
+        let (input, fused_norm) = self.normalized_input(st, x, norm, rows, normed)?;
+        // Consecutive products of one type share a launch (Q, K and V usually
+        // do); x is quantized for the first launch on the integer path.
+        let mut quantized = false;
+        let mut first = 0;
+        while first < products.len() {
+            let ty = products[first].w.ty;
+            let n = products[first..]
+                .iter()
+                .take(3)
+                .take_while(|p| p.w.ty == ty)
+                .count();
+            let mut matrices = [GemvMatrix::NONE; 3];
+            for (i, m) in (first..first + n).zip(matrices.iter_mut()) {
+                let p = &mut products[i];
+                *m = GemvMatrix {
+                    role: attention.map_or(ProjectionRole::Plain, |_| roles[i]),
+                    ..self.gemv_matrix(p.w, p.bias, p.out.as_mut_ptr())?
+                };
+            }
+            let integer = self.integer_products(ty);
+            // SAFETY: the caller checked the sizes; the norm only where it
+            // fits; the attention inputs are the caller's.
+            unsafe {
+                self.gemv(
+                    st,
+                    products[first].w,
+                    input,
+                    rows,
+                    &matrices[..n],
+                    GemvEpilogue::Store,
+                    fused_norm,
+                    quantized && integer,
+                    attention.unwrap_or(&AttentionInputs::NONE),
+                )?
+            };
+            quantized |= integer;
+            first += n;
         }
         Ok(())
     }
@@ -1584,37 +1711,56 @@ impl Backend for CudaBackend {
             }
             return Ok(());
         }
-        let (input, fused_norm) = self.normalized_input(st, x, norm, rows, normed)?;
-        // Consecutive products of one type share a launch (Q, K and V usually
-        // do); x is quantized for the first launch on the integer path.
-        let mut quantized = false;
-        let mut rest = &mut products[..];
-        while !rest.is_empty() {
-            let ty = rest[0].w.ty;
-            let n = rest.iter().take(3).take_while(|p| p.w.ty == ty).count();
-            let (group, tail) = rest.split_at_mut(n);
-            let mut matrices = [GemvMatrix::NONE; 3];
-            for (m, p) in matrices.iter_mut().zip(group.iter_mut()) {
-                *m = self.gemv_matrix(p.w, p.bias, p.out.as_mut_ptr())?;
-            }
-            let integer = self.integer_products(ty);
-            // SAFETY: sizes checked above; the norm only where it fits.
-            unsafe {
-                self.gemv(
-                    st,
-                    group[0].w,
-                    input,
-                    rows,
-                    &matrices[..n],
-                    GemvEpilogue::Store,
-                    fused_norm,
-                    quantized && integer,
-                )?
-            };
-            quantized |= integer;
-            rest = tail;
+        self.decode_products(st, x, norm, rows, normed, products, None)
+    }
+
+    fn norm_qkv_attention_inputs(
+        &self,
+        x: &DeviceBuffer,
+        norm: Norm,
+        normed: &mut DeviceBuffer,
+        qkv: &mut [Product<DeviceBuffer>; 3],
+        caches: &mut [&mut CudaKvCache],
+        layer: usize,
+        rows: &[SeqPos],
+        heads: Heads,
+        qk_norm: Option<(Norm, Norm)>,
+        rope: &Rope,
+    ) -> Result<()> {
+        let n = rows.len();
+        let widths = [
+            heads.n_head * heads.head_dim_k,
+            heads.n_head_kv * heads.head_dim_k,
+            heads.n_head_kv * heads.head_dim_v,
+        ];
+        // The decode products' epilogue takes the attention-input step where
+        // its RoPE pairs are adjacent rows, without frequency factors
+        // (m40_rope_angle_reduced in cuda/ops.cuh says why), and the heads
+        // have no norms.
+        let in_epilogue = (1..=GEMV_MAX_X).contains(&n)
+            && qk_norm.is_none()
+            && rope.mode == RopeMode::Normal
+            && rope.freq_factors.is_none()
+            && rope.dims.is_multiple_of(2)
+            && rope.dims <= heads.head_dim_k
+            && heads.head_dim_k.max(heads.head_dim_v) <= ATTENTION_MAX_HEAD_DIM
+            && qkv.iter().zip(widths).all(|(p, w)| p.w.rows == w);
+        if !in_epilogue {
+            self.norm_matmuls(x, norm, n, normed, qkv)?;
+            let [q, k, v] = qkv;
+            return self.attention_inputs(
+                caches, layer, rows, heads, qk_norm, rope, q.out, k.out, v.out,
+            );
         }
-        Ok(())
+        let width = norm.weight.cols * norm.weight.rows;
+        for p in qkv.iter() {
+            assert!(p.w.cols == width && p.out.len() >= n * p.w.rows);
+        }
+        assert!(x.len() >= n * width);
+        let mut state = self.lock();
+        let st = &mut *state;
+        let attention = self.attention_input_params(st, caches, layer, rows, heads, None, rope)?;
+        self.decode_products(st, x, norm, n, normed, qkv, Some(&attention))
     }
 
     fn norm_gated_ffn(
@@ -1685,7 +1831,15 @@ impl Backend for CudaBackend {
         // SAFETY: input holds rows × cols values, out rows × gate.rows.
         unsafe {
             self.gemv(
-                st, gate, input, rows, &matrices, epilogue, fused_norm, false,
+                st,
+                gate,
+                input,
+                rows,
+                &matrices,
+                epilogue,
+                fused_norm,
+                false,
+                &AttentionInputs::NONE,
             )
         }
     }
@@ -1715,6 +1869,7 @@ impl Backend for CudaBackend {
                     GemvEpilogue::Accumulate,
                     None,
                     false,
+                    &AttentionInputs::NONE,
                 )
             };
         }
@@ -1793,29 +1948,7 @@ impl Backend for CudaBackend {
         );
         let mut state = self.lock();
         let st = &mut *state;
-        let table = device_rows(caches, rows)?;
-        let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
-        let vector_or_null = |w: Option<&Weight>| match w {
-            Some(w) => self.vector(w),
-            None => Ok(std::ptr::null()),
-        };
-        let inputs = AttentionInputs {
-            rows: device_rows,
-            q_norm: vector_or_null(qk_norm.map(|(qn, _)| qn.weight))?,
-            k_norm: vector_or_null(qk_norm.map(|(_, kn)| kn.weight))?,
-            factors: vector_or_null(rope.freq_factors)?,
-            freq_base: f64::from(rope.freq_base),
-            freq_scale: f64::from(rope.freq_scale),
-            eps: qk_norm.map_or(0.0, |(qn, _)| qn.eps),
-            layer: layer as c_int,
-            n_head: heads.n_head as c_int,
-            n_head_kv: heads.n_head_kv as c_int,
-            head_dim_k: heads.head_dim_k as c_int,
-            head_dim_v: heads.head_dim_v as c_int,
-            neox: c_int::from(rope.mode == RopeMode::Neox),
-            rope_dims: rope.dims as c_int,
-            overlap: c_int::from(self.overlap_launches),
-        };
+        let inputs = self.attention_input_params(st, caches, layer, rows, heads, qk_norm, rope)?;
         // SAFETY: q, k, v hold the rows' heads (checked above); every row's
         // cache has room for its position (the session checked it).
         unsafe {
