@@ -319,6 +319,29 @@ impl<B: Backend> Backend for Profiled<'_, B> {
             self.inner.norm_matmuls(x, norm, rows, normed, products)
         })
     }
+    fn norm_qkv_attention_inputs(
+        &self,
+        x: &B::Buffer,
+        norm: Norm,
+        normed: &mut B::Buffer,
+        qkv: &mut [Product<B::Buffer>; 3],
+        caches: &mut [&mut B::KvCache],
+        layer: usize,
+        rows: &[SeqPos],
+        heads: Heads,
+        qk_norm: Option<(Norm, Norm)>,
+        rope: &Rope,
+    ) -> Result<()> {
+        let shapes: Vec<String> = qkv.iter().map(|p| shape(p.w)).collect();
+        self.time(
+            format!("norm + Q/K/V {} + attention inputs", shapes.join(", ")),
+            || {
+                self.inner.norm_qkv_attention_inputs(
+                    x, norm, normed, qkv, caches, layer, rows, heads, qk_norm, rope,
+                )
+            },
+        )
+    }
     fn norm_gated_ffn(
         &self,
         x: &B::Buffer,

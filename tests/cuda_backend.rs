@@ -43,7 +43,7 @@ use m40llm::backend::{
 use m40llm::error::ErrorKind;
 use m40llm::gguf::{GgufFile, ReadOptions};
 use m40llm::model::transformer::{forward, logits_on_device};
-use m40llm::model::{LoadOptions, Model, Weight, Weights};
+use m40llm::model::{LayerWeights, LoadOptions, Model, Weight, Weights};
 use m40llm::quant::q8::dot_error_bound;
 use m40llm::quant::{dequantize_row, GgmlType};
 use m40llm::sampling::argmax;
@@ -470,6 +470,21 @@ fn norms_adds_activations_and_gathers_match_the_cpu() {
 
 /// The fused steps of layer 0 of a model, on the GPU, against the same
 /// steps composed of single operations on the GPU; the largest error.
+/// A layer's Q, K and V products (with its biases, if any) into `outs`.
+fn qkv_products<'a>(
+    l: &'a LayerWeights,
+    outs: &'a mut [<CudaBackend as Backend>::Buffer],
+) -> [Product<'a, <CudaBackend as Backend>::Buffer>; 3] {
+    let [q, k, v] = outs else {
+        panic!("three output buffers")
+    };
+    [(&l.wq, &l.bq, q), (&l.wk, &l.bk, k), (&l.wv, &l.bv, v)].map(|(w, bias, out)| Product {
+        w,
+        bias: bias.as_ref(),
+        out,
+    })
+}
+
 fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
     let options = CudaOptions {
         use_cublas: true,
@@ -545,26 +560,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         let widths = [l.wq.rows, l.wk.rows, l.wv.rows].map(|w| rows * w);
         let (mut fused_out, mut composed_out) = (buffers(&widths), buffers(&widths));
         for (outs, fused_step) in [(&mut fused_out, true), (&mut composed_out, false)] {
-            let [q, k, v] = &mut outs[..] else {
-                unreachable!()
-            };
-            let mut products = [
-                Product {
-                    w: &l.wq,
-                    bias: l.bq.as_ref(),
-                    out: q,
-                },
-                Product {
-                    w: &l.wk,
-                    bias: l.bk.as_ref(),
-                    out: k,
-                },
-                Product {
-                    w: &l.wv,
-                    bias: l.bv.as_ref(),
-                    out: v,
-                },
-            ];
+            let mut products = qkv_products(l, outs);
             if fused_step {
                 g.norm_matmuls(&xg, norm(&l.attn_norm), rows, &mut h, &mut products)
                     .unwrap();
@@ -676,26 +672,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
             let mut cache = g.kv_cache(1100, 2, kw, vw).unwrap();
             let mut caches = [&mut cache];
             {
-                let [q, k, v] = &mut outs[..] else {
-                    unreachable!()
-                };
-                let mut qkv = [
-                    Product {
-                        w: &l.wq,
-                        bias: l.bq.as_ref(),
-                        out: q,
-                    },
-                    Product {
-                        w: &l.wk,
-                        bias: l.bk.as_ref(),
-                        out: k,
-                    },
-                    Product {
-                        w: &l.wv,
-                        bias: l.bv.as_ref(),
-                        out: v,
-                    },
-                ];
+                let mut qkv = qkv_products(l, &mut outs);
                 let attn_norm = norm(&l.attn_norm);
                 if fused_step {
                     g.norm_qkv_attention_inputs(

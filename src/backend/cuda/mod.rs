@@ -1746,10 +1746,8 @@ impl Backend for CudaBackend {
             && heads.head_dim_k.max(heads.head_dim_v) <= ATTENTION_MAX_HEAD_DIM
             && qkv.iter().zip(widths).all(|(p, w)| p.w.rows == w);
         if !in_epilogue {
-            self.norm_matmuls(x, norm, n, normed, qkv)?;
-            let [q, k, v] = qkv;
-            return self.attention_inputs(
-                caches, layer, rows, heads, qk_norm, rope, q.out, k.out, v.out,
+            return fused::norm_qkv_attention_inputs(
+                self, x, norm, normed, qkv, caches, layer, rows, heads, qk_norm, rope,
             );
         }
         let width = norm.weight.cols * norm.weight.rows;
