@@ -367,10 +367,12 @@ template <class L> struct GemvQ8Nibbles {
     };
     __device__ static void weights(const uint8_t *b, int, W &w) {
         const uint32_t fifth = L::fifth_bits(b);
+        uint32_t words[4];
+        L::quant_words(b, words);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            w.q[k] = int(L::codes(b, fifth, k, 0));
-            w.q[4 + k] = int(L::codes(b, fifth, k, 1));
+            w.q[k] = int(L::word_codes(words[k], fifth, k, 0));
+            w.q[4 + k] = int(L::word_codes(words[k], fifth, k, 1));
         }
         w.d = m40_f16(b);
         w.m = L::MIN ? m40_f16(b + 2) : 0.0f;
@@ -407,8 +409,7 @@ template <> struct GemvQ8<M40_Q8_0> {
         float d;
     };
     __device__ static void weights(const uint8_t *b, int, W &w) {
-#pragma unroll
-        for (int k = 0; k < 8; k++) w.q[k] = int(m40_u32_2(b + 2 + 4 * k));
+        m40_words_2<8>(b + 2, reinterpret_cast<uint32_t *>(w.q));
         w.d = m40_f16(b);
     }
     __device__ static void activations(M40Q8Row x, int block, int, X &a) {

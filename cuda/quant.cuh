@@ -94,6 +94,30 @@ __device__ __forceinline__ uint32_t m40_u32_2(const uint8_t *p) {
 }
 __device__ __forceinline__ uint32_t m40_u32_4(const uint8_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
 
+// N consecutive 32-bit words of a run that is only 2-byte aligned, from the
+// aligned words it overlaps: a load and a funnel shift a word, where
+// m40_u32_2 costs two 16-bit loads and a merge. Reads no byte outside the
+// aligned words the run touches. The integer decode products read their
+// staged Q4_0, Q5_0 and Q8_0 quants this way (H100, gemv_bench, a 7B token's
+// products: Q8_0 2.87 → 2.80 ms, Q5_0 2.26 → 2.12, Q4_0 1.75 → 1.74); it
+// lost where fewer words are read per address computed: the integer Q6_K
+// (2.61 → 2.67 ms, two words per run) and the FP32 path's Q8_0 (1943 →
+// 1860 GB/s), which keep m40_u32_2 (docs/cuda-performance.md, step 29).
+template <int N> __device__ __forceinline__ void m40_words_2(const uint8_t *p, uint32_t *out) {
+    // Pointer arithmetic rather than a mask of p's bits, which would hide
+    // from the compiler that p points into shared memory (generic loads).
+    const int offset = int(uintptr_t(p) & 3);
+    const uint32_t *aligned = reinterpret_cast<const uint32_t *>(p - offset);
+    const bool straddles = offset != 0;  // p is then 2 bytes past a word boundary
+    uint32_t w[N + 1];
+#pragma unroll
+    for (int k = 0; k < N; k++) w[k] = aligned[k];
+    w[N] = straddles ? aligned[N] : 0u;
+    const int shift = straddles ? 16 : 0;
+#pragma unroll
+    for (int k = 0; k < N; k++) out[k] = __funnelshift_r(w[k], w[k + 1], shift);
+}
+
 // Bits 0..3 of b spread to bit 4 of bytes 0..3.
 __device__ __forceinline__ uint32_t m40_spread4_to_bit4(uint32_t b) {
     return (((b & 0xF) * 0x00204081u) & 0x01010101u) << 4;
@@ -111,13 +135,25 @@ template <int BYTES_, int QS, int QH, bool MIN_, int ZERO_> struct NibbleLayout 
     __device__ static uint32_t fifth_bits(const uint8_t *b) {
         return QH < 0 ? 0 : QH % 4 == 0 ? m40_u32_4(b + QH) : m40_u32_2(b + QH);
     }
+    // The block's four quant words (word k: quant bytes 4k..4k+3).
+    __device__ static void quant_words(const uint8_t *b, uint32_t *words) {
+        if (QS % 4 == 0) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) words[k] = m40_u32_4(b + QS + 4 * k);
+        } else {
+            m40_words_2<4>(b + QS, words);
+        }
+    }
     // The codes of values 16h + 4k .. 16h + 4k + 3 (h = 0: low nibbles, 1:
-    // high), one per byte; `fifth`: the block's fifth_bits.
-    __device__ static uint32_t codes(const uint8_t *b, uint32_t fifth, int k, int h) {
-        const uint32_t word = QS % 4 == 0 ? m40_u32_4(b + QS + 4 * k) : m40_u32_2(b + QS + 4 * k);
+    // high), one per byte, from quant word k; `fifth`: the block's fifth_bits.
+    __device__ static uint32_t word_codes(uint32_t word, uint32_t fifth, int k, int h) {
         uint32_t c = (word >> (4 * h)) & 0x0F0F0F0Fu;
         if (QH >= 0) c |= m40_spread4_to_bit4(fifth >> (16 * h + 4 * k));
         return c;
+    }
+    // The same codes read from the block (one word).
+    __device__ static uint32_t codes(const uint8_t *b, uint32_t fifth, int k, int h) {
+        return word_codes(QS % 4 == 0 ? m40_u32_4(b + QS + 4 * k) : m40_u32_2(b + QS + 4 * k), fifth, k, h);
     }
 };
 
