@@ -19,8 +19,9 @@
 //     every value loaded serves all R rows;
 //   - on sm_61+ the quantized formats multiply 8-bit activations with dp4a
 //     instead (the integer path below; the M40 keeps FP32);
-//   - where a warp's own rows would be a long chain of staged chunks, a
-//     block's warps share each row group instead (SPLIT, m40_gemv_split);
+//   - on the FP32 path, where a matrix has too few row groups to keep the
+//     GPU's warps busy, a block's warps share each row group instead
+//     (SPLIT, m40_gemv_split);
 //   - with overlapping launches (sm_90, see common.cuh) a warp's first
 //     weights are in flight before the previous kernel has finished.
 // Epilogues write, accumulate into (the residual add) or combine a gate and
@@ -652,7 +653,7 @@ template <class G, int CHUNK_ROW_BYTES> __host__ __device__ constexpr int m40_ch
 //
 // SPLIT: the block's warps share each row group, warp w taking the w-th
 // quarter of the columns, and their sums meet in shared memory — where a
-// warp's own rows would take it too long (m40_gemv_split).
+// matrix has too few row groups for the warps (m40_gemv_split).
 // A template parameter rather than an argument: as an argument it cost the
 // kernels that do not split ~5% (more registers, run-time column bounds).
 template <class G, int R, int NX, bool NORM, int CHUNK_ROW_BYTES, bool SPLIT>
@@ -999,35 +1000,27 @@ template <class G, int R, int NX, bool NORM, int CHUNK, bool SPLIT> static int m
     });
 }
 
-// Whether one session's product shares each row group among a block's
-// warps (SPLIT). On the integer path a warp that owns whole rows was the
-// faster for every product of the 4- and 5-bit formats, and for Q8_0 whenever
-// a warp's rows take few staged chunks in a row. Measured on the H100
-// (gemv_bench shapes, µs, own rows / split): Q4_0 llama-7b attention output
-// 6.31 / 8.31, down 12.27 / 15.67, llama-1b down 5.30 / 6.62; Q4_K 7b Q/K/V
-// 14.55 / 19.35, 1b gate/up 8.73 / 16.02; Q8_0 7b attention output (8 chunks
-// per warp) 9.09 / 10.31, but Q/K/V (24) 22.91 / 21.07, gate/up (40) 36.22 /
-// 34.65, down (21) 23.40 / 21.40. (Q6_K's 4 rows per warp, m40_single_rows,
-// beat either at 2.) The FP32 path keeps step 14's rule, split the matrices
-// with too few row groups for two waves of resident warps: on the H100
-// neither choice won every product there (Q4_0 7b attention output 9.32 /
-// 10.72, 1b down 9.38 / 8.04), and its GPU, the M40, has 24 SMs, not 132.
-// The float formats split up to four waves, which on the H100 splits every
-// llama-7b F16 product (tg128, three rounds, splitting below 0 / 1 / 2 / 4
-// waves: 181.5 / 181.7 / 181.0, 186.2 / 185.0 / 186.1, 187.4 / 188.1 /
-// 188.2, 189.2 / 189.2 / 188.7); the M40's F16 was not measured.
-template <class G, int R, int CHUNK>
-static bool m40_gemv_split(const M40Gemv &p, size_t groups, size_t resident_warps) {
+// Whether one session's product on the FP32 path shares each row group
+// among a block's warps (SPLIT): where the matrix has too few row groups for
+// two waves of resident warps (step 14's rule). On the H100 neither choice
+// won every product there (Q4_0 7b attention output 9.32 / 10.72 µs own
+// rows / split, 1b down 9.38 / 8.04), and its GPU, the M40, has 24 SMs, not
+// 132. The float formats split up to four waves, which on the H100 splits
+// every llama-7b F16 product (tg128, three rounds, splitting below 0 / 1 /
+// 2 / 4 waves: 181.5 / 181.7 / 181.0, 186.2 / 185.0 / 186.1, 187.4 / 188.1
+// / 188.2, 189.2 / 189.2 / 188.7); the M40's F16 was not measured.
+//
+// The integer path never splits: a warp that owns whole rows was the faster
+// for the 4- and 5-bit formats since step 21, and for Q8_0 too once its
+// staged quants were read as whole words (step 29). Measured on the H100
+// (gemv_bench, a 7B token's products, GB/s, the step-21 rule (split Q8_0's
+// long rows) / own rows / always split): Q8_0 2523 / 2622 / 2476 (Q/K/V
+// 21.36 / 20.09 / 21.37 µs, down 21.43 / 19.48 / 21.44), 1B Q8_0 1858 /
+// 1887 / 1483; Q4_0 2151 / 2149 / 1763, Q4_K 2043 / 2045 / 1512.
+template <class G> static bool m40_gemv_split(const M40Gemv &p, size_t groups, size_t resident_warps) {
     if (p.cols / G::VALUES < M40_GEMV_WARPS) return false;
-    if constexpr (m40_integer<G>) {
-        if (G::BYTES < G::VALUES) return false;  // under 8 bits a weight
-        const size_t rounds = (groups + resident_warps - 1) / resident_warps;
-        const size_t chunks = (size_t(p.cols / G::VALUES) * G::BYTES + CHUNK - 1) / CHUNK;
-        return rounds * chunks >= 16;
-    } else {
-        const size_t waves = G::DIRECT ? 4 : 2;
-        return groups < waves * resident_warps;
-    }
+    const size_t waves = G::DIRECT ? 4 : 2;
+    return groups < waves * resident_warps;
 }
 
 // Enough blocks to fill every SM as far as the kernel's occupancy allows
@@ -1040,10 +1033,10 @@ static void m40_gemv_launch(const M40Gemv &p, cudaStream_t stream) {
     const size_t groups = size_t((total_rows + rows_per_warp - 1) / rows_per_warp);
     const size_t sms = size_t(p.sm_count > 0 ? p.sm_count : 1);
     const size_t resident = size_t(m40_gemv_blocks_per_sm<G, R, NX, NORM, CHUNK, false>()) * sms;
-    // The batched kernels, short of registers already, are built without
-    // the split.
-    if constexpr (NX == 1) {
-        if (m40_gemv_split<G, R, CHUNK>(p, groups, resident * M40_GEMV_WARPS)) {
+    // The batched kernels, short of registers already, and the integer
+    // path are built without the split.
+    if constexpr (NX == 1 && !m40_integer<G>) {
+        if (m40_gemv_split<G>(p, groups, resident * M40_GEMV_WARPS)) {
             const size_t split_resident = size_t(m40_gemv_blocks_per_sm<G, R, NX, NORM, CHUNK, true>()) * sms;
             m40_launch(p.overlap, gemv_kernel<G, R, NX, NORM, CHUNK, true>,
                        unsigned(groups < split_resident ? groups : split_resident), 32 * M40_GEMV_WARPS, stream, p);

@@ -353,12 +353,12 @@ fn matrix_products_match_f64_products_for_every_type_on_every_path() {
     );
 }
 
-/// On the integer path the decode kernel splits a row group's columns over
-/// a block's warps only where its rows are long in bytes: Q8_0 rows of
-/// 11008 columns (llama-7b's down projection) take that kernel, the "small"
-/// shapes above do not.
+/// Long rows, llama-7b's 4096 × 11008 Q8_0 down projection, which the
+/// "small" shapes above do not reach: the FP32 decode kernel splits each
+/// row group's columns over a block's warps (too few row groups for the
+/// GPU's warps), and the integer kernel walks 11 staged chunks a row.
 #[test]
-fn long_q8_0_rows_split_over_warps_match_f64_products() {
+fn long_q8_0_rows_match_f64_products() {
     if !have_gpu() {
         return;
     }
