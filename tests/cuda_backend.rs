@@ -627,24 +627,24 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
                 unreachable!()
             };
             let mut caches = [&mut cache];
-            if fused_step {
-                g.attention_inputs(&mut caches, 1, &positions, heads, qk_norm, &rope, q, k, v)
-                    .unwrap();
+            let step = if fused_step {
+                <CudaBackend as Backend>::attention_inputs
             } else {
-                fused::attention_inputs(
-                    g,
-                    &mut caches,
-                    1,
-                    &positions,
-                    heads,
-                    qk_norm,
-                    &rope,
-                    q,
-                    k,
-                    v,
-                )
-                .unwrap();
-            }
+                fused::attention_inputs::<CudaBackend>
+            };
+            step(
+                g,
+                &mut caches,
+                1,
+                &positions,
+                heads,
+                qk_norm,
+                &rope,
+                q,
+                k,
+                v,
+            )
+            .unwrap();
             let mut out = g.buffer(rows * n_head * heads.head_dim_v).unwrap();
             g.attention(&caches, 1, q, &positions, &shape, &mut out)
                 .unwrap();
@@ -673,37 +673,25 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
             let mut caches = [&mut cache];
             {
                 let mut qkv = qkv_products(l, &mut outs);
-                let attn_norm = norm(&l.attn_norm);
-                if fused_step {
-                    g.norm_qkv_attention_inputs(
-                        &xg,
-                        attn_norm,
-                        &mut h,
-                        &mut qkv,
-                        &mut caches,
-                        1,
-                        &positions,
-                        heads,
-                        qk_norm,
-                        &rope,
-                    )
-                    .unwrap();
+                let step = if fused_step {
+                    <CudaBackend as Backend>::norm_qkv_attention_inputs
                 } else {
-                    fused::norm_qkv_attention_inputs(
-                        g,
-                        &xg,
-                        attn_norm,
-                        &mut h,
-                        &mut qkv,
-                        &mut caches,
-                        1,
-                        &positions,
-                        heads,
-                        qk_norm,
-                        &rope,
-                    )
-                    .unwrap();
-                }
+                    fused::norm_qkv_attention_inputs::<CudaBackend>
+                };
+                step(
+                    g,
+                    &xg,
+                    norm(&l.attn_norm),
+                    &mut h,
+                    &mut qkv,
+                    &mut caches,
+                    1,
+                    &positions,
+                    heads,
+                    qk_norm,
+                    &rope,
+                )
+                .unwrap();
             }
             let mut out = g.buffer(rows * n_head * heads.head_dim_v).unwrap();
             g.attention(&caches, 1, &outs[0], &positions, &shape, &mut out)
