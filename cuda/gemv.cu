@@ -675,6 +675,10 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
     // on the H100, llama-7b tg128 / tg128@8, Q4_0 329.1 / 755.7 with the early
     // start against 334.7 / 811.4 without, Q4_K 270.1 / 946.9 against
     // 271.6 / 977.3; the successor still starts as their blocks exit.
+    // Letting it start at each warp's last chunk instead (step 30) gained
+    // nothing where a quantize launch follows the product (Q8_0 328.2 /
+    // 329.8 against 326.6 / 329.5), and on the integer path that launch
+    // follows every product but Q/K/V and the output.
     //
     // One session's kernels sum the norm's x² from the x values that their
     // first row group loads anyway (a row group reads every column once: a
@@ -1062,7 +1066,9 @@ constexpr int m40_batch_rows(int type) {
 // 2048 / 3072 bytes): Q4_0 208.6 / 220.1 / 209.2 / 209.1 tok/s, Q4_K 194.7
 // / 193.0 / 181.2 / 166.8, Q8_0 185.4 / 174.6 / 168.3 / 164.9. More bytes
 // in flight did not help: the kernel is bound by its work per weight, and
-// larger chunks cost registers.
+// larger chunks cost registers. Re-measured on the integer path (step 30,
+// gemv_bench, a 7B token's products in GB/s): Q8_0 at 32 / 64 blocks 2620 /
+// 2564, Q4_K at 4 / 8 / 12 super-blocks 2041 / 1876 / 1731.
 constexpr int m40_chunk_row_bytes(int type) {
     return type == M40_Q4_0 || type == M40_Q4_1 || type == M40_Q5_0 || type == M40_Q5_1 ? 1152 : 576;
 }
