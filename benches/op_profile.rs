@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use m40llm::backend::{
-    AttentionShape, Backend, GatedFfn, Glu, Heads, ModelBackend, Norm, Product, Rope, Scratch,
-    SeqPos,
+    AttentionShape, AttentionStep, Backend, GatedFfn, Glu, ModelBackend, Norm, Product, Rope,
+    Scratch, SeqPos,
 };
 use m40llm::error::Result;
 use m40llm::model::transformer::{forward, logits_on_device};
@@ -326,19 +326,14 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         normed: &mut B::Buffer,
         qkv: &mut [Product<B::Buffer>; 3],
         caches: &mut [&mut B::KvCache],
-        layer: usize,
-        rows: &[SeqPos],
-        heads: Heads,
-        qk_norm: Option<(Norm, Norm)>,
-        rope: &Rope,
+        step: AttentionStep,
     ) -> Result<()> {
         let shapes: Vec<String> = qkv.iter().map(|p| shape(p.w)).collect();
         self.time(
             format!("norm + Q/K/V {} + attention inputs", shapes.join(", ")),
             || {
-                self.inner.norm_qkv_attention_inputs(
-                    x, norm, normed, qkv, caches, layer, rows, heads, qk_norm, rope,
-                )
+                self.inner
+                    .norm_qkv_attention_inputs(x, norm, normed, qkv, caches, step)
             },
         )
     }
@@ -373,18 +368,13 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn attention_inputs(
         &self,
         caches: &mut [&mut B::KvCache],
-        layer: usize,
-        rows: &[SeqPos],
-        heads: Heads,
-        qk_norm: Option<(Norm, Norm)>,
-        rope: &Rope,
+        step: AttentionStep,
         q: &mut B::Buffer,
         k: &mut B::Buffer,
         v: &B::Buffer,
     ) -> Result<()> {
         self.time("attention inputs (norms, RoPE, KV store)".into(), || {
-            self.inner
-                .attention_inputs(caches, layer, rows, heads, qk_norm, rope, q, k, v)
+            self.inner.attention_inputs(caches, step, q, k, v)
         })
     }
 }

@@ -37,8 +37,8 @@ use std::sync::Arc;
 use m40llm::backend::cpu::CpuBackend;
 use m40llm::backend::cuda::{self, CudaBackend, CudaOptions, GraphStats};
 use m40llm::backend::{
-    fused, AttentionShape, Backend, GatedFfn, Glu, Heads, Norm, Product, Rope, RopeMode, Scratch,
-    SeqPos,
+    fused, AttentionShape, AttentionStep, Backend, GatedFfn, Glu, Heads, Norm, Product, Rope,
+    RopeMode, Scratch, SeqPos,
 };
 use m40llm::error::ErrorKind;
 use m40llm::gguf::{GgufFile, ReadOptions};
@@ -605,6 +605,13 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
             .as_ref()
             .zip(l.k_norm.as_ref())
             .map(|(a, b)| (norm(a), norm(b)));
+        let attention_step = AttentionStep {
+            layer: 1,
+            rows: &positions,
+            heads,
+            qk_norm,
+            rope: &rope,
+        };
         let (kw, vw) = (l.wk.rows, l.wv.rows);
         let shape = AttentionShape {
             n_head,
@@ -632,19 +639,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
             } else {
                 fused::attention_inputs::<CudaBackend>
             };
-            step(
-                g,
-                &mut caches,
-                1,
-                &positions,
-                heads,
-                qk_norm,
-                &rope,
-                q,
-                k,
-                v,
-            )
-            .unwrap();
+            step(g, &mut caches, attention_step, q, k, v).unwrap();
             let mut out = g.buffer(rows * n_head * heads.head_dim_v).unwrap();
             g.attention(&caches, 1, q, &positions, &shape, &mut out)
                 .unwrap();
@@ -685,11 +680,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
                     &mut h,
                     &mut qkv,
                     &mut caches,
-                    1,
-                    &positions,
-                    heads,
-                    qk_norm,
-                    &rope,
+                    attention_step,
                 )
                 .unwrap();
             }

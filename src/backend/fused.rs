@@ -40,6 +40,18 @@ pub struct Heads {
     pub head_dim_v: usize,
 }
 
+/// One layer's attention-input step for a set of rows: the layer (of the
+/// rows' caches), the rows (sequence and position of each), their heads,
+/// the per-head norms where the model has them, and RoPE.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionStep<'a> {
+    pub layer: usize,
+    pub rows: &'a [SeqPos],
+    pub heads: Heads,
+    pub qk_norm: Option<(Norm<'a>, Norm<'a>)>,
+    pub rope: &'a Rope<'a>,
+}
+
 /// Scratch a composed step may use, one buffer per intermediate.
 pub struct Scratch<'a, Buf> {
     /// The normalized input rows.
@@ -110,19 +122,21 @@ pub fn matmul_residual<B: Backend + ?Sized>(
 
 /// Per-head norms (where the model has them) and RoPE of q and k, then the
 /// rows' keys and values into their caches.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_inputs<B: Backend + ?Sized>(
     b: &B,
     caches: &mut [&mut B::KvCache],
-    layer: usize,
-    rows: &[SeqPos],
-    heads: Heads,
-    qk_norm: Option<(Norm, Norm)>,
-    rope: &Rope,
+    step: AttentionStep,
     q: &mut B::Buffer,
     k: &mut B::Buffer,
     v: &B::Buffer,
 ) -> Result<()> {
+    let AttentionStep {
+        layer,
+        rows,
+        heads,
+        qk_norm,
+        rope,
+    } = step;
     let n = rows.len();
     if let Some((qn, kn)) = qk_norm {
         b.rms_norm(q, qn.weight, qn.eps, n * heads.n_head * heads.head_dim_k)?;
@@ -133,8 +147,8 @@ pub fn attention_inputs<B: Backend + ?Sized>(
     b.store_kv(caches, layer, k, v, rows)
 }
 
-/// q, k and v of norm(x) for each of `rows`, then their attention inputs.
-#[allow(clippy::too_many_arguments)]
+/// q, k and v of norm(x) for each of the step's rows, then their attention
+/// inputs.
 pub fn norm_qkv_attention_inputs<B: Backend + ?Sized>(
     b: &B,
     x: &B::Buffer,
@@ -142,17 +156,11 @@ pub fn norm_qkv_attention_inputs<B: Backend + ?Sized>(
     normed: &mut B::Buffer,
     qkv: &mut [Product<B::Buffer>; 3],
     caches: &mut [&mut B::KvCache],
-    layer: usize,
-    rows: &[SeqPos],
-    heads: Heads,
-    qk_norm: Option<(Norm, Norm)>,
-    rope: &Rope,
+    step: AttentionStep,
 ) -> Result<()> {
-    b.norm_matmuls(x, norm, rows.len(), normed, qkv)?;
+    b.norm_matmuls(x, norm, step.rows.len(), normed, qkv)?;
     let [q, k, v] = qkv;
-    b.attention_inputs(
-        caches, layer, rows, heads, qk_norm, rope, q.out, k.out, v.out,
-    )
+    b.attention_inputs(caches, step, q.out, k.out, v.out)
 }
 
 /// normed = norm(x) for `rows` rows of the norm's width.

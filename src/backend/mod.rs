@@ -14,7 +14,7 @@ pub mod fused;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::model::Weight;
-pub use fused::{GatedFfn, Heads, Norm, Product, Scratch};
+pub use fused::{AttentionStep, GatedFfn, Heads, Norm, Product, Scratch};
 
 /// How RoPE pairs the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -223,10 +223,9 @@ pub trait Backend {
         fused::matmul_residual(self, w, a, rows, post_norm, product, x)
     }
 
-    /// q, k and v of norm(x) (`qkv`, one row per entry of `rows`), then
+    /// q, k and v of norm(x) (`qkv`, one row per row of the step), then
     /// their attention inputs (`attention_inputs`): the first step of a
     /// layer's attention block. `normed` is scratch.
-    #[allow(clippy::too_many_arguments)]
     fn norm_qkv_attention_inputs(
         &self,
         x: &Self::Buffer,
@@ -234,34 +233,23 @@ pub trait Backend {
         normed: &mut Self::Buffer,
         qkv: &mut [Product<Self::Buffer>; 3],
         caches: &mut [&mut Self::KvCache],
-        layer: usize,
-        rows: &[SeqPos],
-        heads: Heads,
-        qk_norm: Option<(Norm, Norm)>,
-        rope: &Rope,
+        step: AttentionStep,
     ) -> Result<()> {
-        fused::norm_qkv_attention_inputs(
-            self, x, norm, normed, qkv, caches, layer, rows, heads, qk_norm, rope,
-        )
+        fused::norm_qkv_attention_inputs(self, x, norm, normed, qkv, caches, step)
     }
 
     /// Per-head norms and RoPE of q and k, then k and v into the caches. q
     /// holds the rotated queries afterwards; k's contents are unspecified
     /// (the caches hold the rotated keys).
-    #[allow(clippy::too_many_arguments)]
     fn attention_inputs(
         &self,
         caches: &mut [&mut Self::KvCache],
-        layer: usize,
-        rows: &[SeqPos],
-        heads: Heads,
-        qk_norm: Option<(Norm, Norm)>,
-        rope: &Rope,
+        step: AttentionStep,
         q: &mut Self::Buffer,
         k: &mut Self::Buffer,
         v: &Self::Buffer,
     ) -> Result<()> {
-        fused::attention_inputs(self, caches, layer, rows, heads, qk_norm, rope, q, k, v)
+        fused::attention_inputs(self, caches, step, q, k, v)
     }
 }
 

@@ -11,8 +11,8 @@
 
 use super::{ArchTraits, HyperParams, Model, Weights};
 use crate::backend::{
-    AttentionShape, Backend, GatedFfn, Heads, ModelBackend, Norm, Product, Rope, Scratch, SeqPos,
-    SequenceCache,
+    AttentionShape, AttentionStep, Backend, GatedFfn, Heads, ModelBackend, Norm, Product, Rope,
+    Scratch, SeqPos, SequenceCache,
 };
 use crate::error::{Error, Result};
 
@@ -153,18 +153,14 @@ pub fn logits_on_device<B: Backend>(
             out,
         });
         let qk_norm = lw.q_norm.as_ref().zip(lw.k_norm.as_ref());
-        b.norm_qkv_attention_inputs(
-            &x,
-            norm(&lw.attn_norm),
-            &mut h,
-            &mut products,
-            caches,
-            il,
+        let step = AttentionStep {
+            layer: il,
             rows,
             heads,
-            qk_norm.map(|(qn, kn)| (norm(qn), norm(kn))),
-            &rope,
-        )?;
+            qk_norm: qk_norm.map(|(qn, kn)| (norm(qn), norm(kn))),
+            rope: &rope,
+        };
+        b.norm_qkv_attention_inputs(&x, norm(&lw.attn_norm), &mut h, &mut products, caches, step)?;
         b.attention(caches, il, &q, rows, &shape, &mut attn)?;
         let post_attn = lw.post_attn_norm.as_ref().map(norm);
         b.matmul_residual(&lw.wo, &attn, n, post_attn, &mut o, &mut x)?;

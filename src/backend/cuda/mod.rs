@@ -18,8 +18,8 @@ use std::ffi::c_int;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use super::{
-    fill_rows, fused, AttentionShape, Backend, GatedFfn, Glu, Heads, Norm, Product, Rope, RopeMode,
-    Scratch, SeqPos,
+    fill_rows, fused, AttentionShape, AttentionStep, Backend, GatedFfn, Glu, Norm, Product, Rope,
+    RopeMode, Scratch, SeqPos,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -993,19 +993,21 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// One layer's attention-input parameters for `rows`, their cache rows
-    /// uploaded.
-    #[allow(clippy::too_many_arguments)]
+    /// One layer's attention-input parameters for the step's rows, their
+    /// cache rows uploaded.
     fn attention_input_params(
         &self,
         st: &mut State,
         caches: &[&mut CudaKvCache],
-        layer: usize,
-        rows: &[SeqPos],
-        heads: Heads,
-        qk_norm: Option<(Norm, Norm)>,
-        rope: &Rope,
+        step: AttentionStep,
     ) -> Result<AttentionInputs> {
+        let AttentionStep {
+            layer,
+            rows,
+            heads,
+            qk_norm,
+            rope,
+        } = step;
         let table = device_rows(caches, rows)?;
         let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
         let vector_or_null = |w: Option<&Weight>| match w {
@@ -1721,12 +1723,15 @@ impl Backend for CudaBackend {
         normed: &mut DeviceBuffer,
         qkv: &mut [Product<DeviceBuffer>; 3],
         caches: &mut [&mut CudaKvCache],
-        layer: usize,
-        rows: &[SeqPos],
-        heads: Heads,
-        qk_norm: Option<(Norm, Norm)>,
-        rope: &Rope,
+        step: AttentionStep,
     ) -> Result<()> {
+        let AttentionStep {
+            rows,
+            heads,
+            qk_norm,
+            rope,
+            ..
+        } = step;
         let n = rows.len();
         let widths = [
             heads.n_head * heads.head_dim_k,
@@ -1746,9 +1751,7 @@ impl Backend for CudaBackend {
             && heads.head_dim_k.max(heads.head_dim_v) <= ATTENTION_MAX_HEAD_DIM
             && qkv.iter().zip(widths).all(|(p, w)| p.w.rows == w);
         if !in_epilogue {
-            return fused::norm_qkv_attention_inputs(
-                self, x, norm, normed, qkv, caches, layer, rows, heads, qk_norm, rope,
-            );
+            return fused::norm_qkv_attention_inputs(self, x, norm, normed, qkv, caches, step);
         }
         let width = norm.weight.cols * norm.weight.rows;
         for p in qkv.iter() {
@@ -1757,7 +1760,7 @@ impl Backend for CudaBackend {
         assert!(x.len() >= n * width);
         let mut state = self.lock();
         let st = &mut *state;
-        let attention = self.attention_input_params(st, caches, layer, rows, heads, None, rope)?;
+        let attention = self.attention_input_params(st, caches, step)?;
         self.decode_products(st, x, norm, n, normed, qkv, Some(&attention))
     }
 
@@ -1914,23 +1917,23 @@ impl Backend for CudaBackend {
     fn attention_inputs(
         &self,
         caches: &mut [&mut CudaKvCache],
-        layer: usize,
-        rows: &[SeqPos],
-        heads: Heads,
-        qk_norm: Option<(Norm, Norm)>,
-        rope: &Rope,
+        step: AttentionStep,
         q: &mut DeviceBuffer,
         k: &mut DeviceBuffer,
         v: &DeviceBuffer,
     ) -> Result<()> {
+        let AttentionStep {
+            rows,
+            heads,
+            qk_norm,
+            ..
+        } = step;
         if rows.is_empty() {
             return Ok(());
         }
         if qk_norm.is_some_and(|(qn, kn)| qn.eps != kn.eps) {
             // The fused kernel takes one epsilon for both norms.
-            return fused::attention_inputs(
-                self, caches, layer, rows, heads, qk_norm, rope, q, k, v,
-            );
+            return fused::attention_inputs(self, caches, step, q, k, v);
         }
         if heads.head_dim_k > ATTENTION_MAX_HEAD_DIM || heads.head_dim_v > ATTENTION_MAX_HEAD_DIM {
             return Err(Error::unsupported(format!(
@@ -1946,7 +1949,7 @@ impl Backend for CudaBackend {
         );
         let mut state = self.lock();
         let st = &mut *state;
-        let inputs = self.attention_input_params(st, caches, layer, rows, heads, qk_norm, rope)?;
+        let inputs = self.attention_input_params(st, caches, step)?;
         // SAFETY: q, k, v hold the rows' heads (checked above); every row's
         // cache has room for its position (the session checked it).
         unsafe {
