@@ -1001,14 +1001,7 @@ impl CudaBackend {
         caches: &[&mut CudaKvCache],
         step: AttentionStep,
     ) -> Result<AttentionInputs> {
-        let AttentionStep {
-            layer,
-            rows,
-            heads,
-            qk_norm,
-            rope,
-        } = step;
-        let table = device_rows(caches, rows)?;
+        let table = device_rows(caches, step.rows)?;
         let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
         let vector_or_null = |w: Option<&Weight>| match w {
             Some(w) => self.vector(w),
@@ -1016,20 +1009,20 @@ impl CudaBackend {
         };
         Ok(AttentionInputs {
             rows: device_rows,
-            q_norm: vector_or_null(qk_norm.map(|(qn, _)| qn.weight))?,
-            k_norm: vector_or_null(qk_norm.map(|(_, kn)| kn.weight))?,
-            factors: vector_or_null(rope.freq_factors)?,
-            freq_base: f64::from(rope.freq_base),
-            freq_scale: f64::from(rope.freq_scale),
-            inv_freq_ratio: f64::from(rope.freq_base).powf(-2.0 / rope.dims as f64),
-            eps: qk_norm.map_or(0.0, |(qn, _)| qn.eps),
-            layer: layer as c_int,
-            n_head: heads.n_head as c_int,
-            n_head_kv: heads.n_head_kv as c_int,
-            head_dim_k: heads.head_dim_k as c_int,
-            head_dim_v: heads.head_dim_v as c_int,
-            neox: c_int::from(rope.mode == RopeMode::Neox),
-            rope_dims: rope.dims as c_int,
+            q_norm: vector_or_null(step.qk_norm.map(|(qn, _)| qn.weight))?,
+            k_norm: vector_or_null(step.qk_norm.map(|(_, kn)| kn.weight))?,
+            factors: vector_or_null(step.rope.freq_factors)?,
+            freq_base: f64::from(step.rope.freq_base),
+            freq_scale: f64::from(step.rope.freq_scale),
+            inv_freq_ratio: f64::from(step.rope.freq_base).powf(-2.0 / step.rope.dims as f64),
+            eps: step.qk_norm.map_or(0.0, |(qn, _)| qn.eps),
+            layer: step.layer as c_int,
+            n_head: step.heads.n_head as c_int,
+            n_head_kv: step.heads.n_head_kv as c_int,
+            head_dim_k: step.heads.head_dim_k as c_int,
+            head_dim_v: step.heads.head_dim_v as c_int,
+            neox: c_int::from(step.rope.mode == RopeMode::Neox),
+            rope_dims: step.rope.dims as c_int,
             overlap: c_int::from(self.overlap_launches),
         })
     }
