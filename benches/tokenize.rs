@@ -8,8 +8,8 @@
 //! wrapped at 72 columns, separated by blank lines. Gemma's vocabulary makes
 //! newlines and runs of spaces special tokens, so the special-token partition
 //! is part of what is measured. The Gemma file is found as the tests find it
-//! (`$M40_GEMMA_GGUF`, else the model cache); the GPT-2 and LLaMA vocabularies
-//! from `../shared/data/vocab` are measured too when present.
+//! (`$M40_GEMMA_GGUF`, else the model cache, fetched once); the GPT-2 and
+//! LLaMA vocabularies too (`tests/data/vocab`, or fetched as the tests fetch them).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -170,19 +170,19 @@ fn main() {
         None => corpus(TARGET_BYTES),
     };
     println!("text: {} bytes, {} lines", text.len(), text.lines().count());
-    match common::gemma_path() {
-        Some(gemma) => measure("gemma3 (SPM, 262144 tokens)", &gemma, &text),
-        None => println!("gemma3: skipped (model file missing; run tests/fetch-model.sh)"),
-    }
-    let vocab = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/vocab");
+    measure(
+        "gemma3 (SPM, 262144 tokens)",
+        &common::gemma_path(),
+        &text,
+    );
     measure(
         "llama-spm (SPM, 32000 tokens)",
-        &vocab.join("ggml-vocab-llama-spm.gguf"),
+        &common::vocab_path("llama-spm"),
         &text,
     );
     measure(
         "gpt-2 (BPE, 50257 tokens)",
-        &vocab.join("ggml-vocab-gpt-2.gguf"),
+        &common::vocab_path("gpt-2"),
         &text,
     );
 }

@@ -26,9 +26,7 @@ fn run_host(exe: &Path) {
     cmd.arg(&valid)
         .arg(&malformed)
         .arg(TINY.n_vocab.to_string());
-    if let Some(gemma) = common::gemma_path() {
-        cmd.arg(gemma);
-    }
+    cmd.arg(common::gemma_path());
     let out = cmd.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}{}", String::from_utf8_lossy(&out.stderr));

@@ -11,8 +11,8 @@ use m40llm::chat::{ChatMessage, ChatTemplate};
 #[test]
 fn m40_bench_reports_prompt_generation_and_batched_rows_as_json() {
     let model = common::scratch_path("bench-llama-q4_0.gguf");
-    let synth = root().join("../shared/tools/synth_gguf.py");
-    let status = Command::new("python3")
+    let synth = common::synth_gguf();
+    let status = common::python()
         .args([
             synth.to_str().unwrap(),
             "--preset",
@@ -108,9 +108,7 @@ fn m40_bench_rejects_bad_arguments_with_usage() {
 
 #[test]
 fn generate_streams_gemma_text_and_reports_speeds() {
-    let Some(model) = common::gemma_path() else {
-        return;
-    };
+    let model = common::gemma_path();
     let generate = build_example("generate");
     let out = Command::new(&generate)
         .arg(&model)
@@ -162,9 +160,7 @@ fn generate_reports_a_missing_model_and_bad_options() {
 
 #[test]
 fn chat_keeps_the_conversation_in_the_session_and_formats_it_with_gemmas_template() {
-    let Some(model) = common::gemma_path() else {
-        return;
-    };
+    let model = common::gemma_path();
     let chat = build_example("chat");
     let run = |input: &str| {
         let mut child = Command::new(&chat)

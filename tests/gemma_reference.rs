@@ -1,5 +1,5 @@
 //! The real Gemma 3 270M Q4_K_M model against llama.cpp's greedy outputs
-//! (`../shared/data/reference/gemma3-270m-q4_k_m.greedy.jsonl`), teacher
+//! (`tests/data/reference/gemma3-270m-q4_k_m.greedy.jsonl`), teacher
 //! forced: the reference's top-1 token of each step is fed back, and our
 //! logits are compared with llama.cpp's at every step.
 //!
@@ -26,20 +26,20 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-fn load_gemma() -> Option<Arc<Model>> {
-    let path = common::gemma_path()?;
+fn load_gemma() -> Arc<Model> {
+    let path = common::gemma_path();
     let options = LoadOptions {
         device: common::test_device(),
         n_threads: 0,
         use_mmap: true,
         vocab_only: false,
     };
-    Some(Arc::new(Model::load(&path, options).unwrap()))
+    Arc::new(Model::load(&path, options).unwrap())
 }
 
 #[test]
 fn greedy_generation_reproduces_llama_cpp_greedy_tokens() {
-    let Some(model) = load_gemma() else { return };
+    let model = load_gemma();
     let greedy = SamplerParams {
         temperature: 0.0,
         ..Default::default()
@@ -90,7 +90,7 @@ fn greedy_generation_reproduces_llama_cpp_greedy_tokens() {
 
 #[test]
 fn generation_stops_when_the_callback_says_so_and_continues_the_session_later() {
-    let Some(model) = load_gemma() else { return };
+    let model = load_gemma();
     let params = SamplerParams {
         temperature: 0.7,
         seed: 7,
@@ -145,9 +145,7 @@ fn generation_stops_when_the_callback_says_so_and_continues_the_session_later() 
 
 #[test]
 fn gemma_matches_llama_cpp_teacher_forced() {
-    let Some(path) = common::gemma_path() else {
-        return;
-    };
+    let path = common::gemma_path();
     let cases = cases();
     let options = LoadOptions {
         device: common::test_device(),

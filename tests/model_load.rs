@@ -17,16 +17,12 @@ fn options(use_mmap: bool, vocab_only: bool) -> LoadOptions {
 }
 
 fn vocab_file(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/data/vocab")
-        .join(name)
+    common::vocab_path(name)
 }
 
 #[test]
 fn gemma_loads_and_describes_its_architecture_sizes_and_tensor_types() {
-    let Some(path) = common::gemma_path() else {
-        return;
-    };
+    let path = common::gemma_path();
     let model = Model::load(&path, options(true, false)).unwrap();
     assert_eq!(model.architecture_name(), "gemma3");
     let hp = model.hparams().unwrap();
@@ -58,9 +54,7 @@ fn gemma_loads_and_describes_its_architecture_sizes_and_tensor_types() {
 
 #[test]
 fn gemma_tensor_bytes_are_the_same_mapped_or_read() {
-    let Some(path) = common::gemma_path() else {
-        return;
-    };
+    let path = common::gemma_path();
     let mapped = Model::load(&path, options(true, false)).unwrap();
     let read = Model::load(&path, options(false, false)).unwrap();
     for name in [
@@ -84,12 +78,12 @@ fn gemma_tensor_bytes_are_the_same_mapped_or_read() {
 fn every_llama_cpp_vocab_file_loads_vocab_only() {
     // (file, n_vocab as gguf-py counts tokenizer.ggml.tokens)
     for (file, arch) in [
-        ("ggml-vocab-llama-spm.gguf", "llama"),
-        ("ggml-vocab-phi-3.gguf", "phi3"),
-        ("ggml-vocab-gpt-2.gguf", "gpt2"),
-        ("ggml-vocab-deepseek-llm.gguf", "llama"),
-        ("ggml-vocab-starcoder.gguf", "starcoder2"),
-        ("ggml-vocab-falcon.gguf", "falcon"),
+        ("llama-spm", "llama"),
+        ("phi-3", "phi3"),
+        ("gpt-2", "gpt2"),
+        ("deepseek-llm", "llama"),
+        ("starcoder", "starcoder2"),
+        ("falcon", "falcon"),
     ] {
         for use_mmap in [true, false] {
             let model = Model::load(&vocab_file(file), options(use_mmap, true)).unwrap();
@@ -103,7 +97,7 @@ fn every_llama_cpp_vocab_file_loads_vocab_only() {
 #[test]
 fn a_vocab_file_without_weights_is_not_a_runnable_model() {
     let err = Model::load(
-        &vocab_file("ggml-vocab-llama-spm.gguf"),
+        &vocab_file("llama-spm"),
         options(true, false),
     )
     .unwrap_err();
@@ -112,7 +106,7 @@ fn a_vocab_file_without_weights_is_not_a_runnable_model() {
         err.message().contains("token_embd.weight") && err.message().contains("missing"),
         "{err}"
     );
-    let err = Model::load(&vocab_file("ggml-vocab-falcon.gguf"), options(true, false)).unwrap_err();
+    let err = Model::load(&vocab_file("falcon"), options(true, false)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported);
     assert!(err.message().contains("'falcon'"), "{err}");
 }

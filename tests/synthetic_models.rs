@@ -1,5 +1,5 @@
 //! LLaMA, Qwen2 and Gemma 3 forward passes on random-weight models of every
-//! tensor type (written by ../shared/tools/synth_gguf.py), against an
+//! tensor type (written by tools/synth_gguf.py), against an
 //! independent float64 reference (tests/reference/forward_f64.py: numpy over
 //! gguf-py's dequantized weights). Needs python3 with numpy and gguf.
 //!
@@ -30,20 +30,20 @@ fn repo() -> &'static Path {
 }
 
 fn python(args: &[&str]) {
-    let out = Command::new("python3")
+    let out = common::python()
         .args(args)
         .output()
         .expect("python3 on PATH");
     assert!(
         out.status.success(),
-        "python3 {args:?} failed (it needs numpy and gguf: pip install numpy gguf):\n{}",
+        "python3 {args:?} failed (it needs numpy and gguf: tests/setup.sh installs them into .venv):\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
 
 fn synth(arch: &str, ty: &str) -> PathBuf {
     let path = common::scratch_path(&format!("synth-{arch}-{ty}.gguf"));
-    let synth = repo().join("../shared/tools/synth_gguf.py");
+    let synth = common::synth_gguf();
     python(&[
         synth.to_str().unwrap(),
         "--arch",

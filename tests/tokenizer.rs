@@ -1,4 +1,4 @@
-//! Tokenizers against references made by llama.cpp (`../shared/data`, see
+//! Tokenizers against references made by llama.cpp (`tests/data`, see
 //! its README): the vocabularies of `vocab/` with llama.cpp's tokenizer test
 //! vectors, Gemma 3's 262k-token vocabulary with its tokenize / detokenize
 //! reference, and the C functions' contract (buffer sizes, NULLs, invalid
@@ -18,15 +18,7 @@ use m40llm::tokenizer::{TokenAttr, Tokenizer, TokenizerKind};
 
 // --- Fixtures ----------------------------------------------------------------
 
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/data")
-        .join(rel)
-}
-
-fn vocab_path(name: &str) -> PathBuf {
-    data(&format!("vocab/ggml-vocab-{name}.gguf"))
-}
+use common::{test_data as data, vocab_path};
 
 const SPM_VOCABS: [&str; 2] = ["llama-spm", "phi-3"];
 const BPE_VOCABS: [&str; 4] = ["gpt-2", "deepseek-llm", "starcoder", "falcon"];
@@ -60,8 +52,8 @@ fn vocab(name: &str) -> *const m40_model {
     c_model(&vocab_path(name))
 }
 
-fn gemma() -> Option<*const m40_model> {
-    common::gemma_path().map(|p| c_model(&p))
+fn gemma() -> *const m40_model {
+    c_model(&common::gemma_path())
 }
 
 fn last_error() -> String {
@@ -153,7 +145,7 @@ fn piece(model: *const m40_model, token: i32) -> Vec<u8> {
 /// is left).
 fn inputs(name: &str) -> Vec<String> {
     const SEP: &str = "\n__ggml_vocab_test__\n";
-    let text = std::fs::read_to_string(vocab_path(name).with_extension("gguf.inp")).unwrap();
+    let text = std::fs::read_to_string(data(&format!("vocab/ggml-vocab-{name}.gguf.inp"))).unwrap();
     let mut out = Vec::new();
     let mut rest = text.as_str();
     while !rest.is_empty() {
@@ -173,7 +165,7 @@ fn inputs(name: &str) -> Vec<String> {
 
 /// The `.out` file: one line of token ids per input.
 fn expected_ids(name: &str) -> Vec<Vec<i32>> {
-    std::fs::read_to_string(vocab_path(name).with_extension("gguf.out"))
+    std::fs::read_to_string(data(&format!("vocab/ggml-vocab-{name}.gguf.out")))
         .unwrap()
         .lines()
         .map(|line| {
@@ -399,7 +391,7 @@ fn random_text_tokenizes_everywhere_and_round_trips_where_nothing_is_cleaned() {
         .chain(&BPE_VOCABS)
         .map(|&n| (n, vocab(n)))
         .collect();
-    models.extend(gemma().map(|g| ("gemma3", g)));
+    models.push(("gemma3", gemma()));
     for (name, model) in models {
         for text in &texts {
             for parse_special in [false, true] {
@@ -468,7 +460,7 @@ fn gemma_cases() -> Vec<GemmaCase> {
 
 #[test]
 fn gemma_tokenizes_and_detokenizes_every_reference_input_as_llama_cpp() {
-    let Some(model) = gemma() else { return };
+    let model = gemma();
     let cases = gemma_cases();
     assert_eq!(cases.len(), 46);
     for case in &cases {
@@ -499,7 +491,7 @@ fn gemma_tokenizes_and_detokenizes_every_reference_input_as_llama_cpp() {
 
 #[test]
 fn gemma_special_ids_and_end_of_generation_tokens() {
-    let Some(model) = gemma() else { return };
+    let model = gemma();
     assert_eq!(m40_token_bos(model), 2);
     assert_eq!(m40_token_eos(model), 1);
     assert!(m40_token_is_eog(model, 1), "<eos>");
@@ -512,7 +504,7 @@ fn gemma_special_ids_and_end_of_generation_tokens() {
 
 #[test]
 fn gemma_parses_start_of_turn_only_with_parse_special() {
-    let Some(model) = gemma() else { return };
+    let model = gemma();
     let text = "<start_of_turn>user\nHello<end_of_turn>\n";
     let parsed = tokenize(model, text.as_bytes(), false, true);
     assert_eq!(parsed.first(), Some(&105), "{parsed:?}");
@@ -531,7 +523,7 @@ fn gemma_parses_start_of_turn_only_with_parse_special() {
 
 #[test]
 fn gemma_user_defined_tokens_are_recognised_without_parse_special() {
-    let Some(model) = gemma() else { return };
+    let model = gemma();
     // "<table>" (168) and runs of newlines (107..) are user-defined in
     // Gemma's vocabulary: llama.cpp cuts them out of the text in any case.
     assert_eq!(tokenize(model, b"<table>", false, false), [168]);

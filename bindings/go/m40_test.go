@@ -47,7 +47,7 @@ func TestGenerateStreamsLlamaCppsGreedyText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// llama.cpp's greedy continuation (../shared/data/reference).
+	// llama.cpp's greedy continuation (tests/data/reference in the repository).
 	if !strings.HasPrefix(text.String(), " the capital of the country of France.") {
 		t.Fatalf("got %q", text.String())
 	}

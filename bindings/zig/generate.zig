@@ -1,10 +1,15 @@
 //! generate (Zig): stream text from a GGUF model with libm40llm, through
 //! `@cImport` of the C header.
 //!
-//!   zig build-exe generate.zig -I include -L target/release -lm40llm -lc
+//!   zig build-exe -O ReleaseSafe generate.zig -I include -L target/release -lm40llm -lc
 //!   ./generate MODEL "prompt" [max_tokens]
 //!
 //! Greedy decoding on the CPU; prints the prompt and its continuation.
+//!
+//! Build with -O ReleaseSafe (or -fllvm): Zig 0.15's own x86-64 code
+//! generator, which Debug builds use, stores the 12-byte m40_model_params
+//! that m40_model_default_params returns in two registers as 16 bytes,
+//! overwriting the local beside it (here max_tokens, which became 0).
 const c = @cImport({
     @cInclude("m40llm.h");
     @cInclude("stdio.h");

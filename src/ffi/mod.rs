@@ -1,4 +1,4 @@
-//! The C ABI (`../shared/docs/c-api.md`). This is the only module that sees raw
+//! The C ABI (`docs/c-api.md`). This is the only module that sees raw
 //! pointers: each exported function checks its arguments through the helpers
 //! in [`args`], runs its body under [`status::guard`] (which catches panics and
 //! records the error message), and calls the safe engine.

@@ -175,7 +175,7 @@ mod tests {
 
     fn vocab_file(name: &str) -> Tokenizer {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join(format!("../shared/data/vocab/ggml-vocab-{name}.gguf"));
+            .join(format!("tests/data/vocab/ggml-vocab-{name}.gguf"));
         let options = ReadOptions {
             use_mmap: true,
             load_data: false,
@@ -189,7 +189,7 @@ mod tests {
             let tokenizer = vocab_file(name);
             let vocab = &tokenizer.vocab;
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join(format!("../shared/data/vocab/ggml-vocab-{name}.gguf.inp"));
+                .join(format!("tests/data/vocab/ggml-vocab-{name}.gguf.inp"));
             let text = std::fs::read_to_string(path).unwrap();
             let escaped = format!("▁{}", text.replace(' ', "▁")).repeat(3);
             let (mut cut, mut whole) = (Vec::new(), Vec::new());

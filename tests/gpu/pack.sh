@@ -1,5 +1,5 @@
 #!/bin/bash
-# Builds the GPU test suite here (nvcc 11.8, from ../shared/tools/install-cuda.sh) and packs what a
+# Builds the GPU test suite here (nvcc 11.8, from tools/install-cuda.sh) and packs what a
 # GPU machine without a Rust toolchain needs into .device/ (listed in .git/info/exclude):
 #   cuda_backend_fat   the CUDA tests, SASS for sm_52..sm_90 plus compute_52 PTX
 #   cuda_backend_ptx   the same tests built with compute_52 PTX only: the M40's code,
@@ -8,7 +8,7 @@
 #   op_profile         per-operation times of a prompt and decode steps (benches/op_profile.rs)
 #   gemv_bench         the decode products alone against a plain read of their bytes
 #                      (tests/gpu/gemv_bench.cu, sm_90)
-#   libm40llm.so, m40-bench, shared/ (synth_gguf.py and the reference data), run.sh
+#   libm40llm.so, m40-bench, tools/synth_gguf.py, tests/data/reference/, run.sh
 #   ptx/               libm40llm.so and m40-bench built with compute_52 PTX only
 # The folder is also packed into .devpack/device.tar.xz (the binaries are ~100 MB,
 # the archive ~20 MB: small enough for the device tool's carry limit).
@@ -24,7 +24,7 @@ profiler=$(cargo bench --features cuda --no-run --bench op_profile 2>&1)
 ptx=$(M40_CUDA_ARCHS=ptx CARGO_TARGET_DIR=target/ptx cargo test --release --features cuda --no-run --test cuda_backend 2>&1)
 cargo build --release --features cuda
 M40_CUDA_ARCHS=ptx CARGO_TARGET_DIR=target/ptx cargo build --release --features cuda
-rm -rf .device && mkdir -p .device/shared/tools .device/shared/data/reference .device/ptx
+rm -rf .device && mkdir -p .device/tools .device/tests/data/reference .device/ptx
 cp "$(echo "$fat" | executable tests/cuda_backend.rs)" .device/cuda_backend_fat
 cp "$(echo "$ptx" | executable tests/cuda_backend.rs)" .device/cuda_backend_ptx
 cp "$(echo "$fat" | executable tests/gemma_reference.rs)" .device/gemma_reference
@@ -36,8 +36,8 @@ for dir in .device .device/ptx; do
 done
 ${NVCC:-nvcc} -std=c++17 -O3 -ccbin="${NVCC_CCBIN:-g++-11}" -gencode=arch=compute_90,code=sm_90 -Icuda \
   tests/gpu/gemv_bench.cu -o .device/gemv_bench
-cp ../shared/tools/synth_gguf.py .device/shared/tools/
-cp ../shared/data/reference/*.jsonl .device/shared/data/reference/
+cp tools/synth_gguf.py .device/tools/
+cp tests/data/reference/*.jsonl .device/tests/data/reference/
 cp tests/gpu/run.sh .device/
 strip .device/cuda_backend_fat .device/cuda_backend_ptx .device/gemma_reference .device/op_profile .device/gemv_bench .device/{,ptx/}libm40llm.so .device/{,ptx/}m40-bench
 du -sh .device

@@ -86,7 +86,7 @@ func readStream(resp *http.Response, chat bool) (text string, finish string, eve
 
 const prompt = `"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0`
 
-// llama.cpp's greedy continuation (../shared/data/reference).
+// llama.cpp's greedy continuation (tests/data/reference in the repository).
 const reference = " the capital of the country of France."
 
 func TestModelsAndACompletion(t *testing.T) {
