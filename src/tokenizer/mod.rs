@@ -26,7 +26,7 @@ mod unicode;
 
 use std::fmt;
 
-use crate::error::{Error, Result};
+use crate::error::{echo, Error, Result};
 use crate::gguf::{Array, GgufFile};
 use index::TextIndex;
 
@@ -320,7 +320,8 @@ impl Tokenizer {
                 (ids.bos, ids.eos) = (Some(11), Some(11));
                 let config = pretokenize::config(&pre_name).ok_or_else(|| {
                     Error::unsupported(format!(
-                        "pre-tokenizer '{pre_name}' (tokenizer.ggml.pre) is not supported (supported: {})",
+                        "pre-tokenizer '{}' (tokenizer.ggml.pre) is not supported (supported: {})",
+                        echo(&pre_name),
                         pretokenize::NAMES.join(", ")
                     ))
                 })?;
@@ -335,7 +336,8 @@ impl Tokenizer {
             }
             other => {
                 return Err(Error::unsupported(format!(
-                    "tokenizer model '{other}' (tokenizer.ggml.model) is not supported (supported: llama, gpt2)"
+                    "tokenizer model '{}' (tokenizer.ggml.model) is not supported (supported: llama, gpt2)",
+                    echo(other)
                 )))
             }
         }
@@ -381,7 +383,8 @@ impl Tokenizer {
             };
             if let Err(first) = inserted {
                 return Err(Error::format(format!(
-                    "duplicate token in tokenizer.ggml.tokens: {token:?} has ids {first} and {i}"
+                    "duplicate token in tokenizer.ggml.tokens: {:?} has ids {first} and {i}",
+                    echo(token)
                 )));
             }
         }
