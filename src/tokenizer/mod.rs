@@ -390,7 +390,8 @@ impl Tokenizer {
         }
 
         // Special ids: defaults outside the vocabulary are dropped; a file's
-        // id outside it is ignored (llama.cpp warns and keeps the default).
+        // id outside it is a malformed file. (llama.cpp warns and keeps the
+        // default, which silently gives such a model another BOS or EOS.)
         let in_range = |id: Option<u32>| id.filter(|&id| (id as usize) < n);
         let special_keys: [(&str, IdSlot); 17] = [
             ("bos_token_id", |s| &mut s.bos),
@@ -414,10 +415,14 @@ impl Tokenizer {
         for (key, field) in special_keys {
             let slot = field(&mut ids);
             *slot = in_range(*slot);
-            if let Some(id) = read_id(gguf, &format!("tokenizer.ggml.{key}"))? {
-                if (id as usize) < n {
-                    *slot = Some(id);
+            let key = format!("tokenizer.ggml.{key}");
+            if let Some(id) = read_id(gguf, &key)? {
+                if id as usize >= n {
+                    return Err(Error::format(format!(
+                        "metadata key '{key}' = {id} is outside the vocabulary of {n} tokens"
+                    )));
                 }
+                *slot = Some(id);
             }
         }
         if let Some(v) = read_bool(gguf, "tokenizer.ggml.add_bos_token")? {
