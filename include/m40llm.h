@@ -17,8 +17,9 @@
  *   call is using (on another thread, or from inside that session's own
  *   m40_generate callback) fails at once with M40_ERR_INVALID_ARGUMENT; it
  *   neither waits nor corrupts the session. Different sessions, of one model
- *   or of several, may run on different threads at once: the work of one
- *   model's sessions takes turns on its backend, step by step.
+ *   or of several, may run on different threads at once; the sessions of
+ *   one model share its backend, which runs one operation (a parallel CPU
+ *   loop, a device call) at a time.
  * - m40_last_error() is per thread.
  * - Handles are never reused: a freed handle gives M40_ERR_INVALID_ARGUMENT
  *   ever after, also once other handles were created. m40_free of a handle
@@ -489,8 +490,9 @@ const float *m40_logits(const struct m40_session *session);
  * Threads: the call holds every listed session for its duration, so none
  * of them may be in use by another call (M40_ERR_INVALID_ARGUMENT if one
  * is, and nothing changes). Other threads may meanwhile use other sessions
- * of the same model (their steps take turns with the batch on the model's
- * backend) and the model itself.
+ * of the same model and the model itself; their work and the batch's
+ * share the model's backend, which runs one operation (a parallel CPU
+ * loop, a device call) at a time.
  *
  * # Safety
  * `sessions` and `tokens` point to `n_sessions` readable elements each.
@@ -600,8 +602,9 @@ enum m40_status m40_chat_apply_template(const struct m40_model *model,
  * moment is safe for the library: the other call finishes with the object,
  * which is released when it returns, and every later call with the handle
  * gives M40_ERR_INVALID_ARGUMENT. What is not safe is the host's own use
- * of what it got from the handle: the `m40_logits` pointer of a freed
- * session dangles once that call has returned. The same holds inside an
+ * of what it got from the handle: a session's `m40_logits` pointer is
+ * invalid once the session is freed and no call is using it any more (at
+ * once, when none was). The same holds inside an
  * `m40_generate` callback: freeing the generating session there releases
  * the handle, and the generation runs on (return false to stop it) until
  * `m40_generate` returns and releases the session.

@@ -17,8 +17,9 @@ use super::status::{guard, m40_status};
 /// moment is safe for the library: the other call finishes with the object,
 /// which is released when it returns, and every later call with the handle
 /// gives M40_ERR_INVALID_ARGUMENT. What is not safe is the host's own use
-/// of what it got from the handle: the `m40_logits` pointer of a freed
-/// session dangles once that call has returned. The same holds inside an
+/// of what it got from the handle: a session's `m40_logits` pointer is
+/// invalid once the session is freed and no call is using it any more (at
+/// once, when none was). The same holds inside an
 /// `m40_generate` callback: freeing the generating session there releases
 /// the handle, and the generation runs on (return false to stop it) until
 /// `m40_generate` returns and releases the session.

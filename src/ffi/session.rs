@@ -199,8 +199,9 @@ pub extern "C" fn m40_logits(session: *const m40_session) -> *const f32 {
 /// Threads: the call holds every listed session for its duration, so none
 /// of them may be in use by another call (M40_ERR_INVALID_ARGUMENT if one
 /// is, and nothing changes). Other threads may meanwhile use other sessions
-/// of the same model (their steps take turns with the batch on the model's
-/// backend) and the model itself.
+/// of the same model and the model itself; their work and the batch's
+/// share the model's backend, which runs one operation (a parallel CPU
+/// loop, a device call) at a time.
 ///
 /// # Safety
 /// `sessions` and `tokens` point to `n_sessions` readable elements each.
