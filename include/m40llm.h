@@ -5,8 +5,35 @@
  *
  * Conventions: every fallible function returns an m40_status; on failure
  * m40_last_error() (thread-local) says what failed and why. Output
- * parameters are written only on M40_OK. No function aborts or panics
- * across this boundary.
+ * parameters are written only on M40_OK, with one exception: on
+ * M40_ERR_BUFFER_TOO_SMALL a function's length output (*out_len or *out_n)
+ * gets the size needed, while its buffer is left untouched. No function
+ * aborts or panics across this boundary.
+ *
+ * Threads: every function may be called from any thread.
+ * - A model is immutable after load: any number of threads may use one
+ *   model at the same time (queries, tokenizer, chat template, sessions).
+ * - A session is for one thread at a time. A call on a session that another
+ *   call is using (on another thread, or from inside that session's own
+ *   m40_generate callback) fails at once with M40_ERR_INVALID_ARGUMENT; it
+ *   neither waits nor corrupts the session. Different sessions, of one model
+ *   or of several, may run on different threads at once; the sessions of
+ *   one model share its backend, which runs one operation (a parallel CPU
+ *   loop, a device call) at a time.
+ * - m40_last_error() is per thread.
+ * - Handles are never reused: a freed handle gives M40_ERR_INVALID_ARGUMENT
+ *   ever after, also once other handles were created. m40_free of a handle
+ *   another thread is using is safe: that call finishes with the object,
+ *   which is released after it; later calls with the handle fail.
+ *
+ * Contents, in the order a program uses them: the types (C needs them
+ * first), then the functions in sections, each opened by a
+ * "==== N. Title ====" line at the top of its first function's comment:
+ *   1. The library: versions and errors   6. Decoding: tokens in, logits out
+ *   2. Models: parameters and loading     7. Sampling
+ *   3. Models: queries                    8. Generation
+ *   4. The tokenizer                      9. Chat templates
+ *   5. Sessions: parameters and creation 10. Releasing handles
  */
 
 #ifndef M40LLM_H
@@ -21,6 +48,8 @@
 #define M40_ABI_VERSION 1
 
 /**
+ * ==== Types: the status, the handles, parameters and callbacks ====
+ *
  * The result of every fallible call. On failure `m40_last_error()` says what
  * failed, where and why.
  */
@@ -31,7 +60,7 @@ typedef enum m40_status {
    */
   M40_ERR_INVALID_ARGUMENT = 1,
   /**
-   * File missing or unreadable.
+   * File missing or unreadable, or the path is not a regular file.
    */
   M40_ERR_IO = 2,
   /**
@@ -43,7 +72,8 @@ typedef enum m40_status {
    */
   M40_ERR_UNSUPPORTED = 4,
   /**
-   * Host or device memory exhausted.
+   * Host or device memory exhausted (or another resource the system
+   * gives out, such as threads).
    */
   M40_ERR_OUT_OF_MEMORY = 5,
   /**
@@ -55,7 +85,9 @@ typedef enum m40_status {
    */
   M40_ERR_BACKEND = 7,
   /**
-   * The output buffer is too small; the size needed was written.
+   * The output buffer is too small; the size needed was written to the
+   * function's length output (the one exception to "outputs are written
+   * only on M40_OK").
    */
   M40_ERR_BUFFER_TOO_SMALL = 8,
   /**
@@ -66,25 +98,17 @@ typedef enum m40_status {
 
 /**
  * An opaque loaded model. Immutable after load: any number of threads and
- * sessions may use one model at the same time.
+ * sessions may use one model at the same time. Release it with `m40_free`.
  */
 typedef struct m40_model m40_model;
 
 /**
  * An opaque session: one sequence of tokens and its KV cache over a model.
- * Used by one thread at a time; different sessions may run on different
- * threads at once.
+ * Used by one thread at a time (a call on a session another call is using
+ * fails with M40_ERR_INVALID_ARGUMENT); different sessions may run on
+ * different threads at once. Release it with `m40_free`.
  */
 typedef struct m40_session m40_session;
-
-/**
- * One message of a conversation: `role` is "system", "user" or
- * "assistant"; both are NUL-terminated UTF-8.
- */
-typedef struct m40_chat_message {
-  const char *role;
-  const char *content;
-} m40_chat_message;
 
 /**
  * How to load a model. Get defaults from `m40_model_default_params()` and
@@ -96,11 +120,22 @@ typedef struct m40_model_params {
    */
   int32_t device;
   /**
-   * CPU worker threads; 0: one per core.
+   * Threads the CPU backend computes with, the calling thread included;
+   * 0 (the default): one per core. At most 1024, else
+   * M40_ERR_INVALID_ARGUMENT. When the system cannot start them all (a
+   * process or user thread limit, memory), the load fails with
+   * M40_ERR_OUT_OF_MEMORY and stops the threads it had started.
    */
   uint32_t n_threads;
   /**
    * Map the file instead of reading it into memory. Default true.
+   *
+   * A mapped file must stay as it is while the model is loaded: the
+   * weights are read from the file's pages as they are used, so
+   * truncating or rewriting the file in place (not replacing it by a
+   * rename) can kill the process with SIGBUS, as with llama.cpp. Where
+   * the file may change under the process, set use_mmap false: the
+   * weights are then read into memory at load.
    */
   bool use_mmap;
   /**
@@ -108,6 +143,11 @@ typedef struct m40_model_params {
    */
   bool vocab_only;
 } m40_model_params;
+
+/**
+ * A token id.
+ */
+typedef int32_t m40_token;
 
 /**
  * How to create a session.
@@ -158,11 +198,6 @@ typedef struct m40_sampler_params {
 } m40_sampler_params;
 
 /**
- * A token id.
- */
-typedef int32_t m40_token;
-
-/**
  * Called with each piece of generated text: `piece` holds `len` bytes of
  * whole UTF-8 characters (NUL-terminated for convenience) and `token` is the
  * token that completed it; only the last piece of a generation may end
@@ -171,45 +206,25 @@ typedef int32_t m40_token;
  */
 typedef bool (*m40_piece_fn)(void *user_data, const char *piece, size_t len, m40_token token);
 
+/**
+ * One message of a conversation: `role` is "system", "user" or
+ * "assistant"; both are NUL-terminated UTF-8.
+ */
+typedef struct m40_chat_message {
+  const char *role;
+  const char *content;
+} m40_chat_message;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
 
 /**
- * Writes the prompt text of `n_messages` messages as the model's chat
- * template formats them, followed by the opening of the assistant's turn
- * when `add_assistant` (the text to generate a reply after). Like
- * llama.cpp's `llama_chat_apply_template`, the template in the model's
- * `tokenizer.chat_template` is recognized rather than executed: ChatML
- * (`<|im_start|>`), Gemma (`<start_of_turn>`) and LLaMA 3
- * (`<|start_header_id|>`); a model without one gets its architecture's
- * (Gemma 3: Gemma, Qwen2: ChatML, LLaMA: LLaMA 3 when its vocabulary has the
- * header tokens). Any other template is M40_ERR_UNSUPPORTED. The text
- * contains the templates' special tokens as text: tokenize it with
- * `parse_special` (as `m40_generate` does). `m40_model_describe` names the
- * format (`chat_template`).
+ * ==== 1. The library: versions and errors ====
  *
- * The text is followed by a NUL; `*out_len` (when not NULL) gets its length
- * without it. When `cap` is too small nothing is written, `*out_len` gets
- * the length and the result is M40_ERR_BUFFER_TOO_SMALL; `buf` may be NULL
- * when `cap` is 0.
- *
- * # Safety
- * `messages` is NULL (with `n_messages` 0) or points to `n_messages`
- * messages whose strings are NUL-terminated; `buf` is NULL or holds `cap`
- * writable bytes; `out_len` is NULL or writable.
- */
-enum m40_status m40_chat_apply_template(const struct m40_model *model,
-                                        const struct m40_chat_message *messages,
-                                        size_t n_messages,
-                                        bool add_assistant,
-                                        char *buf,
-                                        size_t cap,
-                                        size_t *out_len);
-
-/**
  * Returns the C ABI version of the loaded library (compare with
- * `M40_ABI_VERSION`).
+ * `M40_ABI_VERSION`). Like every function of this section it may be called
+ * from any thread at any time, before or after any other call.
  */
 uint32_t m40_abi_version(void);
 
@@ -229,11 +244,14 @@ const char *m40_last_error(void);
 
 /**
  * Returns a short static description of a status ("ok", "malformed GGUF
- * file", ...). `status` must be one of the `m40_status` values.
+ * file", ...); any other value, outside the enum, gets "unknown status".
+ * Do not free it.
  */
 const char *m40_status_str(enum m40_status status);
 
 /**
+ * ==== 2. Models: parameters and loading ====
+ *
  * Returns the default model parameters.
  */
 struct m40_model_params m40_model_default_params(void);
@@ -241,9 +259,14 @@ struct m40_model_params m40_model_default_params(void);
 /**
  * Loads the GGUF model at `path` (NUL-terminated) and writes a new model
  * handle to `*out_model`. `params` NULL means the defaults. The file is
- * checked completely: a malformed or truncated file gives M40_ERR_FORMAT, an
- * architecture or tensor type this build does not run M40_ERR_UNSUPPORTED,
- * a missing file M40_ERR_IO. Release the model with `m40_free`.
+ * checked completely: a malformed or truncated file (a special token id
+ * outside the vocabulary included) gives M40_ERR_FORMAT, an architecture
+ * or tensor type this build does not run M40_ERR_UNSUPPORTED, a missing
+ * file or a path that is not a regular file (a directory, a FIFO, a
+ * device; it is not opened) M40_ERR_IO, parameters out of range
+ * M40_ERR_INVALID_ARGUMENT. Error messages quote at most 256 bytes of any
+ * string from the file. Release the model with `m40_free`. Any number of
+ * threads may load models at the same time.
  *
  * # Safety
  * `path` is NULL or NUL-terminated; `params` is NULL or valid; `out_model` is
@@ -254,6 +277,8 @@ enum m40_status m40_model_load(const char *path,
                                struct m40_model **out_model);
 
 /**
+ * ==== 3. Models: queries ====
+ *
  * Returns the number of tokens in the model's vocabulary, or -1 (with
  * `m40_last_error`) when `model` is not a live model handle.
  */
@@ -283,127 +308,8 @@ enum m40_status m40_model_describe(const struct m40_model *model,
                                    size_t *out_len);
 
 /**
- * Releases any handle the library gave out (a model or a session). A model
- * stays alive until its last session is freed, in whatever order the host
- * frees them. NULL is a no-op returning M40_OK. A pointer that is not a live
- * handle (freed already, or never one) gives M40_ERR_INVALID_ARGUMENT and is
- * not touched.
- */
-enum m40_status m40_free(void *handle);
-
-/**
- * Returns the default session parameters (n_ctx 0, n_batch 0: see the fields).
- */
-struct m40_session_params m40_session_default_params(void);
-
-/**
- * Returns the default sampler: temperature 0.8, top_k 40, top_p 0.95,
- * min_p 0.05, repeat_penalty 1.0, repeat_last_n 64, seed 0.
- */
-struct m40_sampler_params m40_sampler_default_params(void);
-
-/**
- * Creates a session over `model` (which stays alive at least as long as the
- * session, whatever order the host frees them in) and writes it to
- * `*out_session`. `params` NULL means the defaults. A vocab-only model
- * cannot run sessions (M40_ERR_INVALID_ARGUMENT); a KV cache that does not
- * fit in memory gives M40_ERR_OUT_OF_MEMORY. Release it with `m40_free`.
+ * ==== 4. The tokenizer ====
  *
- * # Safety
- * `params` is NULL or valid; `out_session` is NULL or writable.
- */
-enum m40_status m40_session_new(struct m40_model *model,
-                                const struct m40_session_params *params,
-                                struct m40_session **out_session);
-
-/**
- * Forgets every token of the session (its logits too).
- */
-enum m40_status m40_session_reset(struct m40_session *session);
-
-/**
- * Keeps the first `n_keep` tokens and forgets the rest (and the logits,
- * which no longer follow); `n_keep` above `m40_session_n_past` is an
- * argument error.
- */
-enum m40_status m40_session_truncate(struct m40_session *session, uint32_t n_keep);
-
-/**
- * Returns how many tokens the session holds (0 for an invalid handle, with
- * `m40_last_error` set).
- */
-uint32_t m40_session_n_past(const struct m40_session *session);
-
-/**
- * Appends `n_tokens` tokens (a whole prompt or one generated token) and
- * runs the model over them (a prompt in chunks of n_batch); afterwards
- * `m40_logits` holds the next-token logits. M40_ERR_CONTEXT_FULL when they
- * do not fit, M40_ERR_INVALID_ARGUMENT for an id outside the vocabulary;
- * a failed decode leaves the session as it was.
- *
- * # Safety
- * `tokens` points to `n_tokens` readable tokens (or is NULL when 0).
- */
-enum m40_status m40_decode(struct m40_session *session, const m40_token *tokens, size_t n_tokens);
-
-/**
- * Returns the session's next-token logits (`m40_model_n_vocab` floats),
- * valid until the session's next decode, reset, truncate or free; NULL
- * before the first decode (or after reset/truncate) or for an invalid handle.
- */
-const float *m40_logits(const struct m40_session *session);
-
-/**
- * One token for each of `n_sessions` sessions of the same model, in one
- * batched forward pass (the weights are read once for all of them); each
- * session's logits are then as if it had decoded its token alone. Each
- * session must have room for one token; on failure no session changes.
- * The same session may not appear twice.
- *
- * # Safety
- * `sessions` and `tokens` point to `n_sessions` readable elements each.
- */
-enum m40_status m40_decode_batch(struct m40_session *const *sessions,
-                                 const m40_token *tokens,
-                                 size_t n_sessions);
-
-/**
- * Picks the next token from the session's logits with `params` (NULL:
- * the defaults) and writes it to `*out_token`; it does not decode it.
- * The random state lives in the session: the same seed from the same state
- * gives the same tokens.
- *
- * # Safety
- * `params` is NULL or valid; `out_token` is NULL or writable.
- */
-enum m40_status m40_sample(struct m40_session *session,
-                           const struct m40_sampler_params *params,
-                           m40_token *out_token);
-
-/**
- * Tokenizes `prompt` (`prompt_len` bytes of UTF-8; BOS is added when the
- * session is empty and special tokens like `<start_of_turn>` are parsed),
- * decodes it, then samples up to `max_tokens` tokens with `params` (NULL:
- * the defaults), decoding each into the session and passing its text to
- * `on_piece`. Stops at an end-of-generation token, after `max_tokens`, or
- * when `on_piece` returns false. The session keeps the prompt and the
- * generated tokens, so a later call continues the conversation.
- * M40_ERR_CONTEXT_FULL when the session fills up (what was generated
- * until then was delivered).
- *
- * # Safety
- * `prompt` points to `prompt_len` readable bytes; `params` is NULL or valid;
- * `on_piece` is NULL or a function that may be called with `user_data`.
- */
-enum m40_status m40_generate(struct m40_session *session,
-                             const char *prompt,
-                             size_t prompt_len,
-                             const struct m40_sampler_params *params,
-                             uint32_t max_tokens,
-                             m40_piece_fn on_piece,
-                             void *user_data);
-
-/**
  * Tokenizes `text_len` bytes of UTF-8 text at `text` (not necessarily
  * NUL-terminated; NULL is allowed when `text_len` is 0) with the model's
  * tokenizer, as llama.cpp's `llama_tokenize` does: the same ids for the
@@ -508,6 +414,202 @@ m40_token m40_token_eos(const struct m40_model *model);
  * `model` that is not a live model handle (then `m40_last_error` says so).
  */
 bool m40_token_is_eog(const struct m40_model *model, m40_token token);
+
+/**
+ * ==== 5. Sessions: parameters and creation ====
+ *
+ * Returns the default session parameters (n_ctx 0, n_batch 0: see the fields).
+ */
+struct m40_session_params m40_session_default_params(void);
+
+/**
+ * Creates a session over `model` (which stays alive at least as long as the
+ * session, whatever order the host frees them in) and writes it to
+ * `*out_session`. `params` NULL means the defaults. A vocab-only model
+ * cannot run sessions (M40_ERR_INVALID_ARGUMENT). The KV cache is
+ * allocated whole, for n_ctx tokens: on the CPU, one larger than the
+ * memory the machine has available (MemAvailable, and the room under the
+ * process's cgroup memory limit) gives M40_ERR_OUT_OF_MEMORY, with the
+ * bytes needed and available in the message, as does one the device
+ * cannot hold. Release it with `m40_free`. Any number of threads may
+ * create sessions over one model at the same time.
+ *
+ * # Safety
+ * `params` is NULL or valid; `out_session` is NULL or writable.
+ */
+enum m40_status m40_session_new(struct m40_model *model,
+                                const struct m40_session_params *params,
+                                struct m40_session **out_session);
+
+/**
+ * Forgets every token of the session (its logits too).
+ */
+enum m40_status m40_session_reset(struct m40_session *session);
+
+/**
+ * Keeps the first `n_keep` tokens and forgets the rest (and the logits,
+ * which no longer follow); `n_keep` above `m40_session_n_past` is an
+ * argument error.
+ */
+enum m40_status m40_session_truncate(struct m40_session *session, uint32_t n_keep);
+
+/**
+ * Returns how many tokens the session holds (0 for an invalid handle, with
+ * `m40_last_error` set).
+ */
+uint32_t m40_session_n_past(const struct m40_session *session);
+
+/**
+ * ==== 6. Decoding: tokens in, logits out ====
+ *
+ * Appends `n_tokens` tokens (a whole prompt or one generated token) and
+ * runs the model over them (a prompt in chunks of n_batch); afterwards
+ * `m40_logits` holds the next-token logits. M40_ERR_CONTEXT_FULL when they
+ * do not fit, M40_ERR_INVALID_ARGUMENT for an id outside the vocabulary;
+ * a failed decode leaves the session as it was.
+ *
+ * # Safety
+ * `tokens` points to `n_tokens` readable tokens (or is NULL when 0).
+ */
+enum m40_status m40_decode(struct m40_session *session, const m40_token *tokens, size_t n_tokens);
+
+/**
+ * Returns the session's next-token logits (`m40_model_n_vocab` floats),
+ * valid until the session's next decode, reset, truncate or free; NULL
+ * before the first decode (or after reset/truncate) or for an invalid handle.
+ */
+const float *m40_logits(const struct m40_session *session);
+
+/**
+ * One token for each of `n_sessions` sessions of the same model, in one
+ * batched forward pass (the weights are read once for all of them); each
+ * session's logits are then as if it had decoded its token alone. Each
+ * session must have room for one token; on failure no session changes.
+ * The same session may not appear twice.
+ *
+ * Threads: the call holds every listed session for its duration, so none
+ * of them may be in use by another call (M40_ERR_INVALID_ARGUMENT if one
+ * is, and nothing changes). Other threads may meanwhile use other sessions
+ * of the same model and the model itself; their work and the batch's
+ * share the model's backend, which runs one operation (a parallel CPU
+ * loop, a device call) at a time.
+ *
+ * # Safety
+ * `sessions` and `tokens` point to `n_sessions` readable elements each.
+ */
+enum m40_status m40_decode_batch(struct m40_session *const *sessions,
+                                 const m40_token *tokens,
+                                 size_t n_sessions);
+
+/**
+ * ==== 7. Sampling ====
+ *
+ * Returns the default sampler: temperature 0.8, top_k 40, top_p 0.95,
+ * min_p 0.05, repeat_penalty 1.0, repeat_last_n 64, seed 0.
+ */
+struct m40_sampler_params m40_sampler_default_params(void);
+
+/**
+ * Picks the next token from the session's logits with `params` (NULL:
+ * the defaults) and writes it to `*out_token`; it does not decode it.
+ * The random state lives in the session: the same seed from the same state
+ * gives the same tokens.
+ *
+ * # Safety
+ * `params` is NULL or valid; `out_token` is NULL or writable.
+ */
+enum m40_status m40_sample(struct m40_session *session,
+                           const struct m40_sampler_params *params,
+                           m40_token *out_token);
+
+/**
+ * ==== 8. Generation ====
+ *
+ * Tokenizes `prompt` (`prompt_len` bytes of UTF-8; BOS is added when the
+ * session is empty and special tokens like `<start_of_turn>` are parsed),
+ * decodes it, then samples up to `max_tokens` tokens with `params` (NULL:
+ * the defaults), decoding each into the session and passing its text to
+ * `on_piece`. Stops at an end-of-generation token, after `max_tokens`, or
+ * when `on_piece` returns false. The session keeps the prompt and the
+ * generated tokens, so a later call continues the conversation.
+ * M40_ERR_CONTEXT_FULL when the session fills up (what was generated
+ * until then was delivered).
+ *
+ * `on_piece` runs on the calling thread while the session is held by this
+ * call: from inside it, functions on the same session (decode, sample,
+ * logits, n_past, reset, another generate, a batch with it) fail at once
+ * with M40_ERR_INVALID_ARGUMENT, saying so, and change nothing; the
+ * generation goes on. The model, the tokenizer and other sessions may be
+ * used from inside it, even to generate with them. `m40_free` of the
+ * session is allowed there too (see `m40_free`).
+ *
+ * # Safety
+ * `prompt` points to `prompt_len` readable bytes; `params` is NULL or valid;
+ * `on_piece` is NULL or a function that may be called with `user_data`.
+ */
+enum m40_status m40_generate(struct m40_session *session,
+                             const char *prompt,
+                             size_t prompt_len,
+                             const struct m40_sampler_params *params,
+                             uint32_t max_tokens,
+                             m40_piece_fn on_piece,
+                             void *user_data);
+
+/**
+ * ==== 9. Chat templates ====
+ *
+ * Writes the prompt text of `n_messages` messages as the model's chat
+ * template formats them, followed by the opening of the assistant's turn
+ * when `add_assistant` (the text to generate a reply after). Like
+ * llama.cpp's `llama_chat_apply_template`, the template in the model's
+ * `tokenizer.chat_template` is recognized rather than executed: ChatML
+ * (`<|im_start|>`), Gemma (`<start_of_turn>`) and LLaMA 3
+ * (`<|start_header_id|>`); a model without one gets its architecture's
+ * (Gemma 3: Gemma, Qwen2: ChatML, LLaMA: LLaMA 3 when its vocabulary has the
+ * header tokens). Any other template is M40_ERR_UNSUPPORTED. The text
+ * contains the templates' special tokens as text: tokenize it with
+ * `parse_special` (as `m40_generate` does). `m40_model_describe` names the
+ * format (`chat_template`).
+ *
+ * The text is followed by a NUL; `*out_len` (when not NULL) gets its length
+ * without it. When `cap` is too small nothing is written, `*out_len` gets
+ * the length and the result is M40_ERR_BUFFER_TOO_SMALL; `buf` may be NULL
+ * when `cap` is 0.
+ *
+ * # Safety
+ * `messages` is NULL (with `n_messages` 0) or points to `n_messages`
+ * messages whose strings are NUL-terminated; `buf` is NULL or holds `cap`
+ * writable bytes; `out_len` is NULL or writable.
+ */
+enum m40_status m40_chat_apply_template(const struct m40_model *model,
+                                        const struct m40_chat_message *messages,
+                                        size_t n_messages,
+                                        bool add_assistant,
+                                        char *buf,
+                                        size_t cap,
+                                        size_t *out_len);
+
+/**
+ * ==== 10. Releasing handles ====
+ *
+ * Releases any handle the library gave out (a model or a session). A model
+ * stays alive until its last session is freed, in whatever order the host
+ * frees them. NULL is a no-op returning M40_OK. A pointer that is not a live
+ * handle (freed already, or never one) gives M40_ERR_INVALID_ARGUMENT and is
+ * not touched.
+ *
+ * Thread-safety: freeing a handle that another thread is using at that
+ * moment is safe for the library: the other call finishes with the object,
+ * which is released when it returns, and every later call with the handle
+ * gives M40_ERR_INVALID_ARGUMENT. What is not safe is the host's own use
+ * of what it got from the handle: a session's `m40_logits` pointer is
+ * invalid once the session is freed and no call is using it any more (at
+ * once, when none was). The same holds inside an
+ * `m40_generate` callback: freeing the generating session there releases
+ * the handle, and the generation runs on (return false to stop it) until
+ * `m40_generate` returns and releases the session.
+ */
+enum m40_status m40_free(void *handle);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -69,7 +69,7 @@ impl ChatTemplate {
             Some(Architecture::Llama) if llama3_tokens => Ok(ChatTemplate::Llama3),
             _ => Err(Error::unsupported(format!(
                 "the model has no chat template (tokenizer.chat_template) and '{}' has no default one",
-                model.architecture_name()
+                crate::error::echo(model.architecture_name())
             ))),
         }
     }

@@ -15,26 +15,51 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// A cache of `n_ctx` positions for `n_layer` layers. Fails with
+    /// `OutOfMemory`, naming the bytes needed and available, when the machine
+    /// (or the process's cgroup) has not that much memory free, or when the
+    /// allocation fails. The memory comes zeroed from the allocator, not
+    /// written: the OS provides its pages as they are first used.
     pub fn new(n_ctx: usize, n_layer: usize, k_width: usize, v_width: usize) -> Result<KvCache> {
-        let per_layer = n_ctx
-            .checked_mul(k_width + v_width)
-            .ok_or_else(|| Error::out_of_memory("KV cache size overflows"))?;
+        let too_big = || {
+            Error::out_of_memory(format!(
+            "a KV cache of {n_ctx} positions × {n_layer} layers × {} values does not fit in the address space",
+            k_width.saturating_add(v_width)
+        ))
+        };
+        let per_layer = k_width
+            .checked_add(v_width)
+            .and_then(|w| w.checked_mul(n_ctx))
+            .ok_or_else(too_big)?;
+        let total_bytes = per_layer
+            .checked_mul(n_layer)
+            .and_then(|n| n.checked_mul(std::mem::size_of::<f16>()))
+            .filter(|&n| n <= isize::MAX as usize)
+            .ok_or_else(too_big)?;
+        if let Some(available) = memory::available() {
+            if total_bytes as u64 > available.bytes {
+                return Err(Error::out_of_memory(format!(
+                    "a KV cache of {n_ctx} positions needs {} but {} {} available ({}); use a smaller n_ctx",
+                    memory::human(total_bytes as u64),
+                    memory::human(available.bytes),
+                    if available.bytes == 1 { "is" } else { "are" },
+                    available.source
+                )));
+            }
+        }
         let mut layers = Vec::new();
         layers
             .try_reserve_exact(n_layer)
             .map_err(|_| Error::out_of_memory("KV cache"))?;
+        let zeroed = |n: usize| {
+            zeroed_f16(n).ok_or_else(|| {
+                Error::out_of_memory(format!(
+                    "cannot allocate a KV cache of {n_ctx} positions ({} in all)",
+                    memory::human(total_bytes as u64)
+                ))
+            })
+        };
         for _ in 0..n_layer {
-            let zeroed = |n: usize| -> Result<Vec<f16>> {
-                let mut v = Vec::new();
-                v.try_reserve_exact(n).map_err(|_| {
-                    Error::out_of_memory(format!(
-                        "cannot allocate a KV cache of {n_ctx} positions ({} MiB per layer)",
-                        (per_layer * 2) >> 20
-                    ))
-                })?;
-                v.resize(n, f16::ZERO);
-                Ok(v)
-            };
             layers.push((zeroed(n_ctx * k_width)?, zeroed(n_ctx * v_width)?));
         }
         Ok(KvCache {
@@ -80,6 +105,151 @@ impl KvCache {
     }
 }
 
+/// `n` zero values straight from the allocator's zeroed memory (calloc: for
+/// a large block, fresh pages the OS zeroes as they are first touched), or
+/// `None` when the allocation fails.
+fn zeroed_f16(n: usize) -> Option<Vec<f16>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<f16>(n).ok()?;
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f16>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of
+    // `n` f16 values, and all-zero bits are the f16 value 0.0, so these are
+    // `n` initialized elements and a capacity of `n`.
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
+/// How much memory a new allocation can get: the machine's and the
+/// process's cgroup's, whichever is less.
+mod memory {
+    use std::path::{Path, PathBuf};
+
+    pub struct Available {
+        pub bytes: u64,
+        /// Where the figure comes from, for the error message.
+        pub source: String,
+    }
+
+    /// The memory available now, or `None` where the OS does not say.
+    pub fn available() -> Option<Available> {
+        let machine = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|text| meminfo_available(&text))
+            .map(|bytes| Available {
+                bytes,
+                source: "MemAvailable in /proc/meminfo".to_string(),
+            });
+        let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+            .ok()
+            .and_then(|text| cgroup_available(&text, Path::new("/sys/fs/cgroup")));
+        match (machine, cgroup) {
+            (Some(m), Some(c)) => Some(if c.bytes < m.bytes { c } else { m }),
+            (m, c) => m.or(c),
+        }
+    }
+
+    /// `MemAvailable` of /proc/meminfo, in bytes.
+    pub fn meminfo_available(meminfo: &str) -> Option<u64> {
+        let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    }
+
+    /// The least room under a memory limit of the process's cgroup or its
+    /// ancestors (a limit applies to everything under it), cgroup v2 or v1,
+    /// given /proc/self/cgroup and where the hierarchies are mounted.
+    pub fn cgroup_available(proc_cgroup: &str, mount: &Path) -> Option<Available> {
+        let mut best: Option<Available> = None;
+        for line in proc_cgroup.lines() {
+            // "hierarchy-id:controllers:path"; v2 is "0::path".
+            let mut parts = line.splitn(3, ':');
+            let (Some(id), Some(controllers), Some(path)) =
+                (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let (root, limit_file, usage_file) = if id == "0" && controllers.is_empty() {
+                (mount.to_path_buf(), "memory.max", "memory.current")
+            } else if controllers.split(',').any(|c| c == "memory") {
+                (
+                    mount.join("memory"),
+                    "memory.limit_in_bytes",
+                    "memory.usage_in_bytes",
+                )
+            } else {
+                continue;
+            };
+            for dir in ancestors(&root, path) {
+                let read = |file: &str| -> Option<u64> {
+                    std::fs::read_to_string(dir.join(file))
+                        .ok()?
+                        .trim()
+                        .parse()
+                        .ok()
+                };
+                // "max" (v2) does not parse: no limit here.
+                let (Some(limit), Some(usage)) = (read(limit_file), read(usage_file)) else {
+                    continue;
+                };
+                // v1 writes "no limit" as a huge page-rounded number.
+                if limit >= 1 << 60 {
+                    continue;
+                }
+                let bytes = limit.saturating_sub(usage);
+                if best.as_ref().is_none_or(|b| bytes < b.bytes) {
+                    best = Some(Available {
+                        bytes,
+                        source: format!(
+                            "the cgroup limit {} ({}) less its usage {}",
+                            human(limit),
+                            dir.join(limit_file).display(),
+                            human(usage)
+                        ),
+                    });
+                }
+            }
+        }
+        best
+    }
+
+    /// The cgroup's directory and those above it, up to the mount point.
+    /// Inside a cgroup namespace, or where the cgroup's own directory is not
+    /// visible, the path may not exist: the mount point itself is then the
+    /// process's cgroup.
+    fn ancestors(root: &Path, path: &str) -> Vec<PathBuf> {
+        let mut dirs = vec![root.to_path_buf()];
+        let mut dir = root.to_path_buf();
+        for part in path.split('/').filter(|p| !p.is_empty() && *p != "..") {
+            dir = dir.join(part);
+            dirs.push(dir.clone());
+        }
+        dirs
+    }
+
+    /// Bytes as "1.5 GiB", "12 MiB", "512 bytes".
+    pub fn human(bytes: u64) -> String {
+        const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+        if bytes < 1024 {
+            return format!("{bytes} bytes");
+        }
+        let mut value = bytes as f64;
+        let mut unit = "";
+        for u in UNITS {
+            if value < 1024.0 {
+                break;
+            }
+            value /= 1024.0;
+            unit = u;
+        }
+        format!("{value:.1} {unit} ({bytes} bytes)")
+    }
+}
+
 trait FromF32 {
     fn copy_from_slice_f32(&mut self, src: &[f32]);
 }
@@ -88,5 +258,92 @@ impl FromF32 for [f16] {
     fn copy_from_slice_f32(&mut self, src: &[f32]) {
         use half::slice::HalfFloatSliceExt;
         self.convert_from_f32_slice(src);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::memory::*;
+    use super::*;
+
+    #[test]
+    fn the_cache_starts_zeroed() {
+        let kv = KvCache::new(8, 2, 4, 6).unwrap();
+        for layer in 0..2 {
+            assert!(kv.keys(layer, 0..8).iter().all(|&x| x == f16::ZERO));
+            assert!(kv.values(layer, 0..8).iter().all(|&x| x == f16::ZERO));
+        }
+        assert_eq!(kv.size_bytes(), 2 * 8 * 10 * 2);
+    }
+
+    #[test]
+    fn a_cache_larger_than_memory_is_out_of_memory_naming_both_sizes() {
+        let err = KvCache::new(1 << 62, 64, 1024, 1024)
+            .err()
+            .expect("too big");
+        assert_eq!(err.kind(), crate::error::ErrorKind::OutOfMemory);
+        assert!(err.message().contains("does not fit"), "{err}");
+        let err = KvCache::new(1 << 24, 64, 1024, 1024)
+            .err()
+            .expect("too big");
+        assert_eq!(err.kind(), crate::error::ErrorKind::OutOfMemory);
+        assert!(
+            err.message().contains("needs 4.0 TiB") && err.message().contains("available"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn meminfo_gives_mem_available_in_bytes() {
+        let text = "MemTotal:       24683656 kB\nMemFree:  1 kB\nMemAvailable:   23240312 kB\n";
+        assert_eq!(meminfo_available(text), Some(23240312 * 1024));
+        assert_eq!(meminfo_available("MemTotal: 5 kB\n"), None);
+    }
+
+    #[test]
+    fn cgroup_limits_of_v1_and_v2_and_their_ancestors_are_read() {
+        let mount = std::env::temp_dir().join(format!("m40llm-cgroup-{}", std::process::id()));
+        let write = |dir: &std::path::Path, files: &[(&str, &str)]| {
+            std::fs::create_dir_all(dir).unwrap();
+            for (name, text) in files {
+                std::fs::write(dir.join(name), text).unwrap();
+            }
+        };
+        // v2: the parent's limit is the tighter one.
+        write(
+            &mount,
+            &[("memory.max", "max\n"), ("memory.current", "1\n")],
+        );
+        write(
+            &mount.join("a"),
+            &[("memory.max", "3000\n"), ("memory.current", "1000\n")],
+        );
+        write(
+            &mount.join("a/b"),
+            &[("memory.max", "max\n"), ("memory.current", "500\n")],
+        );
+        let got = cgroup_available("0::/a/b\n", &mount).unwrap();
+        assert_eq!(got.bytes, 2000);
+        assert!(got.source.contains("memory.max"), "{}", got.source);
+        // v1: "no limit" is a huge number; the memory controller's line counts.
+        let v1 = mount.join("memory");
+        write(
+            &v1,
+            &[
+                ("memory.limit_in_bytes", "9223372036854771712\n"),
+                ("memory.usage_in_bytes", "5\n"),
+            ],
+        );
+        write(
+            &v1.join("c"),
+            &[
+                ("memory.limit_in_bytes", "1000\n"),
+                ("memory.usage_in_bytes", "900\n"),
+            ],
+        );
+        let got = cgroup_available("4:memory:/c\n2:cpu:/x\n", &mount).unwrap();
+        assert_eq!(got.bytes, 100);
+        assert!(cgroup_available("4:memory:/\n", &mount).is_none());
+        std::fs::remove_dir_all(&mount).unwrap();
     }
 }

@@ -1051,6 +1051,24 @@ fn corpus() -> Vec<Case> {
         );
     }
 
+    // --- Special token ids: one outside the vocabulary is rejected, not
+    // replaced by a default (llama.cpp warns and keeps its default).
+    c.format(
+        "bos_token_id_one_past_the_vocabulary",
+        llama_with(|w| w.set_kv("tokenizer.ggml.bos_token_id", Meta::U32(16))),
+        &["metadata key 'tokenizer.ggml.bos_token_id' = 16 is outside the vocabulary of 16 tokens"],
+    );
+    c.format(
+        "eos_token_id_far_past_the_vocabulary",
+        llama_with(|w| w.set_kv("tokenizer.ggml.eos_token_id", Meta::U32(u32::MAX))),
+        &["'tokenizer.ggml.eos_token_id' = 4294967295 is outside the vocabulary"],
+    );
+    c.format(
+        "padding_token_id_past_the_vocabulary",
+        llama_with(|w| w.set_kv("tokenizer.ggml.padding_token_id", Meta::U32(100))),
+        &["'tokenizer.ggml.padding_token_id' = 100"],
+    );
+
     c.0
 }
 

@@ -18,6 +18,8 @@ pub struct m40_chat_message {
     pub content: *const c_char,
 }
 
+/// ==== 9. Chat templates ====
+///
 /// Writes the prompt text of `n_messages` messages as the model's chat
 /// template formats them, followed by the opening of the assistant's turn
 /// when `add_assistant` (the text to generate a reply after). Like

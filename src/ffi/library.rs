@@ -8,8 +8,11 @@ use super::status::{last_error_ptr, m40_status};
 /// `m40_abi_version()` differs from this is not compatible.
 pub const M40_ABI_VERSION: u32 = 1;
 
+/// ==== 1. The library: versions and errors ====
+///
 /// Returns the C ABI version of the loaded library (compare with
-/// `M40_ABI_VERSION`).
+/// `M40_ABI_VERSION`). Like every function of this section it may be called
+/// from any thread at any time, before or after any other call.
 #[no_mangle]
 pub extern "C" fn m40_abi_version() -> u32 {
     M40_ABI_VERSION
@@ -38,9 +41,44 @@ pub extern "C" fn m40_last_error() -> *const c_char {
     last_error_ptr()
 }
 
+/// A status as `m40_status_str` receives it: any 32-bit value, since C lets
+/// an `enum m40_status` hold any value of its underlying type. cbindgen.toml
+/// renames it to `enum m40_status`, so that the header declares the function
+/// with the enum; the two are passed alike.
+pub type m40_status_value = i32;
+
 /// Returns a short static description of a status ("ok", "malformed GGUF
-/// file", ...). `status` must be one of the `m40_status` values.
+/// file", ...); any other value, outside the enum, gets "unknown status".
+/// Do not free it.
 #[no_mangle]
-pub extern "C" fn m40_status_str(status: m40_status) -> *const c_char {
-    status.description().as_ptr()
+pub extern "C" fn m40_status_str(status: m40_status_value) -> *const c_char {
+    m40_status::from_value(status)
+        .map_or(c"unknown status", m40_status::description)
+        .as_ptr()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    fn text(status: m40_status_value) -> &'static str {
+        // SAFETY: m40_status_str returns a static NUL-terminated string.
+        unsafe { CStr::from_ptr(m40_status_str(status)) }
+            .to_str()
+            .unwrap()
+    }
+
+    #[test]
+    fn every_status_value_gets_a_string_and_values_outside_the_enum_are_unknown() {
+        assert_eq!(text(m40_status::M40_OK as i32), "ok");
+        assert_eq!(
+            text(m40_status::M40_ERR_FORMAT as i32),
+            "malformed GGUF file"
+        );
+        assert_eq!(text(m40_status::M40_ERR_INTERNAL as i32), "internal error");
+        for value in [-1, 10, 1000, i32::MIN, i32::MAX] {
+            assert_eq!(text(value), "unknown status", "{value}");
+        }
+    }
 }

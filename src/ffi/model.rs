@@ -1,6 +1,6 @@
-//! Model handles: load, query, describe, free.
+//! Model handles: parameters, load, queries, describe.
 
-use std::ffi::{c_char, c_void};
+use std::ffi::c_char;
 
 use super::args;
 use super::handles;
@@ -8,7 +8,7 @@ use super::status::{guard, guard_value, m40_status};
 use crate::model::{LoadOptions, Model};
 
 /// An opaque loaded model. Immutable after load: any number of threads and
-/// sessions may use one model at the same time.
+/// sessions may use one model at the same time. Release it with `m40_free`.
 pub struct m40_model {
     _opaque: [u8; 0],
 }
@@ -20,9 +20,20 @@ pub struct m40_model {
 pub struct m40_model_params {
     /// -1: CPU; 0..N-1: CUDA device. Default: 0 when a CUDA device is usable, else -1.
     pub device: i32,
-    /// CPU worker threads; 0: one per core.
+    /// Threads the CPU backend computes with, the calling thread included;
+    /// 0 (the default): one per core. At most 1024, else
+    /// M40_ERR_INVALID_ARGUMENT. When the system cannot start them all (a
+    /// process or user thread limit, memory), the load fails with
+    /// M40_ERR_OUT_OF_MEMORY and stops the threads it had started.
     pub n_threads: u32,
     /// Map the file instead of reading it into memory. Default true.
+    ///
+    /// A mapped file must stay as it is while the model is loaded: the
+    /// weights are read from the file's pages as they are used, so
+    /// truncating or rewriting the file in place (not replacing it by a
+    /// rename) can kill the process with SIGBUS, as with llama.cpp. Where
+    /// the file may change under the process, set use_mmap false: the
+    /// weights are then read into memory at load.
     pub use_mmap: bool,
     /// Load metadata and tokenizer only (no weights, any architecture). Default false.
     pub vocab_only: bool,
@@ -39,6 +50,8 @@ impl From<m40_model_params> for LoadOptions {
     }
 }
 
+/// ==== 2. Models: parameters and loading ====
+///
 /// Returns the default model parameters.
 #[no_mangle]
 pub extern "C" fn m40_model_default_params() -> m40_model_params {
@@ -53,9 +66,14 @@ pub extern "C" fn m40_model_default_params() -> m40_model_params {
 
 /// Loads the GGUF model at `path` (NUL-terminated) and writes a new model
 /// handle to `*out_model`. `params` NULL means the defaults. The file is
-/// checked completely: a malformed or truncated file gives M40_ERR_FORMAT, an
-/// architecture or tensor type this build does not run M40_ERR_UNSUPPORTED,
-/// a missing file M40_ERR_IO. Release the model with `m40_free`.
+/// checked completely: a malformed or truncated file (a special token id
+/// outside the vocabulary included) gives M40_ERR_FORMAT, an architecture
+/// or tensor type this build does not run M40_ERR_UNSUPPORTED, a missing
+/// file or a path that is not a regular file (a directory, a FIFO, a
+/// device; it is not opened) M40_ERR_IO, parameters out of range
+/// M40_ERR_INVALID_ARGUMENT. Error messages quote at most 256 bytes of any
+/// string from the file. Release the model with `m40_free`. Any number of
+/// threads may load models at the same time.
 ///
 /// # Safety
 /// `path` is NULL or NUL-terminated; `params` is NULL or valid; `out_model` is
@@ -75,12 +93,15 @@ pub unsafe extern "C" fn m40_model_load(
                 args::out(out_model, "out_model")?,
             )
         };
+        crate::backend::cpu::check_thread_count(params.n_threads as usize)?;
         let model = Model::load(&path, params.into())?;
-        *out_model = handles::register_model(model).cast();
+        *out_model = handles::register_model(model)?.cast();
         Ok(())
     })
 }
 
+/// ==== 3. Models: queries ====
+///
 /// Returns the number of tokens in the model's vocabulary, or -1 (with
 /// `m40_last_error`) when `model` is not a live model handle.
 #[no_mangle]
@@ -120,14 +141,4 @@ pub unsafe extern "C" fn m40_model_describe(
         // SAFETY: the caller's promises, forwarded.
         unsafe { args::write_text(json.as_bytes(), buf, cap, out_len) }
     })
-}
-
-/// Releases any handle the library gave out (a model or a session). A model
-/// stays alive until its last session is freed, in whatever order the host
-/// frees them. NULL is a no-op returning M40_OK. A pointer that is not a live
-/// handle (freed already, or never one) gives M40_ERR_INVALID_ARGUMENT and is
-/// not touched.
-#[no_mangle]
-pub extern "C" fn m40_free(handle: *mut c_void) -> m40_status {
-    guard(|| handles::free(handle as usize))
 }

@@ -14,8 +14,9 @@ use crate::session::{Session, SessionParams};
 pub type m40_token = i32;
 
 /// An opaque session: one sequence of tokens and its KV cache over a model.
-/// Used by one thread at a time; different sessions may run on different
-/// threads at once.
+/// Used by one thread at a time (a call on a session another call is using
+/// fails with M40_ERR_INVALID_ARGUMENT); different sessions may run on
+/// different threads at once. Release it with `m40_free`.
 pub struct m40_session {
     _opaque: [u8; 0],
 }
@@ -64,6 +65,8 @@ impl From<m40_sampler_params> for SamplerParams {
     }
 }
 
+/// ==== 5. Sessions: parameters and creation ====
+///
 /// Returns the default session parameters (n_ctx 0, n_batch 0: see the fields).
 #[no_mangle]
 pub extern "C" fn m40_session_default_params() -> m40_session_params {
@@ -73,27 +76,16 @@ pub extern "C" fn m40_session_default_params() -> m40_session_params {
     }
 }
 
-/// Returns the default sampler: temperature 0.8, top_k 40, top_p 0.95,
-/// min_p 0.05, repeat_penalty 1.0, repeat_last_n 64, seed 0.
-#[no_mangle]
-pub extern "C" fn m40_sampler_default_params() -> m40_sampler_params {
-    let d = SamplerParams::default();
-    m40_sampler_params {
-        temperature: d.temperature,
-        top_k: d.top_k,
-        top_p: d.top_p,
-        min_p: d.min_p,
-        repeat_penalty: d.repeat_penalty,
-        repeat_last_n: d.repeat_last_n,
-        seed: d.seed,
-    }
-}
-
 /// Creates a session over `model` (which stays alive at least as long as the
 /// session, whatever order the host frees them in) and writes it to
 /// `*out_session`. `params` NULL means the defaults. A vocab-only model
-/// cannot run sessions (M40_ERR_INVALID_ARGUMENT); a KV cache that does not
-/// fit in memory gives M40_ERR_OUT_OF_MEMORY. Release it with `m40_free`.
+/// cannot run sessions (M40_ERR_INVALID_ARGUMENT). The KV cache is
+/// allocated whole, for n_ctx tokens: on the CPU, one larger than the
+/// memory the machine has available (MemAvailable, and the room under the
+/// process's cgroup memory limit) gives M40_ERR_OUT_OF_MEMORY, with the
+/// bytes needed and available in the message, as does one the device
+/// cannot hold. Release it with `m40_free`. Any number of threads may
+/// create sessions over one model at the same time.
 ///
 /// # Safety
 /// `params` is NULL or valid; `out_session` is NULL or writable.
@@ -119,7 +111,7 @@ pub unsafe extern "C" fn m40_session_new(
                 n_batch: params.n_batch,
             },
         )?;
-        *out_session = handles::register_session(session).cast();
+        *out_session = handles::register_session(session)?.cast();
         Ok(())
     })
 }
@@ -163,6 +155,8 @@ fn token_ids(tokens: &[m40_token]) -> Result<Vec<u32>, Error> {
         .collect()
 }
 
+/// ==== 6. Decoding: tokens in, logits out ====
+///
 /// Appends `n_tokens` tokens (a whole prompt or one generated token) and
 /// runs the model over them (a prompt in chunks of n_batch); afterwards
 /// `m40_logits` holds the next-token logits. M40_ERR_CONTEXT_FULL when they
@@ -202,6 +196,13 @@ pub extern "C" fn m40_logits(session: *const m40_session) -> *const f32 {
 /// session must have room for one token; on failure no session changes.
 /// The same session may not appear twice.
 ///
+/// Threads: the call holds every listed session for its duration, so none
+/// of them may be in use by another call (M40_ERR_INVALID_ARGUMENT if one
+/// is, and nothing changes). Other threads may meanwhile use other sessions
+/// of the same model and the model itself; their work and the batch's
+/// share the model's backend, which runs one operation (a parallel CPU
+/// loop, a device call) at a time.
+///
 /// # Safety
 /// `sessions` and `tokens` point to `n_sessions` readable elements each.
 #[no_mangle]
@@ -232,17 +233,33 @@ pub unsafe extern "C" fn m40_decode_batch(
         }
         let mut guards = Vec::with_capacity(sessions.len());
         for (i, s) in sessions.iter().enumerate() {
-            let guard = s.try_lock().or_else(|e| match e {
-                std::sync::TryLockError::Poisoned(p) => Ok(p.into_inner()),
-                std::sync::TryLockError::WouldBlock => Err(Error::invalid_argument(format!(
-                    "session {i} is in use by another thread"
-                ))),
-            })?;
-            guards.push(guard);
+            guards.push(handles::lock(
+                handles_in[i] as usize,
+                s,
+                &format!("sessions[{i}]"),
+            )?);
         }
         let mut refs: Vec<&mut Session> = guards.iter_mut().map(|g| &mut **g).collect();
         Session::decode_batch(&mut refs, &tokens)
     })
+}
+
+/// ==== 7. Sampling ====
+///
+/// Returns the default sampler: temperature 0.8, top_k 40, top_p 0.95,
+/// min_p 0.05, repeat_penalty 1.0, repeat_last_n 64, seed 0.
+#[no_mangle]
+pub extern "C" fn m40_sampler_default_params() -> m40_sampler_params {
+    let d = SamplerParams::default();
+    m40_sampler_params {
+        temperature: d.temperature,
+        top_k: d.top_k,
+        top_p: d.top_p,
+        min_p: d.min_p,
+        repeat_penalty: d.repeat_penalty,
+        repeat_last_n: d.repeat_last_n,
+        seed: d.seed,
+    }
 }
 
 /// Picks the next token from the session's logits with `params` (NULL:
@@ -286,6 +303,8 @@ pub type m40_piece_fn = Option<
     ) -> bool,
 >;
 
+/// ==== 8. Generation ====
+///
 /// Tokenizes `prompt` (`prompt_len` bytes of UTF-8; BOS is added when the
 /// session is empty and special tokens like `<start_of_turn>` are parsed),
 /// decodes it, then samples up to `max_tokens` tokens with `params` (NULL:
@@ -295,6 +314,14 @@ pub type m40_piece_fn = Option<
 /// generated tokens, so a later call continues the conversation.
 /// M40_ERR_CONTEXT_FULL when the session fills up (what was generated
 /// until then was delivered).
+///
+/// `on_piece` runs on the calling thread while the session is held by this
+/// call: from inside it, functions on the same session (decode, sample,
+/// logits, n_past, reset, another generate, a batch with it) fail at once
+/// with M40_ERR_INVALID_ARGUMENT, saying so, and change nothing; the
+/// generation goes on. The model, the tokenizer and other sessions may be
+/// used from inside it, even to generate with them. `m40_free` of the
+/// session is allowed there too (see `m40_free`).
 ///
 /// # Safety
 /// `prompt` points to `prompt_len` readable bytes; `params` is NULL or valid;

@@ -7,6 +7,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::error::{Error, ErrorKind, Result};
 
+/// ==== Types: the status, the handles, parameters and callbacks ====
+///
 /// The result of every fallible call. On failure `m40_last_error()` says what
 /// failed, where and why.
 #[repr(C)]
@@ -15,19 +17,22 @@ pub enum m40_status {
     M40_OK = 0,
     /// NULL pointer, bad length, token out of range, invalid UTF-8, ...
     M40_ERR_INVALID_ARGUMENT = 1,
-    /// File missing or unreadable.
+    /// File missing or unreadable, or the path is not a regular file.
     M40_ERR_IO = 2,
     /// Malformed or truncated GGUF.
     M40_ERR_FORMAT = 3,
     /// Architecture or tensor type not supported by this build.
     M40_ERR_UNSUPPORTED = 4,
-    /// Host or device memory exhausted.
+    /// Host or device memory exhausted (or another resource the system
+    /// gives out, such as threads).
     M40_ERR_OUT_OF_MEMORY = 5,
     /// The session has no room for the tokens.
     M40_ERR_CONTEXT_FULL = 6,
     /// CUDA / device failure.
     M40_ERR_BACKEND = 7,
-    /// The output buffer is too small; the size needed was written.
+    /// The output buffer is too small; the size needed was written to the
+    /// function's length output (the one exception to "outputs are written
+    /// only on M40_OK").
     M40_ERR_BUFFER_TOO_SMALL = 8,
     /// A bug in libm40llm (a caught panic).
     M40_ERR_INTERNAL = 9,
@@ -50,6 +55,25 @@ impl From<ErrorKind> for m40_status {
 }
 
 impl m40_status {
+    /// The status whose value is `value`, if one is.
+    pub(crate) fn from_value(value: i32) -> Option<m40_status> {
+        use m40_status::*;
+        [
+            M40_OK,
+            M40_ERR_INVALID_ARGUMENT,
+            M40_ERR_IO,
+            M40_ERR_FORMAT,
+            M40_ERR_UNSUPPORTED,
+            M40_ERR_OUT_OF_MEMORY,
+            M40_ERR_CONTEXT_FULL,
+            M40_ERR_BACKEND,
+            M40_ERR_BUFFER_TOO_SMALL,
+            M40_ERR_INTERNAL,
+        ]
+        .into_iter()
+        .find(|&s| s as i32 == value)
+    }
+
     pub(crate) fn description(self) -> &'static std::ffi::CStr {
         match self {
             m40_status::M40_OK => c"ok",

@@ -21,6 +21,8 @@ fn token_id(token: m40_token, n_vocab: u32) -> Result<u32> {
         })
 }
 
+/// ==== 4. The tokenizer ====
+///
 /// Tokenizes `text_len` bytes of UTF-8 text at `text` (not necessarily
 /// NUL-terminated; NULL is allowed when `text_len` is 0) with the model's
 /// tokenizer, as llama.cpp's `llama_tokenize` does: the same ids for the

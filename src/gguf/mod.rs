@@ -61,15 +61,16 @@ pub struct GgufFile {
 
 impl GgufFile {
     /// Opens and checks the GGUF file at `path`.
+    /// A path that is not a regular file (a directory, a FIFO, a device) is
+    /// an I/O error, found before the file is opened: opening a FIFO would
+    /// wait for a writer, and opening a device can have effects.
     pub fn open(path: &Path, options: ReadOptions) -> Result<GgufFile> {
-        let file = File::open(path).map_err(|e| Error::io("cannot open", e))?;
+        let stat = std::fs::metadata(path).map_err(|e| Error::io("cannot open", e))?;
+        check_regular(&stat)?;
+        let file = open_nonblocking(path).map_err(|e| Error::io("cannot open", e))?;
+        // The path may have been replaced between the check and the open.
         let stat = file.metadata().map_err(|e| Error::io("cannot stat", e))?;
-        if !stat.is_file() {
-            return Err(Error::new(
-                crate::error::ErrorKind::Io,
-                "not a regular file",
-            ));
-        }
+        check_regular(&stat)?;
         let file_size = stat.len();
         if file_size == 0 {
             return Err(Error::format("the file is empty"));
@@ -204,6 +205,61 @@ impl GgufFile {
         let end = start.checked_add(usize::try_from(tensor.n_bytes).ok()?)?;
         data.get(start..end)
     }
+}
+
+fn check_regular(stat: &std::fs::Metadata) -> Result<()> {
+    if stat.is_file() {
+        return Ok(());
+    }
+    let ty = stat.file_type();
+    let what = if ty.is_dir() {
+        "a directory"
+    } else {
+        file_type_name(&ty)
+    };
+    Err(Error::new(
+        crate::error::ErrorKind::Io,
+        format!("not a regular file ({what})"),
+    ))
+}
+
+#[cfg(unix)]
+fn file_type_name(ty: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ty.is_fifo() {
+        "a FIFO"
+    } else if ty.is_socket() {
+        "a socket"
+    } else if ty.is_char_device() {
+        "a character device"
+    } else if ty.is_block_device() {
+        "a block device"
+    } else {
+        "an unknown kind of file"
+    }
+}
+
+#[cfg(not(unix))]
+fn file_type_name(_: &std::fs::FileType) -> &'static str {
+    "an unknown kind of file"
+}
+
+/// Opens `path` for reading without waiting: should it have become a FIFO
+/// since it was checked, the open returns at once (and the check after it
+/// fails) instead of blocking until a writer comes. For a regular file
+/// O_NONBLOCK changes nothing.
+#[cfg(unix)]
+fn open_nonblocking(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn open_nonblocking(path: &Path) -> std::io::Result<File> {
+    File::open(path)
 }
 
 fn allocate(len: u64) -> Result<AlignedBytes> {

@@ -10,7 +10,7 @@ use std::io::Read;
 
 use super::value::{Array, Value, ValueType};
 use super::TensorInfo;
-use crate::error::{Error, Result};
+use crate::error::{echo, Error, Result};
 use crate::quant::GgmlType;
 
 const MAGIC: &[u8; 4] = b"GGUF";
@@ -312,10 +312,11 @@ pub fn parse_header<R: Read>(src: R, file_len: u64) -> Result<Header> {
         }
         if seen_keys.contains_key(&key) {
             return Err(Error::format(format!(
-                "duplicate metadata key '{key}' (entry {i})"
+                "duplicate metadata key '{}' (entry {i})",
+                echo(&key)
             )));
         }
-        let what = || format!("metadata key '{key}'");
+        let what = || format!("metadata key '{}'", echo(&key));
         let ty = read_value_type(&mut cur, &what)?;
         let value = read_value(&mut cur, ty, &what)?;
         seen_keys.insert(key.clone(), i);

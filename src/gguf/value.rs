@@ -1,7 +1,7 @@
 //! GGUF metadata values: the thirteen value types, arrays of any of them
 //! (arrays of arrays included), and typed accessors that say what went wrong.
 
-use crate::error::{Error, Result};
+use crate::error::{echo, Error, Result};
 
 /// A GGUF metadata value type, by its id in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,7 +220,7 @@ impl Entry<'_> {
     fn wrong_type(&self, expected: &str) -> Error {
         Error::format(format!(
             "metadata key '{}' has type {}, expected {expected}",
-            self.key,
+            echo(self.key),
             self.value.type_description()
         ))
     }
@@ -234,7 +234,7 @@ impl Entry<'_> {
         if v < i128::from(*range.start()) || v > i128::from(*range.end()) {
             return Err(Error::format(format!(
                 "metadata key '{}' = {v} is out of range ({}..={})",
-                self.key,
+                echo(self.key),
                 range.start(),
                 range.end()
             )));
@@ -251,7 +251,7 @@ impl Entry<'_> {
         if !v.is_finite() || v < f64::from(*range.start()) || v > f64::from(*range.end()) {
             return Err(Error::format(format!(
                 "metadata key '{}' = {v} is out of range ({}..={})",
-                self.key,
+                echo(self.key),
                 range.start(),
                 range.end()
             )));

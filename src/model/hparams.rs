@@ -2,7 +2,7 @@
 //! and checked for the ranges and relations the forward pass relies on.
 
 use super::Architecture;
-use crate::error::{Error, Result};
+use crate::error::{echo, Error, Result};
 use crate::gguf::GgufFile;
 
 // Upper bounds well above any published model; they keep hostile values from
@@ -101,8 +101,9 @@ impl HyperParams {
                 }
                 other => {
                     return Err(Error::unsupported(format!(
-                        "{} = '{other}' is not supported (only none and linear)",
-                        key("rope.scaling.type")
+                        "{} = '{}' is not supported (only none and linear)",
+                        key("rope.scaling.type"),
+                        echo(other)
                     )))
                 }
             },

@@ -113,7 +113,8 @@ impl Model {
 
         let arch = Architecture::from_name(&architecture_name).ok_or_else(|| {
             Error::unsupported(format!(
-                "architecture '{architecture_name}' is not supported (supported: llama, qwen2, gemma3)"
+                "architecture '{}' is not supported (supported: llama, qwen2, gemma3)",
+                crate::error::echo(&architecture_name)
             ))
         })?;
         let hparams = HyperParams::from_gguf(&gguf, arch, n_vocab)?;

@@ -26,7 +26,7 @@ mod unicode;
 
 use std::fmt;
 
-use crate::error::{Error, Result};
+use crate::error::{echo, Error, Result};
 use crate::gguf::{Array, GgufFile};
 use index::TextIndex;
 
@@ -320,7 +320,8 @@ impl Tokenizer {
                 (ids.bos, ids.eos) = (Some(11), Some(11));
                 let config = pretokenize::config(&pre_name).ok_or_else(|| {
                     Error::unsupported(format!(
-                        "pre-tokenizer '{pre_name}' (tokenizer.ggml.pre) is not supported (supported: {})",
+                        "pre-tokenizer '{}' (tokenizer.ggml.pre) is not supported (supported: {})",
+                        echo(&pre_name),
                         pretokenize::NAMES.join(", ")
                     ))
                 })?;
@@ -335,7 +336,8 @@ impl Tokenizer {
             }
             other => {
                 return Err(Error::unsupported(format!(
-                    "tokenizer model '{other}' (tokenizer.ggml.model) is not supported (supported: llama, gpt2)"
+                    "tokenizer model '{}' (tokenizer.ggml.model) is not supported (supported: llama, gpt2)",
+                    echo(other)
                 )))
             }
         }
@@ -381,13 +383,15 @@ impl Tokenizer {
             };
             if let Err(first) = inserted {
                 return Err(Error::format(format!(
-                    "duplicate token in tokenizer.ggml.tokens: {token:?} has ids {first} and {i}"
+                    "duplicate token in tokenizer.ggml.tokens: {:?} has ids {first} and {i}",
+                    echo(token)
                 )));
             }
         }
 
         // Special ids: defaults outside the vocabulary are dropped; a file's
-        // id outside it is ignored (llama.cpp warns and keeps the default).
+        // id outside it is a malformed file. (llama.cpp warns and keeps the
+        // default, which silently gives such a model another BOS or EOS.)
         let in_range = |id: Option<u32>| id.filter(|&id| (id as usize) < n);
         let special_keys: [(&str, IdSlot); 17] = [
             ("bos_token_id", |s| &mut s.bos),
@@ -411,10 +415,14 @@ impl Tokenizer {
         for (key, field) in special_keys {
             let slot = field(&mut ids);
             *slot = in_range(*slot);
-            if let Some(id) = read_id(gguf, &format!("tokenizer.ggml.{key}"))? {
-                if (id as usize) < n {
-                    *slot = Some(id);
+            let key = format!("tokenizer.ggml.{key}");
+            if let Some(id) = read_id(gguf, &key)? {
+                if id as usize >= n {
+                    return Err(Error::format(format!(
+                        "metadata key '{key}' = {id} is outside the vocabulary of {n} tokens"
+                    )));
                 }
+                *slot = Some(id);
             }
         }
         if let Some(v) = read_bool(gguf, "tokenizer.ggml.add_bos_token")? {

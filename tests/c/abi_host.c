@@ -69,6 +69,12 @@ int main(int argc, char **argv) {
     CHECK(contains(m40_status_str(M40_ERR_FORMAT), "GGUF"), "status_str(M40_ERR_FORMAT) = %s",
           m40_status_str(M40_ERR_FORMAT));
     CHECK(strlen(m40_status_str(M40_ERR_INTERNAL)) > 0, "status_str(M40_ERR_INTERNAL)");
+    /* C lets an enum hold any int: every value gets a string. */
+    CHECK(strcmp(m40_status_str((m40_status)-1), "unknown status") == 0 &&
+              strcmp(m40_status_str((m40_status)1000), "unknown status") == 0 &&
+              strcmp(m40_status_str((m40_status)INT32_MIN), "unknown status") == 0 &&
+              strcmp(m40_status_str((m40_status)(M40_ERR_INTERNAL + 1)), "unknown status") == 0,
+          "status_str of values outside the enum is \"unknown status\"");
 
     m40_model_params params = m40_model_default_params();
     CHECK(params.use_mmap && !params.vocab_only && params.device >= -1 && params.n_threads == 0,
@@ -92,6 +98,14 @@ int main(int argc, char **argv) {
     CHECK(m40_model_load(valid, &bad_device, &model) == M40_ERR_INVALID_ARGUMENT &&
               contains(m40_last_error(), "device"),
           "device -7 is an argument error");
+
+    m40_model_params many_threads = m40_model_default_params();
+    many_threads.device = -1;
+    many_threads.n_threads = UINT32_MAX;
+    CHECK(m40_model_load(valid, &many_threads, &model) == M40_ERR_INVALID_ARGUMENT &&
+              contains(m40_last_error(), "n_threads 4294967295"),
+          "n_threads UINT32_MAX is an argument error, not an abort");
+    CHECK(model == (m40_model *)0x1, "out_model untouched on failure");
 
     /* A valid model. */
     m40_status st = m40_model_load(valid, NULL, &model);
@@ -182,6 +196,13 @@ int main(int argc, char **argv) {
     const m40_token negative[1] = {-3};
     CHECK(m40_decode(session, negative, 1) == M40_ERR_INVALID_ARGUMENT, "a negative token is rejected");
     CHECK(m40_decode(session, NULL, 2) == M40_ERR_INVALID_ARGUMENT, "decode(NULL tokens, 2)");
+
+    m40_session_params huge_ctx = m40_session_default_params();
+    huge_ctx.n_ctx = UINT32_MAX;
+    m40_session *huge_session = NULL;
+    CHECK(m40_session_new(model, &huge_ctx, &huge_session) == M40_ERR_OUT_OF_MEMORY && huge_session == NULL &&
+              contains(m40_last_error(), "available"),
+          "a KV cache larger than memory is M40_ERR_OUT_OF_MEMORY, not a killed process");
 
     m40_session_params tiny_ctx = m40_session_default_params();
     tiny_ctx.n_ctx = 4;

@@ -9,7 +9,7 @@ mod pool;
 use std::sync::Arc;
 
 pub use matmul::{matmul, WeightMatrix};
-pub use pool::ThreadPool;
+pub use pool::{check_thread_count, ThreadPool, MAX_THREADS};
 
 use super::{fill_rows, AttentionShape, Backend, Glu, Rope, SeqPos};
 use crate::error::{Error, Result};
@@ -32,7 +32,7 @@ impl CpuBackend {
         }
         Ok(CpuBackend {
             file,
-            pool: ThreadPool::new(threads),
+            pool: ThreadPool::try_new(threads)?,
             kernels: Kernels::best(),
         })
     }

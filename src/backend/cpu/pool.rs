@@ -17,6 +17,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::error::{Error, Result};
+
 /// How long a thread spins for the next event before it sleeps.
 const SPIN: Duration = Duration::from_micros(100);
 
@@ -100,10 +102,48 @@ pub struct ThreadPool {
     submit: Mutex<()>,
 }
 
+/// The most threads a pool runs loops on (`m40_model_params.n_threads`).
+/// More would only cost memory and scheduling: no CPU has that many cores
+/// for one process to use well.
+pub const MAX_THREADS: usize = 1024;
+
+/// Checks a thread count a host asked for (0 is "one per core" and resolved
+/// before this).
+pub fn check_thread_count(n_threads: usize) -> Result<()> {
+    if n_threads > MAX_THREADS {
+        return Err(Error::invalid_argument(format!(
+            "n_threads {n_threads} is more than the {MAX_THREADS} CPU threads a model may use (0: one per core)"
+        )));
+    }
+    Ok(())
+}
+
+/// Starts one worker thread running `body`.
+type Spawn<'a> = dyn FnMut(usize, Box<dyn FnOnce() + Send>) -> std::io::Result<JoinHandle<()>> + 'a;
+
 impl ThreadPool {
     /// A pool running loops on `n_threads` threads in all: the caller and
-    /// `n_threads - 1` workers.
+    /// `n_threads - 1` workers. Panics where [`ThreadPool::try_new`] fails
+    /// (for tests and benchmarks).
     pub fn new(n_threads: usize) -> ThreadPool {
+        Self::try_new(n_threads).expect("starting a CPU thread pool")
+    }
+
+    /// A pool running loops on `n_threads` threads in all: the caller and
+    /// `n_threads - 1` workers. More than [`MAX_THREADS`] is an argument
+    /// error; a worker that cannot start (the process or user is out of
+    /// threads or memory) fails it with `OutOfMemory`, after every worker
+    /// already started has been stopped and joined: nothing is left behind.
+    pub fn try_new(n_threads: usize) -> Result<ThreadPool> {
+        Self::with_spawner(n_threads, &mut |i, body| {
+            std::thread::Builder::new()
+                .name(format!("m40llm-cpu-{i}"))
+                .spawn(body)
+        })
+    }
+
+    fn with_spawner(n_threads: usize, spawn: &mut Spawn<'_>) -> Result<ThreadPool> {
+        check_thread_count(n_threads)?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 generation: 0,
@@ -118,20 +158,32 @@ impl ThreadPool {
             busy: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
         });
-        let workers = (1..n_threads.max(1))
-            .map(|i| {
-                let shared = Arc::clone(&shared);
-                std::thread::Builder::new()
-                    .name(format!("m40llm-cpu-{i}"))
-                    .spawn(move || worker(&shared))
-                    .expect("spawning a CPU worker thread")
-            })
-            .collect();
-        ThreadPool {
+        let n_workers = n_threads.max(1) - 1;
+        let mut pool = ThreadPool {
             shared,
-            workers,
+            workers: Vec::new(),
             submit: Mutex::new(()),
+        };
+        pool.workers.try_reserve_exact(n_workers).map_err(|_| {
+            Error::out_of_memory(format!("cannot allocate {n_workers} thread handles"))
+        })?;
+        for i in 1..=n_workers {
+            let shared = Arc::clone(&pool.shared);
+            match spawn(i, Box::new(move || worker(&shared))) {
+                Ok(handle) => pool.workers.push(handle),
+                Err(e) => {
+                    // Dropping the pool shuts down and joins the workers
+                    // started so far.
+                    let started = pool.workers.len();
+                    drop(pool);
+                    return Err(Error::out_of_memory(format!(
+                        "cannot start CPU worker thread {i} of the {n_workers} that n_threads {n_threads} needs: {e} \
+                         (the {started} started were stopped; ask for fewer threads or raise the process's thread limit)"
+                    )));
+                }
+            }
         }
+        Ok(pool)
     }
 
     /// Threads a loop runs on, the caller included.
@@ -265,6 +317,51 @@ mod tests {
             })
         }));
         assert!(result.is_err());
+        let count = AtomicU64::new(0);
+        pool.run(10, &|_| {
+            count.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(count.load(Ordering::Relaxed), 10);
+    }
+
+    #[test]
+    fn more_than_max_threads_is_an_argument_error() {
+        for n in [MAX_THREADS + 1, u32::MAX as usize] {
+            let err = ThreadPool::try_new(n).err().expect("too many threads");
+            assert_eq!(err.kind(), crate::error::ErrorKind::InvalidArgument);
+            assert!(err.message().contains(&n.to_string()), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_thread_that_cannot_start_fails_the_pool_and_every_started_thread_is_joined() {
+        let started = Arc::new(AtomicUsize::new(0));
+        let finished = Arc::new(AtomicUsize::new(0));
+        let mut spawn = |i: usize, body: Box<dyn FnOnce() + Send>| {
+            if i == 5 {
+                return Err(std::io::Error::from_raw_os_error(11)); // EAGAIN
+            }
+            let finished = Arc::clone(&finished);
+            started.fetch_add(1, Ordering::SeqCst);
+            std::thread::Builder::new().spawn(move || {
+                body();
+                finished.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        let err = ThreadPool::with_spawner(8, &mut spawn)
+            .err()
+            .expect("a worker failed to start");
+        assert_eq!(err.kind(), crate::error::ErrorKind::OutOfMemory);
+        assert!(
+            err.message().contains("thread 5 of the 7")
+                && err.message().contains("4 started were stopped"),
+            "{err}"
+        );
+        // Joined before the error returned: none of them is still running.
+        assert_eq!(started.load(Ordering::SeqCst), 4);
+        assert_eq!(finished.load(Ordering::SeqCst), 4);
+        // And a pool started afterwards works.
+        let pool = ThreadPool::try_new(3).unwrap();
         let count = AtomicU64::new(0);
         pool.run(10, &|_| {
             count.fetch_add(1, Ordering::Relaxed);
