@@ -121,7 +121,7 @@ typedef struct m40_model_params {
   int32_t device;
   /**
    * Threads the CPU backend computes with, the calling thread included;
-   * 0 (the default): one per core. At most 1024, else
+   * 0 (the default): one per core. A CUDA device ignores it. At most 1024, else
    * M40_ERR_INVALID_ARGUMENT. When the system cannot start them all (a
    * process or user thread limit, memory), the load fails with
    * M40_ERR_OUT_OF_MEMORY and stops the threads it had started.
@@ -188,7 +188,8 @@ typedef struct m40_sampler_params {
    */
   float repeat_penalty;
   /**
-   * Window for repeat_penalty (0: off, -1: every token of the session).
+   * Window for repeat_penalty (0: off, -1 or any negative value: every
+   * token of the session).
    */
   int32_t repeat_last_n;
   /**
@@ -229,7 +230,8 @@ extern "C" {
 uint32_t m40_abi_version(void);
 
 /**
- * Returns the library version and build, e.g. "0.1.0 (cpu; x86_64-linux)".
+ * Returns the library version and build, e.g.
+ * "0.1.0 (cpu; x86_64-unknown-linux-gnu; release)".
  * The string is static; do not free it.
  */
 const char *m40_version(void);
@@ -259,7 +261,8 @@ struct m40_model_params m40_model_default_params(void);
 /**
  * Loads the GGUF model at `path` (NUL-terminated) and writes a new model
  * handle to `*out_model`. `params` NULL means the defaults. The file is
- * checked completely: a malformed or truncated file (a special token id
+ * checked completely (with `vocab_only`, its metadata and tokenizer; the
+ * tensors are not read): a malformed or truncated file (a special token id
  * outside the vocabulary included) gives M40_ERR_FORMAT, an architecture
  * or tensor type this build does not run M40_ERR_UNSUPPORTED, a missing
  * file or a path that is not a regular file (a directory, a FIFO, a
@@ -297,7 +300,9 @@ int32_t m40_model_n_ctx_train(const struct m40_model *model);
  * `*out_len` (when not NULL). If `cap` is too small nothing is written to
  * `buf`, `*out_len` gets the length and the result is
  * M40_ERR_BUFFER_TOO_SMALL: call again with at least `*out_len + 1` bytes.
- * `buf` may be NULL when `cap` is 0.
+ * `buf` may be NULL when `cap` is 0. On a CUDA device the object holds live
+ * memory figures, so it may grow between a size query and the call that
+ * fills the buffer: call again while the result is BUFFER_TOO_SMALL.
  *
  * # Safety
  * `buf` is NULL or holds `cap` writable bytes; `out_len` is NULL or writable.
@@ -331,7 +336,8 @@ enum m40_status m40_model_describe(const struct m40_model *model,
  *
  * # Safety
  * `text` is NULL or points to `text_len` readable bytes; `out_tokens` is
- * NULL or points to `cap` writable tokens; `out_n` is NULL or writable.
+ * NULL or points to `cap` writable tokens; `out_n` is writable (NULL is
+ * M40_ERR_INVALID_ARGUMENT).
  */
 enum m40_status m40_tokenize(const struct m40_model *model,
                              const char *text,
@@ -447,9 +453,10 @@ enum m40_status m40_session_new(struct m40_model *model,
 enum m40_status m40_session_reset(struct m40_session *session);
 
 /**
- * Keeps the first `n_keep` tokens and forgets the rest (and the logits,
- * which no longer follow); `n_keep` above `m40_session_n_past` is an
- * argument error.
+ * Keeps the first `n_keep` tokens and forgets the rest, and the logits with
+ * them when any token is dropped (they no longer follow; `n_keep` equal to
+ * `m40_session_n_past` changes nothing); `n_keep` above it is an argument
+ * error.
  */
 enum m40_status m40_session_truncate(struct m40_session *session, uint32_t n_keep);
 
@@ -469,14 +476,16 @@ uint32_t m40_session_n_past(const struct m40_session *session);
  * a failed decode leaves the session as it was.
  *
  * # Safety
- * `tokens` points to `n_tokens` readable tokens (or is NULL when 0).
+ * `tokens` points to `n_tokens` readable tokens (`n_tokens` 0 is an
+ * argument error: there is nothing to decode).
  */
 enum m40_status m40_decode(struct m40_session *session, const m40_token *tokens, size_t n_tokens);
 
 /**
  * Returns the session's next-token logits (`m40_model_n_vocab` floats),
  * valid until the session's next decode, reset, truncate or free; NULL
- * before the first decode (or after reset/truncate) or for an invalid handle.
+ * before the first decode, after a reset or a truncate that dropped
+ * tokens, or for an invalid handle.
  */
 const float *m40_logits(const struct m40_session *session);
 
@@ -525,15 +534,19 @@ enum m40_status m40_sample(struct m40_session *session,
 /**
  * ==== 8. Generation ====
  *
- * Tokenizes `prompt` (`prompt_len` bytes of UTF-8; BOS is added when the
- * session is empty and special tokens like `<start_of_turn>` are parsed),
+ * Tokenizes `prompt` (`prompt_len` bytes of UTF-8; when the session is
+ * empty BOS and EOS are added as the model's metadata asks, as with
+ * `m40_tokenize`'s `add_special`, and special tokens like
+ * `<start_of_turn>` are parsed),
  * decodes it, then samples up to `max_tokens` tokens with `params` (NULL:
  * the defaults), decoding each into the session and passing its text to
  * `on_piece`. Stops at an end-of-generation token, after `max_tokens`, or
  * when `on_piece` returns false. The session keeps the prompt and the
  * generated tokens, so a later call continues the conversation.
- * M40_ERR_CONTEXT_FULL when the session fills up (what was generated
- * until then was delivered).
+ * M40_ERR_CONTEXT_FULL when the session fills up. Text goes to `on_piece`
+ * in whole UTF-8 characters: when generation stops (context full, or
+ * `on_piece` returned false) the bytes of a character still incomplete are
+ * dropped; everything else generated was delivered.
  *
  * `on_piece` runs on the calling thread while the session is held by this
  * call: from inside it, functions on the same session (decode, sample,

@@ -68,13 +68,22 @@ template <class Handle> class Owned {
     Handle *handle_ = nullptr;
 };
 
-// Calls a "fill this buffer, tell me the length" function twice: once for
-// the length, once into a string of that size.
+// Calls a "fill this buffer, tell me the length" function: once for
+// the length, then into a string of that size (again if it grew).
 template <class Fill> std::string sized_text(Fill fill) {
     std::size_t length = 0;
     check_size_query(fill(nullptr, 0, &length));
-    std::string text(length, '\0');
-    if (length > 0) check(fill(text.data(), text.size() + 1, &length));
+    std::string text;
+    // A text can grow between the two calls (a CUDA model's description
+    // holds live memory figures): ask again with the new size.
+    for (;;) {
+        text.assign(length, '\0');
+        const m40_status status = fill(text.data(), text.size() + 1, &length);
+        if (status != M40_ERR_BUFFER_TOO_SMALL) {
+            check(status);
+            break;
+        }
+    }
     text.resize(length);
     return text;
 }

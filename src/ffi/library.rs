@@ -18,7 +18,8 @@ pub extern "C" fn m40_abi_version() -> u32 {
     M40_ABI_VERSION
 }
 
-/// Returns the library version and build, e.g. "0.1.0 (cpu; x86_64-linux)".
+/// Returns the library version and build, e.g.
+/// "0.1.0 (cpu; x86_64-unknown-linux-gnu; release)".
 /// The string is static; do not free it.
 #[no_mangle]
 pub extern "C" fn m40_version() -> *const c_char {

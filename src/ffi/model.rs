@@ -21,7 +21,7 @@ pub struct m40_model_params {
     /// -1: CPU; 0..N-1: CUDA device. Default: 0 when a CUDA device is usable, else -1.
     pub device: i32,
     /// Threads the CPU backend computes with, the calling thread included;
-    /// 0 (the default): one per core. At most 1024, else
+    /// 0 (the default): one per core. A CUDA device ignores it. At most 1024, else
     /// M40_ERR_INVALID_ARGUMENT. When the system cannot start them all (a
     /// process or user thread limit, memory), the load fails with
     /// M40_ERR_OUT_OF_MEMORY and stops the threads it had started.
@@ -66,7 +66,8 @@ pub extern "C" fn m40_model_default_params() -> m40_model_params {
 
 /// Loads the GGUF model at `path` (NUL-terminated) and writes a new model
 /// handle to `*out_model`. `params` NULL means the defaults. The file is
-/// checked completely: a malformed or truncated file (a special token id
+/// checked completely (with `vocab_only`, its metadata and tokenizer; the
+/// tensors are not read): a malformed or truncated file (a special token id
 /// outside the vocabulary included) gives M40_ERR_FORMAT, an architecture
 /// or tensor type this build does not run M40_ERR_UNSUPPORTED, a missing
 /// file or a path that is not a regular file (a directory, a FIFO, a
@@ -125,7 +126,9 @@ pub extern "C" fn m40_model_n_ctx_train(model: *const m40_model) -> i32 {
 /// `*out_len` (when not NULL). If `cap` is too small nothing is written to
 /// `buf`, `*out_len` gets the length and the result is
 /// M40_ERR_BUFFER_TOO_SMALL: call again with at least `*out_len + 1` bytes.
-/// `buf` may be NULL when `cap` is 0.
+/// `buf` may be NULL when `cap` is 0. On a CUDA device the object holds live
+/// memory figures, so it may grow between a size query and the call that
+/// fills the buffer: call again while the result is BUFFER_TOO_SMALL.
 ///
 /// # Safety
 /// `buf` is NULL or holds `cap` writable bytes; `out_len` is NULL or writable.

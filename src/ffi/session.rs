@@ -45,7 +45,8 @@ pub struct m40_sampler_params {
     pub min_p: f32,
     /// 1: off.
     pub repeat_penalty: f32,
-    /// Window for repeat_penalty (0: off, -1: every token of the session).
+    /// Window for repeat_penalty (0: off, -1 or any negative value: every
+    /// token of the session).
     pub repeat_last_n: i32,
     /// Same seed, same tokens.
     pub seed: u64,
@@ -127,9 +128,10 @@ pub extern "C" fn m40_session_reset(session: *mut m40_session) -> m40_status {
     })
 }
 
-/// Keeps the first `n_keep` tokens and forgets the rest (and the logits,
-/// which no longer follow); `n_keep` above `m40_session_n_past` is an
-/// argument error.
+/// Keeps the first `n_keep` tokens and forgets the rest, and the logits with
+/// them when any token is dropped (they no longer follow; `n_keep` equal to
+/// `m40_session_n_past` changes nothing); `n_keep` above it is an argument
+/// error.
 #[no_mangle]
 pub extern "C" fn m40_session_truncate(session: *mut m40_session, n_keep: u32) -> m40_status {
     guard(|| handles::with_session(session as usize, |s| s.truncate(n_keep as usize)))
@@ -164,7 +166,8 @@ fn token_ids(tokens: &[m40_token]) -> Result<Vec<u32>, Error> {
 /// a failed decode leaves the session as it was.
 ///
 /// # Safety
-/// `tokens` points to `n_tokens` readable tokens (or is NULL when 0).
+/// `tokens` points to `n_tokens` readable tokens (`n_tokens` 0 is an
+/// argument error: there is nothing to decode).
 #[no_mangle]
 pub unsafe extern "C" fn m40_decode(
     session: *mut m40_session,
@@ -180,7 +183,8 @@ pub unsafe extern "C" fn m40_decode(
 
 /// Returns the session's next-token logits (`m40_model_n_vocab` floats),
 /// valid until the session's next decode, reset, truncate or free; NULL
-/// before the first decode (or after reset/truncate) or for an invalid handle.
+/// before the first decode, after a reset or a truncate that dropped
+/// tokens, or for an invalid handle.
 #[no_mangle]
 pub extern "C" fn m40_logits(session: *const m40_session) -> *const f32 {
     guard_value(std::ptr::null(), || {
@@ -305,15 +309,19 @@ pub type m40_piece_fn = Option<
 
 /// ==== 8. Generation ====
 ///
-/// Tokenizes `prompt` (`prompt_len` bytes of UTF-8; BOS is added when the
-/// session is empty and special tokens like `<start_of_turn>` are parsed),
+/// Tokenizes `prompt` (`prompt_len` bytes of UTF-8; when the session is
+/// empty BOS and EOS are added as the model's metadata asks, as with
+/// `m40_tokenize`'s `add_special`, and special tokens like
+/// `<start_of_turn>` are parsed),
 /// decodes it, then samples up to `max_tokens` tokens with `params` (NULL:
 /// the defaults), decoding each into the session and passing its text to
 /// `on_piece`. Stops at an end-of-generation token, after `max_tokens`, or
 /// when `on_piece` returns false. The session keeps the prompt and the
 /// generated tokens, so a later call continues the conversation.
-/// M40_ERR_CONTEXT_FULL when the session fills up (what was generated
-/// until then was delivered).
+/// M40_ERR_CONTEXT_FULL when the session fills up. Text goes to `on_piece`
+/// in whole UTF-8 characters: when generation stops (context full, or
+/// `on_piece` returned false) the bytes of a character still incomplete are
+/// dropped; everything else generated was delivered.
 ///
 /// `on_piece` runs on the calling thread while the session is held by this
 /// call: from inside it, functions on the same session (decode, sample,

@@ -44,7 +44,8 @@ fn token_id(token: m40_token, n_vocab: u32) -> Result<u32> {
 ///
 /// # Safety
 /// `text` is NULL or points to `text_len` readable bytes; `out_tokens` is
-/// NULL or points to `cap` writable tokens; `out_n` is NULL or writable.
+/// NULL or points to `cap` writable tokens; `out_n` is writable (NULL is
+/// M40_ERR_INVALID_ARGUMENT).
 #[no_mangle]
 pub unsafe extern "C" fn m40_tokenize(
     model: *const m40_model,
