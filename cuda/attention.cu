@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
 // for each warp) would leave most of those warps idle while they hold their
 // registers (~200 a thread: two blocks an SM); with four heads every warp
 // walks a range of its own (four_heads_a_block in src/backend/cuda/mod.rs
-// chooses; docs/cuda-performance.md, step 26).
+// chooses).
 template <int MAX_D, int HEADS>
 __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     attention_decode_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, int layer, int n_head,

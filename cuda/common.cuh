@@ -59,10 +59,10 @@ static inline cudaError_t m40_launch_status() { return cudaGetLastError(); }
 // (m40_allow_next_kernel), so that a product's blocks are resident, their
 // first weights loaded, when its input is ready. Compiled for sm_52–sm_86
 // both are no-ops, and the host sets `overlap` only where the device runs
-// this build's sm_90 code (m40_launch_overlap). One resident grid for a
-// token's products, separated by device-wide barriers instead of launches,
-// was slower on the H100: a barrier cost ~2.4 µs, a launch boundary ~1.9
-// (docs/cuda-performance.md, step 31).
+// this build's sm_90 code (m40_launch_overlap). Launch boundaries, not
+// device-wide barriers in one resident grid, separate a token's products:
+// on the H100 a barrier costs more than the launch boundary it would
+// replace (docs/cuda.md).
 __device__ __forceinline__ void m40_wait_for_prior_kernels() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -328,13 +328,11 @@ __device__ __forceinline__ int m40_dp4a(int a, int b, int c) {
 //
 // A unit is 32 weights: per weight row, a lane's unit costs eight dp4a, one
 // scale conversion and one pair of 16-byte activation loads. Units of 8 or
-// 16 weights (as the FP32 path has) spent as much again on loads, address
-// arithmetic and scales per weight, and the products ran well short of the
-// memory's speed; measured on the H100 (gemv alone, llama-7b shapes, one
-// session, Q/K/V / gate+up / down): Q4_0 20.1 / 30.1 / 17.7 µs → 12.9 / 21.7
-// / 15.7, Q4_K 24.3 / 35.7 / 21.6 → 18.9 / 24.2 / 17.2, Q8_0 23.5 / 42.4 /
-// 26.6 → 21.2 / 36.1 / 21.5; eight sessions gained more (Q4_0 60.0 / 108.8
-// / 92.6 → 37.0 / 67.8 / 54.2).
+// 16 weights (as the FP32 path has) spend as much again on loads, address
+// arithmetic and scales per weight, which holds the products well short of
+// the memory's speed: 32-weight units measured faster on the H100 for every
+// format, more so for batches of sessions, where each unit loads every
+// row's activations.
 template <int TYPE> struct GemvQ8;
 
 // Σ codes w[0..3] · a (four dp4a), plus c.
@@ -557,15 +555,10 @@ template <int T> constexpr bool m40_integer<GemvQ8<T>> = true;
 
 // Whether the staged formats' weights are loaded as a stream (ld.global.cs:
 // evicted first from L1 and L2) rather than through L2 only
-// (ld.global.cg); the direct formats (F32, F16, BF16) stream. Measured on
-// the H100 (tg128, llama-7b unless stated; cg / cs, each in two device
-// calls of two rounds): F16 186.9 / 186.6 against 187.9 / 187.6, then
-// 186.8 / 186.7 against 188.4 / 187.1; Q4_K 418.8 / 419.9 against 422.6 /
-// 426.3, then 417.2 / 416.0 against 422.0 / 423.5 (8 and 32 sessions
-// level); but Q8_0 310.6 / 309.8 against 299.6 / 300.1, then 311.3 / 311.0
-// against 302.0 / 303.0, and Q4_0 476.5 / 477.1 against 471.2 / 475.0, then
-// 477.3 / 480.9 against 472.1 / 471.7 (llama-1b Q4_0 gained 3.5%: 1401.4 /
-// 1387.7 against 1451.4 / 1447.4). The formats not measured keep cg.
+// (ld.global.cg); the direct formats (F32, F16, BF16) stream. Streaming
+// measured faster on the H100 for F16 and Q4_K on the integer path, and
+// slower for Q8_0 and llama-7b Q4_0 (the cause is not known); the formats
+// not measured keep cg.
 template <class G> constexpr bool m40_streamed_weights = false;
 template <> constexpr bool m40_streamed_weights<GemvQ8<M40_Q4_K>> = true;
 
@@ -654,8 +647,8 @@ template <class G, int CHUNK_ROW_BYTES> __host__ __device__ constexpr int m40_ch
 // SPLIT: the block's warps share each row group, warp w taking the w-th
 // quarter of the columns, and their sums meet in shared memory — where a
 // matrix has too few row groups for the warps (m40_gemv_split).
-// A template parameter rather than an argument: as an argument it cost the
-// kernels that do not split ~5% (more registers, run-time column bounds).
+// A template parameter rather than an argument: as an argument it made the
+// kernels that do not split slower (more registers, run-time column bounds).
 template <class G, int R, int NX, bool NORM, int CHUNK_ROW_BYTES, bool SPLIT>
 __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -671,22 +664,21 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
     // With overlapping launches, everything a prior kernel writes (x, x_q8,
     // the outputs) is touched only after the wait; the weights, which
     // nothing writes, may be loaded before. The products do not let their
-    // successor start early (its blocks would wait beside theirs): measured
-    // on the H100, llama-7b tg128 / tg128@8, Q4_0 329.1 / 755.7 with the early
-    // start against 334.7 / 811.4 without, Q4_K 270.1 / 946.9 against
-    // 271.6 / 977.3; the successor still starts as their blocks exit.
-    // Letting it start at each warp's last chunk instead (step 30) gained
-    // nothing where a quantize launch follows the product (Q8_0 328.2 /
-    // 329.8 against 326.6 / 329.5), and on the integer path that launch
-    // follows every product but Q/K/V and the output.
+    // successor start early: its blocks would wait beside theirs, which
+    // measured slower on the H100, most of all for batches of sessions; the
+    // successor still starts as their blocks exit. Letting it start at each
+    // warp's last chunk gains nothing where a quantize launch follows the
+    // product (that launch already lets the next product start early), and
+    // on the integer path one follows every product but Q/K/V and the
+    // output.
     //
     // One session's kernels sum the norm's x² from the x values that their
     // first row group loads anyway (a row group reads every column once: a
     // warp's own, or with SPLIT its block's four warps together), rather
     // than in a prologue that reads x once more between the wait and the
     // first weight. The batched kernels keep the prologue: eight rows'
-    // sums live through the loop cost them 15 registers on sm_90 (F16: 80 →
-    // 95) and spills on sm_52.
+    // sums live through the loop would cost them registers on sm_90 and
+    // spills on sm_52.
     constexpr bool RMS_INLINE = NORM && NX == 1;
     __shared__ float inv_rms[M40_GEMV_MAX_X];
     const auto inputs_ready = [&] {
@@ -1006,21 +998,16 @@ template <class G, int R, int NX, bool NORM, int CHUNK, bool SPLIT> static int m
 
 // Whether one session's product on the FP32 path shares each row group
 // among a block's warps (SPLIT): where the matrix has too few row groups for
-// two waves of resident warps (step 14's rule). On the H100 neither choice
-// won every product there (Q4_0 7b attention output 9.32 / 10.72 µs own
-// rows / split, 1b down 9.38 / 8.04), and its GPU, the M40, has 24 SMs, not
-// 132. The float formats split up to four waves, which on the H100 splits
-// every llama-7b F16 product (tg128, three rounds, splitting below 0 / 1 /
-// 2 / 4 waves: 181.5 / 181.7 / 181.0, 186.2 / 185.0 / 186.1, 187.4 / 188.1
-// / 188.2, 189.2 / 189.2 / 188.7); the M40's F16 was not measured.
+// two waves of resident warps, so that the row groups keep every warp of
+// the GPU busy. On the H100 neither choice wins every product of the FP32
+// path, and its GPU, the M40, has 24 SMs, not 132, so the rule stays the
+// simple one. The float formats split below four waves, which on the H100
+// splits every llama-7b F16 product and measured fastest of 0 to 4 waves;
+// the M40's F16 was not measured.
 //
-// The integer path never splits: a warp that owns whole rows was the faster
-// for the 4- and 5-bit formats since step 21, and for Q8_0 too once its
-// staged quants were read as whole words (step 29). Measured on the H100
-// (gemv_bench, a 7B token's products, GB/s, the step-21 rule (split Q8_0's
-// long rows) / own rows / always split): Q8_0 2523 / 2622 / 2476 (Q/K/V
-// 21.36 / 20.09 / 21.37 µs, down 21.43 / 19.48 / 21.44), 1B Q8_0 1858 /
-// 1887 / 1483; Q4_0 2151 / 2149 / 1763, Q4_K 2043 / 2045 / 1512.
+// The integer path never splits: a warp that owns whole rows measured
+// faster on the H100 for every integer format, Q8_0's long rows included
+// (its staged quants are read as whole words, m40_words_2).
 template <class G> static bool m40_gemv_split(const M40Gemv &p, size_t groups, size_t resident_warps) {
     if (p.cols / G::VALUES < M40_GEMV_WARPS) return false;
     const size_t waves = G::DIRECT ? 4 : 2;
@@ -1053,22 +1040,18 @@ static void m40_gemv_launch(const M40Gemv &p, cudaStream_t stream) {
 }
 
 // Weight rows per warp of the batched launches (8 activation rows of
-// accumulators per weight row), by format, as measured on the H100
-// (tg128@8, llama-7b): the 32-value 4- and 5-bit formats gain from sharing
-// each activation load over 4 rows (Q4_0: 483 tok/s, 422 at 2 rows); the
-// others need the registers more (Q4_K 469 vs 442, Q8_0 395 vs 339 at 4).
+// accumulators per weight row), by format, as measured on the H100: the
+// 32-value 4- and 5-bit formats gain from sharing each activation load over
+// 4 rows; the others need the registers more and are faster at 2.
 constexpr int m40_batch_rows(int type) {
     return type == M40_Q4_0 || type == M40_Q4_1 || type == M40_Q5_0 || type == M40_Q5_1 ? 4 : 2;
 }
 
 // Bytes of each row a warp stages per chunk in the one-session kernel, by
-// format, as measured on the H100 (tg64, llama-7b; chunks of 576 / 1152 /
-// 2048 / 3072 bytes): Q4_0 208.6 / 220.1 / 209.2 / 209.1 tok/s, Q4_K 194.7
-// / 193.0 / 181.2 / 166.8, Q8_0 185.4 / 174.6 / 168.3 / 164.9. More bytes
-// in flight did not help: the kernel is bound by its work per weight, and
-// larger chunks cost registers. Re-measured on the integer path (step 30,
-// gemv_bench, a 7B token's products in GB/s): Q8_0 at 32 / 64 blocks 2620 /
-// 2564, Q4_K at 4 / 8 / 12 super-blocks 2041 / 1876 / 1731.
+// format: the fastest of the sizes measured on the H100 (576 to 3072 bytes),
+// on the FP32 path and again on the integer path. More bytes in flight do
+// not help: the kernel is bound by its work per weight, and larger chunks
+// cost registers.
 constexpr int m40_chunk_row_bytes(int type) {
     return type == M40_Q4_0 || type == M40_Q4_1 || type == M40_Q5_0 || type == M40_Q5_1 ? 1152 : 576;
 }
@@ -1080,11 +1063,9 @@ constexpr bool m40_integer_format(int type) {
 }
 
 // Weight rows per warp of the one-session kernel where the caller leaves the
-// choice to the format, as measured on the H100 (gemv_bench, llama-7b shapes,
-// µs at 4 / 2 rows, each on its own rows): Q6_K Q/K/V 20.06 / 21.87, gate/up
-// 30.98 / 33.59, down 18.50 / 28.88 (20.58 split); the other integer formats
-// lose at 4 (Q4_0 13.77 / 12.90, Q4_K 16.99 / 14.55, Q8_0 23.20 / 22.91 for
-// Q/K/V). The FP32 path takes 2.
+// choice to the format, as measured on the H100 (gemv_bench, llama-7b
+// shapes): the integer Q6_K is faster at 4 rows for every product, the
+// other integer formats at 2. The FP32 path takes 2.
 template <class G, int TYPE> constexpr int m40_single_rows() { return m40_integer<G> && TYPE == M40_Q6_K ? 4 : 2; }
 
 // The launch of kernel G for a batch (n_x > 1) or one session.

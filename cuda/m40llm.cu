@@ -9,3 +9,4 @@
 #include "ops.cu"
 #include "attention.cu"
 #include "device.cu"
+#include "layout.cuh"  // the structs shared with the Rust side, checked

@@ -9,11 +9,12 @@
 // block straight into an f16 tensor-core fragment, scale and minimum
 // applied (d·(code − zero) + m in f16), and multiplied with
 // f16 activation rows by mma.sync into FP32 sums; the weights are read once
-// per tile of activation rows. Products of int8 codes (step 22) needed
-// every 32-value block's integer sum scaled into FP32 for each (weight row,
-// activation row) pair, the weight's scale times the activations' own; f16
-// fragments made the 32-row products ~10% faster on the H100 (see
-// docs/cuda-performance.md, step 23).
+// per tile of activation rows. f16 rather than int8 fragments: with 8-bit
+// codes on both sides, every 32-value block's integer sum would need its own
+// conversion and product of two scales for each (weight row, activation
+// row) pair, where f16 fragments sum in FP32 inside the tensor cores across
+// a split's whole K range; int8 fragments measured slower on the H100
+// (docs/cuda.md).
 //
 //   - Activation rows are converted to f16 first, normalized on the way
 //     where a norm precedes the product (m40_rows_to_f16's power-of-two row
@@ -44,17 +45,16 @@
 #define M40_MMQ_WARPS 8
 #define M40_MMQ_ROWS (16 * M40_MMQ_WARPS)  // weight rows per block
 // Activation rows per block: X, 16 or 32 (M40MmqTile). Up to 16 rows the
-// smaller tile does half the work of a 32-row one: llama-7b Q4_K layer
-// products at 16 rows on the H100, ms for 32 layers, 5.59 → 3.86 (at 9
-// rows 6.13 → 4.10).
+// smaller tile does half the work of a 32-row one, whose spare rows would
+// repeat the last row's work.
 #define M40_MMQ_STEP 256                   // values of K per pipeline step
 // Steps in shared memory at once (double buffering), and the fewest a split
-// of K keeps. Measured on the H100 with int8 fragments (step 22: mmq
-// products of a llama-7b layer, 32 rows, ms for 32 layers, Q4_K / Q4_0 /
-// Q8_0 / Q6_K): 4 warps, 3 stages, 4 steps 5.78 / 5.48 / 6.73 / 8.00; 4
-// warps, 2 stages, 1 step 5.42 / 5.27 / 6.63 / 7.21; 8 warps, 2 stages, 2
-// steps 5.16 / 5.02 / 5.58 / 6.83; more stages or smaller splits lost (fewer
-// resident blocks, more partial sums).
+// of K keeps. Two stages let the next step's copies run under this step's
+// math; a third costs shared memory, so fewer resident blocks, and gains
+// nothing: the kernel is held by each warp's chain of shared-memory loads,
+// decode and mma, not by the copies' latency. A split of fewer steps spends
+// its time filling the pipeline and writing partial sums. Both measured on
+// the H100 (3 stages, at least 4 steps: no faster).
 #define M40_MMQ_STAGES 2
 #define M40_MMQ_MIN_STEPS 2
 // Bytes of an activation row in a stage: 256 f16 plus 16, so that the 8
@@ -364,9 +364,9 @@ template <class M, int X> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) 
         const int groups = min(M40_MMQ_STEP, cols - k * M40_MMQ_STEP) / 16;
 
         // A row's scales are decoded once, each of its four lanes taking
-        // LANE_UNITS units (every lane would otherwise decode every unit:
-        // on the H100 that was a third of the kernel's instructions); the
-        // group loop fetches them by shuffle. Packed as f16 (d, m).
+        // LANE_UNITS units (every lane decoding every unit would be about a
+        // third of the kernel's instructions); the group loop fetches them
+        // by shuffle. Packed as f16 (d, m).
         uint32_t lane_scales[2][LANE_UNITS];
 #pragma unroll
         for (int h = 0; h < 2; h++)
@@ -464,10 +464,8 @@ template <class F> static cudaError_t m40_with_mmq_format(int type, F &&f) {
 // an SM. The splits (m40_mmq_splits) launch about two blocks an SM; where
 // three fit, a launch that starts while the previous kernel still runs
 // (overlapping launches) could find some SMs full and stack three blocks
-// on others, which then set the product's time (H100, llama-7b Q4_K,
-// 74 registers a thread: 32 sessions 4105 tok/s with the previous kernel,
-// 3855 with this one unbounded; without overlapping launches 3665 /
-// 3841). Per device, like m40_mmq_blocks_per_sm.
+// on others, which then set the product's time (measured slower on the
+// H100 than two blocks an SM). Per device, like m40_mmq_blocks_per_sm.
 template <class M, int X> static int m40_mmq_block_shared() {
     return m40_per_device([](int device) {
         int per_sm = 0, reserved = 0, per_block = 0;
@@ -529,9 +527,8 @@ M40_EXPORT int m40_mmq_prepare(int type) {
 // most, m40_mmq_block_shared), each split keeping at least
 // M40_MMQ_MIN_STEPS steps (shorter splits spend their time filling the
 // pipeline and writing partial sums), and never a second, partial wave,
-// which costs nearly a whole one (H100 harness, llama-7b Q4_K layer
-// products at 32 rows, ms for 32 layers: 3 blocks an SM and splits for
-// just over one wave 4.56, two an SM and at most one wave 4.09). 0 for a
+// which costs nearly a whole one (on the H100 every product measured
+// fastest at about two blocks an SM and at most one wave). 0 for a
 // format without the path or where its tile cannot run (no sm_80+ code,
 // too little shared memory).
 M40_EXPORT int m40_mmq_splits(int type, int rows, int cols, int n_x, int sm_count) {

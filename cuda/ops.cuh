@@ -46,10 +46,9 @@ struct M40AttentionInputs {
 // from the host), by squaring in double (relative error ~1e-14: 2e-9 rad at
 // position 10^5); the angle is reduced to [-π, π] in double and its cos and
 // sin taken in f32 (__sincosf: absolute error under 4e-7). No frequency
-// factors: their double division alone changed the code of the Q4_0 decode
-// kernel, which has no attention inputs to store, from 92 registers to 79
-// and made it 5% slower (llama-7b tg128 476 → 452 on the H100), so models
-// with factors keep the separate kernel.
+// factors: their double division alone changes the code of every product
+// kernel, those with no attention inputs to store included, and measured
+// slower on the H100, so models with factors keep the separate kernel.
 __device__ __forceinline__ void m40_rope_angle_reduced(int pos, int i, double ratio, double freq_scale, float &c,
                                                        float &s) {
     double inv_freq = 1.0, power = ratio;

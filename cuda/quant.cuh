@@ -98,11 +98,10 @@ __device__ __forceinline__ uint32_t m40_u32_4(const uint8_t *p) { return *reinte
 // aligned words it overlaps: a load and a funnel shift a word, where
 // m40_u32_2 costs two 16-bit loads and a merge. Reads no byte outside the
 // aligned words the run touches. The integer decode products read their
-// staged Q4_0, Q5_0 and Q8_0 quants this way (H100, gemv_bench, a 7B token's
-// products: Q8_0 2.87 → 2.80 ms, Q5_0 2.26 → 2.12, Q4_0 1.75 → 1.74); it
-// lost where fewer words are read per address computed: the integer Q6_K
-// (2.61 → 2.67 ms, two words per run) and the FP32 path's Q8_0 (1943 →
-// 1860 GB/s), which keep m40_u32_2 (docs/cuda-performance.md, step 29).
+// staged Q4_0, Q5_0 and Q8_0 quants this way, measured faster on the H100.
+// Where a run is only two words (the integer Q6_K, the FP32 path's Q8_0)
+// the address and alignment work outweighs the loads saved, measured
+// slower, so those keep m40_u32_2.
 template <int N> __device__ __forceinline__ void m40_words_2(const uint8_t *p, uint32_t *out) {
     // Pointer arithmetic rather than a mask of p's bits, which would hide
     // from the compiler that p points into shared memory (generic loads).

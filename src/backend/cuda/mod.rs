@@ -10,6 +10,7 @@
 mod cublas;
 mod graph;
 mod kernels;
+mod layout;
 pub mod memory;
 pub mod runtime;
 

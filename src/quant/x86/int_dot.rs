@@ -54,17 +54,18 @@ unsafe fn f16(b: &[u8], at: usize) -> f32 {
 }
 
 /// The f16 at byte `at` as f32 in all eight lanes. Scales that feed vector
-/// math are converted this way: converting into lane 0 alone let LLVM emit
-/// `vpinsrw` into the accumulator's register, a false dependency that chained
-/// every block to the previous one (Q8_0 ran at a third of its speed).
+/// math are converted this way: converting into lane 0 alone lets LLVM emit
+/// `vpinsrw` into the accumulator's register, a false dependency that chains
+/// every block to the previous one (Q8_0 at a third of its speed).
 #[inline(always)]
 unsafe fn f16x8(b: &[u8], at: usize) -> __m256 {
     _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes([b[at], b[at + 1]])))
 }
 
 /// Asks for the weights a few blocks ahead: the rows stream from memory, and
-/// the hardware prefetcher alone falls behind these kernels' consumption
-/// (measured: cold Q8_0 4096x4096 matvec 3.9 -> 6.6 GB/s on one thread).
+/// the hardware prefetcher alone falls behind these kernels' consumption (a
+/// cold Q8_0 matrix-vector product on one thread measured much slower
+/// without it).
 #[inline(always)]
 unsafe fn prefetch(block: &[u8]) {
     // Prefetching never faults, so the address may lie past the row's end.

@@ -1,0 +1,95 @@
+// The layout of the structs the Rust side hands to the kernels' launchers,
+// as fixed numbers: each struct's size and alignment and each field's offset
+// (64-bit host), and the enum values and limits the two sides share.
+// src/backend/cuda/layout.rs states the same numbers for the Rust copies in
+// src/backend/cuda/kernels.rs: change a struct on one side and both sides,
+// and both files, must change, or the build fails. Included where every
+// struct it names is defined (the end of m40llm.cu; tests/gpu/gemv_bench.cu).
+#pragma once
+
+#include <cstddef>
+
+static_assert(sizeof(void *) == 8, "the launchers' structs are laid out for a 64-bit host");
+
+#define M40_FIELD(S, f, offset) \
+    static_assert(offsetof(S, f) == (offset), #S "::" #f ": offset differs from src/backend/cuda/layout.rs")
+#define M40_SIZE(S, size, align) \
+    static_assert(sizeof(S) == (size) && alignof(S) == (align), #S ": size differs from src/backend/cuda/layout.rs")
+
+// DeviceRow (ops.cuh)
+M40_SIZE(M40Row, 24, 8);
+M40_FIELD(M40Row, keys, 0);
+M40_FIELD(M40Row, values, 8);
+M40_FIELD(M40Row, pos, 16);
+M40_FIELD(M40Row, n_ctx, 20);
+
+// GemvMatrix (gemv.cu)
+M40_SIZE(M40GemvMatrix, 32, 8);
+M40_FIELD(M40GemvMatrix, w, 0);
+M40_FIELD(M40GemvMatrix, bias, 8);
+M40_FIELD(M40GemvMatrix, y, 16);
+M40_FIELD(M40GemvMatrix, rows, 24);
+M40_FIELD(M40GemvMatrix, role, 28);
+
+// AttentionInputs (ops.cuh)
+M40_SIZE(M40AttentionInputs, 96, 8);
+M40_FIELD(M40AttentionInputs, rows, 0);
+M40_FIELD(M40AttentionInputs, q_norm, 8);
+M40_FIELD(M40AttentionInputs, k_norm, 16);
+M40_FIELD(M40AttentionInputs, factors, 24);
+M40_FIELD(M40AttentionInputs, freq_base, 32);
+M40_FIELD(M40AttentionInputs, freq_scale, 40);
+M40_FIELD(M40AttentionInputs, inv_freq_ratio, 48);
+M40_FIELD(M40AttentionInputs, eps, 56);
+M40_FIELD(M40AttentionInputs, layer, 60);
+M40_FIELD(M40AttentionInputs, n_head, 64);
+M40_FIELD(M40AttentionInputs, n_head_kv, 68);
+M40_FIELD(M40AttentionInputs, head_dim_k, 72);
+M40_FIELD(M40AttentionInputs, head_dim_v, 76);
+M40_FIELD(M40AttentionInputs, neox, 80);
+M40_FIELD(M40AttentionInputs, rope_dims, 84);
+M40_FIELD(M40AttentionInputs, overlap, 88);
+
+// GemvLaunch (gemv.cu)
+M40_SIZE(M40Gemv, 248, 8);
+M40_FIELD(M40Gemv, m, 0);
+M40_FIELD(M40Gemv, n_matrices, 96);
+M40_FIELD(M40Gemv, cols, 100);
+M40_FIELD(M40Gemv, x, 104);
+M40_FIELD(M40Gemv, n_x, 112);
+M40_FIELD(M40Gemv, epilogue, 116);
+M40_FIELD(M40Gemv, norm, 120);
+M40_FIELD(M40Gemv, eps, 128);
+M40_FIELD(M40Gemv, sm_count, 132);
+M40_FIELD(M40Gemv, x_q8, 136);
+M40_FIELD(M40Gemv, x_quantized, 144);
+M40_FIELD(M40Gemv, overlap, 148);
+M40_FIELD(M40Gemv, attention, 152);
+
+// MmqLaunch (mmq.cu)
+M40_SIZE(M40Mmq, 80, 8);
+M40_FIELD(M40Mmq, w, 0);
+M40_FIELD(M40Mmq, rows, 8);
+M40_FIELD(M40Mmq, cols, 12);
+M40_FIELD(M40Mmq, x_f16, 16);
+M40_FIELD(M40Mmq, x_scales, 24);
+M40_FIELD(M40Mmq, n_x, 32);
+M40_FIELD(M40Mmq, bias, 40);
+M40_FIELD(M40Mmq, y, 48);
+M40_FIELD(M40Mmq, accumulate, 56);
+M40_FIELD(M40Mmq, splits, 60);
+M40_FIELD(M40Mmq, partials, 64);
+M40_FIELD(M40Mmq, overlap, 72);
+
+// ProjectionRole, GemvEpilogue (fields of type int here, repr(i32) there)
+static_assert(M40_PLAIN_OUTPUT == 0 && M40_QUERIES == 1 && M40_KEYS == 2 && M40_VALUES == 3,
+              "M40ProjectionRole differs from src/backend/cuda/layout.rs");
+static_assert(M40_GEMV_STORE == 0 && M40_GEMV_ACCUMULATE == 1 && M40_GEMV_GLU_SILU == 2 && M40_GEMV_GLU_GELU == 3,
+              "M40GemvEpilogue differs from src/backend/cuda/layout.rs");
+
+// GEMV_MAX_X, ATTENTION_MAX_HEAD_DIM
+static_assert(M40_GEMV_MAX_X == 8, "M40_GEMV_MAX_X differs from src/backend/cuda/layout.rs");
+static_assert(M40_MAX_HEAD_DIM == 256, "M40_MAX_HEAD_DIM differs from src/backend/cuda/layout.rs");
+
+#undef M40_FIELD
+#undef M40_SIZE

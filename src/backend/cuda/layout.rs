@@ -1,0 +1,117 @@
+//! The layout of the structs the Rust side hands to the kernels' launchers,
+//! as fixed numbers: each struct's size and alignment and each field's
+//! offset (64-bit host), and the enum values and limits the two sides share.
+//! `cuda/layout.cuh` states the same numbers for the C++ originals in
+//! `cuda/`: change a struct on one side and both sides, and both files, must
+//! change, or the build fails.
+
+use std::mem::{align_of, offset_of, size_of};
+
+use super::kernels::{
+    AttentionInputs, DeviceRow, GemvEpilogue, GemvLaunch, GemvMatrix, MmqLaunch, ProjectionRole,
+    ATTENTION_MAX_HEAD_DIM, GEMV_MAX_X,
+};
+
+/// Asserts, at compile time, a struct's size and alignment and then each
+/// named field's offset.
+macro_rules! layout {
+    ($ty:ty, size $size:expr, align $align:expr, { $($field:ident: $offset:expr),* $(,)? }) => {
+        const _: () = assert!(
+            size_of::<$ty>() == $size && align_of::<$ty>() == $align,
+            concat!(stringify!($ty), ": size differs from cuda/layout.cuh")
+        );
+        $(const _: () = assert!(
+            offset_of!($ty, $field) == $offset,
+            concat!(stringify!($ty), "::", stringify!($field), ": offset differs from cuda/layout.cuh")
+        );)*
+    };
+}
+
+const _: () = assert!(
+    size_of::<usize>() == 8,
+    "the launchers' structs are laid out for a 64-bit host"
+);
+
+// M40Row (cuda/ops.cuh)
+layout!(DeviceRow, size 24, align 8, { keys: 0, values: 8, pos: 16, n_ctx: 20 });
+
+// M40GemvMatrix (cuda/gemv.cu)
+layout!(GemvMatrix, size 32, align 8, { w: 0, bias: 8, y: 16, rows: 24, role: 28 });
+
+// M40AttentionInputs (cuda/ops.cuh)
+layout!(AttentionInputs, size 96, align 8, {
+    rows: 0,
+    q_norm: 8,
+    k_norm: 16,
+    factors: 24,
+    freq_base: 32,
+    freq_scale: 40,
+    inv_freq_ratio: 48,
+    eps: 56,
+    layer: 60,
+    n_head: 64,
+    n_head_kv: 68,
+    head_dim_k: 72,
+    head_dim_v: 76,
+    neox: 80,
+    rope_dims: 84,
+    overlap: 88,
+});
+
+// M40Gemv (cuda/gemv.cu)
+layout!(GemvLaunch, size 248, align 8, {
+    m: 0,
+    n_matrices: 96,
+    cols: 100,
+    x: 104,
+    n_x: 112,
+    epilogue: 116,
+    norm: 120,
+    eps: 128,
+    sm_count: 132,
+    x_q8: 136,
+    x_quantized: 144,
+    overlap: 148,
+    attention: 152,
+});
+
+// M40Mmq (cuda/mmq.cu)
+layout!(MmqLaunch, size 80, align 8, {
+    w: 0,
+    rows: 8,
+    cols: 12,
+    x_f16: 16,
+    x_scales: 24,
+    n_x: 32,
+    bias: 40,
+    y: 48,
+    accumulate: 56,
+    splits: 60,
+    partials: 64,
+    overlap: 72,
+});
+
+// M40ProjectionRole, M40GemvEpilogue (fields of type int on the C++ side)
+const _: () = assert!(
+    size_of::<ProjectionRole>() == 4
+        && ProjectionRole::Plain as i32 == 0
+        && ProjectionRole::Queries as i32 == 1
+        && ProjectionRole::Keys as i32 == 2
+        && ProjectionRole::Values as i32 == 3,
+    "ProjectionRole differs from cuda/layout.cuh"
+);
+const _: () = assert!(
+    size_of::<GemvEpilogue>() == 4
+        && GemvEpilogue::Store as i32 == 0
+        && GemvEpilogue::Accumulate as i32 == 1
+        && GemvEpilogue::GluSilu as i32 == 2
+        && GemvEpilogue::GluGelu as i32 == 3,
+    "GemvEpilogue differs from cuda/layout.cuh"
+);
+
+// M40_GEMV_MAX_X, M40_MAX_HEAD_DIM
+const _: () = assert!(GEMV_MAX_X == 8, "GEMV_MAX_X differs from cuda/layout.cuh");
+const _: () = assert!(
+    ATTENTION_MAX_HEAD_DIM == 256,
+    "ATTENTION_MAX_HEAD_DIM differs from cuda/layout.cuh"
+);
