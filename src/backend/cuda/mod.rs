@@ -11,6 +11,7 @@ mod cublas;
 mod graph;
 mod kernels;
 pub mod memory;
+mod options;
 pub mod runtime;
 
 use std::collections::HashMap;
@@ -23,13 +24,15 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::model::Weight;
+use crate::json::JsonObject;
+use crate::backend::Weight;
 use crate::quant::GgmlType;
 pub use graph::GraphStats;
 use graph::{Capture, DecodeGraphs};
 use kernels::*;
 use memory::{human, Arena};
 pub use memory::{DeviceAllocator, DevicePtr, MemoryStats};
+pub use options::CudaOptions;
 use runtime::{check, DeviceInfo, OwnedEvent, OwnedStream, PinnedBuffer};
 
 /// Prefill matrix products of at least this many rows go through cuBLAS
@@ -54,32 +57,6 @@ const HEADROOM: usize = 256 << 20;
 /// when there is one.
 pub fn device_count() -> usize {
     runtime::device_count().unwrap_or(0)
-}
-
-/// What a host asks of the backend.
-#[derive(Clone, Copy, Debug)]
-pub struct CudaOptions {
-    /// Large matrix products through cuBLAS when it can be loaded.
-    pub use_cublas: bool,
-    /// Weight rows per warp of the one-session decode kernel, 2 or 4 (None:
-    /// each format's own choice, the faster on the H100: 4 for Q6_K on the
-    /// integer path, 2 otherwise; hosts tune it per GPU with
-    /// `M40_GEMV_ROWS_PER_WARP`).
-    pub gemv_rows_per_warp: Option<u32>,
-    /// Decode products (up to 8 rows) of the quantized formats on 8-bit
-    /// activations with dp4a, on GPUs that have it (sm_61 and newer) and in
-    /// builds that carry code for them; false keeps them in FP32, the M40's
-    /// path (`M40_GEMV_INTEGER=0`). Products of 9–64 rows take the f16
-    /// tensor cores where the GPU has them (sm_80+) either way.
-    pub integer_products: bool,
-    /// Decode kernels that start while the stream's previous kernel
-    /// finishes (programmatic dependent launch), on GPUs that have it (sm_90
-    /// and newer) in builds that carry sm_90 code; false launches each kernel
-    /// after the previous one has drained (`M40_LAUNCH_OVERLAP=0`).
-    pub overlap_launches: bool,
-    /// Decode steps recorded once as a CUDA graph and replayed
-    /// (`M40_CUDA_GRAPH=0` launches every kernel of every step instead).
-    pub graph_decode: bool,
 }
 
 pub struct CudaBackend {
@@ -524,6 +501,31 @@ impl CudaBackend {
     /// The cuBLAS library in use, if any.
     pub fn cublas_library(&self) -> Option<&'static str> {
         self.lock().cublas.as_ref().map(|c| c.library())
+    }
+
+    /// The device and its memory as the backend uses it, for
+    /// `m40_model_describe`.
+    pub(crate) fn describe(&self, j: &mut JsonObject) {
+        let info = self.info();
+        let (major, minor) = info.compute_capability;
+        j.string("compute_capability", Some(&format!("{major}.{minor}")))
+            .value("multiprocessors", info.multiprocessors)
+            .value("driver_version", info.driver_version)
+            .string("cublas", self.cublas_library());
+        if let Ok(gbps) = self.memory_bandwidth_gbps() {
+            j.value("memory_bandwidth_gbps", format_args!("{gbps:.1}"));
+        }
+        let m = self.memory_stats();
+        let mut memory = JsonObject::new();
+        memory
+            .value("total", info.total_memory)
+            .value("weights", self.weight_bytes())
+            .value("in_use", m.in_use)
+            .value("peak", m.peak)
+            .value("cached", m.cached)
+            .value("cache_hits", m.cache_hits)
+            .value("device_allocations", m.device_allocations);
+        j.value("device_memory", memory.finish());
     }
 
     /// Keeps steps from being recorded while the caller enqueues work.
