@@ -71,7 +71,9 @@ mod tests {
         let mut inner = JsonObject::new();
         inner.value("n", 1);
         let mut o = JsonObject::new();
-        o.string("a", Some("x")).string("b", None).value("c", inner.finish());
+        o.string("a", Some("x"))
+            .string("b", None)
+            .value("c", inner.finish());
         assert_eq!(o.finish(), r#"{"a":"x","b":null,"c":{"n":1}}"#);
         assert_eq!(JsonObject::new().finish(), "{}");
     }

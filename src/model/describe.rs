@@ -20,9 +20,8 @@ impl Model {
             .get("general.name")
             .and_then(|e| e.str().ok().map(str::to_string));
         let hp = self.hparams();
-        let num = |f: fn(&HyperParams) -> u32| {
-            hp.map_or("null".to_string(), |hp| f(hp).to_string())
-        };
+        let num =
+            |f: fn(&HyperParams) -> u32| hp.map_or("null".to_string(), |hp| f(hp).to_string());
         let or_null = |v: Option<u64>| v.map_or("null".to_string(), |v| v.to_string());
 
         let mut j = JsonObject::new();
@@ -35,7 +34,10 @@ impl Model {
                 "weight_bytes",
                 gguf.tensors().iter().map(|t| t.n_bytes).sum::<u64>(),
             )
-            .value("weight_bytes_per_token", or_null(self.weight_bytes_per_token()))
+            .value(
+                "weight_bytes_per_token",
+                or_null(self.weight_bytes_per_token()),
+            )
             .value("vocab_size", self.n_vocab())
             .value("context_length", self.n_ctx_train())
             .value("layers", num(|h| h.n_layer))
@@ -53,7 +55,9 @@ impl Model {
         for (ty, count) in &types {
             tensor_types.value(ty, count);
         }
-        let chat = crate::chat::ChatTemplate::for_model(self).ok().map(|t| t.name());
+        let chat = crate::chat::ChatTemplate::for_model(self)
+            .ok()
+            .map(|t| t.name());
         j.value("tensor_types", tensor_types.finish())
             .string("chat_template", chat)
             .value("vocab_only", self.options().vocab_only)

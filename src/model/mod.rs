@@ -10,9 +10,9 @@ mod weights;
 use std::path::Path;
 use std::sync::Arc;
 
+pub use crate::backend::Weight;
 pub use arch::{ArchTraits, Architecture};
 pub use hparams::HyperParams;
-pub use crate::backend::Weight;
 pub use weights::{LayerWeights, Weights};
 
 use crate::backend::{Device, ModelBackend};

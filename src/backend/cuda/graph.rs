@@ -21,12 +21,12 @@
 use std::ffi::c_int;
 use std::sync::Arc;
 
+use super::attention::{device_rows, AttentionLaunch};
 use super::kernels::DeviceRow;
 use super::memory::{Arena, DeviceAllocator, DevicePtr};
 use super::runtime::{self, OwnedGraph, OwnedStream, PinnedBuffer};
-use super::{
-    as_bytes, device_rows, AttentionLaunch, AttentionShape, CudaBackend, CudaKvCache, DeviceBuffer,
-};
+use super::staging::as_bytes;
+use super::{AttentionShape, CudaBackend, CudaKvCache, DeviceBuffer};
 use crate::backend::{Backend, SeqPos};
 use crate::error::{Error, ErrorKind, Result};
 
