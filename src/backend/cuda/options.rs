@@ -9,8 +9,9 @@ pub struct CudaOptions {
     /// loaded; false keeps them on the library's own kernels.
     pub use_cublas: bool,
     /// Weight rows per warp of the one-session decode kernel, 2 or 4 (None:
-    /// each format's own choice, the faster on the H100: 4 for Q6_K on the
-    /// integer path, 2 otherwise). Tests set it to cover both.
+    /// each format's own choice, whichever measured faster on the H100: 4
+    /// for Q6_K on the integer path, 2 otherwise). Tests set it to cover
+    /// both.
     pub gemv_rows_per_warp: Option<u32>,
     /// Decode products (up to 8 rows) of the quantized formats on 8-bit
     /// activations with dp4a, on GPUs that have it (sm_61 and newer) and in
