@@ -8,6 +8,7 @@ pub mod chat;
 pub mod error;
 pub mod ffi;
 pub mod gguf;
+mod json;
 pub mod kv_cache;
 pub mod model;
 pub mod quant;

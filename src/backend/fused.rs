@@ -5,9 +5,8 @@
 //! fused kernels do not take (prefill), and what the GPU tests compare the
 //! fused kernels against.
 
-use super::{Backend, Glu, Rope, SeqPos};
+use super::{Backend, Glu, Rope, SeqPos, Weight};
 use crate::error::Result;
-use crate::model::Weight;
 
 /// RMSNorm weights and their epsilon.
 #[derive(Clone, Copy, Debug)]

@@ -3,18 +3,25 @@
 //! up. The device index a host passes picks one.
 //!
 //! [`Backend`] is the interface between the model code and a device: the
-//! transformer forward pass (`model::transformer`) is written once against it,
+//! transformer forward pass is written once against it (a [`ForwardPass`]),
 //! and each backend implements the operations on its own buffers.
+//! [`ModelBackend`] is the backend a model was loaded onto: the model code
+//! asks it for caches and steps, and never names a device.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fused;
+mod weight;
+
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::json::JsonObject;
 use crate::kv_cache::KvCache;
-use crate::model::Weight;
 pub use fused::{AttentionStep, GatedFfn, Heads, Norm, Product, Scratch};
+pub use weight::Weight;
 
 /// How RoPE pairs the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -344,7 +351,41 @@ pub enum SequenceCache {
     Cuda(cuda::CudaKvCache),
 }
 
+/// The rows of one forward pass: each row's token and its sequence and
+/// position, and the rows whose next-token logits are wanted.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    pub tokens: &'a [u32],
+    pub rows: &'a [SeqPos],
+    pub logit_rows: &'a [usize],
+}
+
+/// A forward pass written once against [`Backend`]: it enqueues its work on
+/// whichever backend runs it and returns the buffer of its logits.
+pub trait ForwardPass {
+    fn enqueue<B: Backend>(&self, b: &B, caches: &mut [&mut B::KvCache]) -> Result<B::Buffer>;
+}
+
 impl ModelBackend {
+    /// The backend for `device`, computing with the weights of `file` (a GPU
+    /// uploads them). The CUDA backend's options come from the environment
+    /// (`cuda::CudaOptions::from_env`).
+    pub fn new(device: &Device, file: Arc<GgufFile>) -> Result<ModelBackend> {
+        match *device {
+            Device::Cpu { threads } => Ok(ModelBackend::Cpu(cpu::CpuBackend::new(file, threads)?)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda { index } => {
+                let options = cuda::CudaOptions::from_env();
+                let backend = cuda::CudaBackend::new(file, index, options)?;
+                Ok(ModelBackend::Cuda(Box::new(backend)))
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda { .. } => {
+                unreachable!("Device::select refuses CUDA devices in this build")
+            }
+        }
+    }
+
     pub fn kv_cache(
         &self,
         n_ctx: usize,
@@ -361,6 +402,74 @@ impl ModelBackend {
                 SequenceCache::Cuda(b.kv_cache(n_ctx, n_layer, k_width, v_width)?)
             }
         })
+    }
+
+    /// Runs `pass` over `batch` with caches made by this backend, the
+    /// logits of `batch.logit_rows[i]` (`n_vocab` each) replacing the
+    /// contents of `logits[i]` (whose allocation is reused). On failure no
+    /// logits are touched. The CUDA backend replays decode steps it has
+    /// recorded (see `cuda::CudaBackend::run_step`).
+    pub fn run_step(
+        &self,
+        caches: &mut [&mut SequenceCache],
+        batch: Batch,
+        n_vocab: usize,
+        logits: &mut [&mut Vec<f32>],
+        pass: &impl ForwardPass,
+    ) -> Result<()> {
+        assert_eq!(logits.len(), batch.logit_rows.len());
+        let mismatch = || Error::internal("a session's KV cache is not on its model's backend");
+        match self {
+            ModelBackend::Cpu(b) => {
+                let mut own = caches
+                    .iter_mut()
+                    .map(|c| match &mut **c {
+                        SequenceCache::Cpu(kv) => Ok(kv),
+                        #[allow(unreachable_patterns)]
+                        _ => Err(mismatch()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let device = pass.enqueue(b, &mut own)?;
+                b.read_rows(&device, n_vocab, logits)
+            }
+            #[cfg(feature = "cuda")]
+            ModelBackend::Cuda(b) => {
+                let mut own = caches
+                    .iter_mut()
+                    .map(|c| match &mut **c {
+                        SequenceCache::Cuda(kv) => Ok(kv),
+                        _ => Err(mismatch()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let Batch {
+                    tokens,
+                    rows,
+                    logit_rows,
+                } = batch;
+                b.run_step(
+                    &mut own,
+                    tokens,
+                    rows,
+                    logit_rows,
+                    n_vocab,
+                    logits,
+                    |caches| pass.enqueue(&**b, caches),
+                )
+            }
+        }
+    }
+
+    /// The device's part of `m40_model_describe` beyond the [`Device`]
+    /// itself: for a GPU, its compute capability, libraries and memory.
+    pub(crate) fn describe(&self, j: &mut JsonObject) {
+        match self {
+            // The Device says all there is to say of a CPU.
+            ModelBackend::Cpu(_) => {
+                let _ = j;
+            }
+            #[cfg(feature = "cuda")]
+            ModelBackend::Cuda(b) => b.describe(j),
+        }
     }
 }
 

@@ -1,10 +1,10 @@
 //! `m40_model_describe`: a JSON summary of a loaded model.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 
-use super::Model;
+use super::{HyperParams, Model};
 use crate::backend::Device;
+use crate::json::JsonObject;
 
 impl Model {
     /// One JSON object: architecture, sizes, tensor types and where it runs.
@@ -20,126 +20,58 @@ impl Model {
             .get("general.name")
             .and_then(|e| e.str().ok().map(str::to_string));
         let hp = self.hparams();
-        let num = |f: fn(&super::HyperParams) -> u32| {
-            hp.map_or("null".to_string(), |hp| f(hp).to_string())
-        };
+        let num =
+            |f: fn(&HyperParams) -> u32| hp.map_or("null".to_string(), |hp| f(hp).to_string());
+        let or_null = |v: Option<u64>| v.map_or("null".to_string(), |v| v.to_string());
 
-        let mut j = String::from("{");
-        let _ = write!(
-            j,
-            "\"architecture\":{}",
-            json_string(self.architecture_name())
-        );
-        let _ = write!(
-            j,
-            ",\"name\":{}",
-            name.as_deref().map_or("null".to_string(), json_string)
-        );
-        let _ = write!(j, ",\"gguf_version\":{}", gguf.version());
-        let _ = write!(j, ",\"file_size\":{}", gguf.file_size());
-        let _ = write!(j, ",\"parameters\":{parameters}");
-        let _ = write!(
-            j,
-            ",\"weight_bytes\":{}",
-            gguf.tensors().iter().map(|t| t.n_bytes).sum::<u64>()
-        );
-        let _ = write!(
-            j,
-            ",\"weight_bytes_per_token\":{}",
-            self.weight_bytes_per_token()
-                .map_or("null".to_string(), |b| b.to_string())
-        );
-        let _ = write!(j, ",\"vocab_size\":{}", self.n_vocab());
-        let _ = write!(j, ",\"context_length\":{}", self.n_ctx_train());
-        let _ = write!(j, ",\"layers\":{}", num(|h| h.n_layer));
-        let _ = write!(j, ",\"embedding_size\":{}", num(|h| h.n_embd));
-        let _ = write!(j, ",\"feed_forward_size\":{}", num(|h| h.n_ff));
-        let _ = write!(j, ",\"heads\":{}", num(|h| h.n_head));
-        let _ = write!(j, ",\"kv_heads\":{}", num(|h| h.n_head_kv));
-        let _ = write!(j, ",\"head_dim\":{}", num(|h| h.head_dim_k));
-        let _ = write!(
-            j,
-            ",\"sliding_window\":{}",
-            hp.and_then(|h| h.sliding_window)
-                .map_or("null".to_string(), |w| w.to_string())
-        );
-        let _ = write!(j, ",\"tensor_count\":{}", gguf.tensors().len());
-        j.push_str(",\"tensor_types\":{");
-        for (i, (ty, count)) in types.iter().enumerate() {
-            let _ = write!(
-                j,
-                "{}{}:{count}",
-                if i > 0 { "," } else { "" },
-                json_string(ty)
-            );
+        let mut j = JsonObject::new();
+        j.string("architecture", Some(self.architecture_name()))
+            .string("name", name.as_deref())
+            .value("gguf_version", gguf.version())
+            .value("file_size", gguf.file_size())
+            .value("parameters", parameters)
+            .value(
+                "weight_bytes",
+                gguf.tensors().iter().map(|t| t.n_bytes).sum::<u64>(),
+            )
+            .value(
+                "weight_bytes_per_token",
+                or_null(self.weight_bytes_per_token()),
+            )
+            .value("vocab_size", self.n_vocab())
+            .value("context_length", self.n_ctx_train())
+            .value("layers", num(|h| h.n_layer))
+            .value("embedding_size", num(|h| h.n_embd))
+            .value("feed_forward_size", num(|h| h.n_ff))
+            .value("heads", num(|h| h.n_head))
+            .value("kv_heads", num(|h| h.n_head_kv))
+            .value("head_dim", num(|h| h.head_dim_k))
+            .value(
+                "sliding_window",
+                or_null(hp.and_then(|h| h.sliding_window).map(u64::from)),
+            )
+            .value("tensor_count", gguf.tensors().len());
+        let mut tensor_types = JsonObject::new();
+        for (ty, count) in &types {
+            tensor_types.value(ty, count);
         }
-        j.push('}');
-        let chat = crate::chat::ChatTemplate::for_model(self).map(|t| json_string(t.name()));
-        let _ = write!(
-            j,
-            ",\"chat_template\":{}",
-            chat.as_deref().unwrap_or("null")
-        );
-        let _ = write!(j, ",\"vocab_only\":{}", self.options().vocab_only);
-        let _ = write!(
-            j,
-            ",\"mmap\":{}",
-            gguf.data().is_some_and(|d| d.is_mapped())
-        );
-        let _ = write!(
-            j,
-            ",\"backend\":{}",
-            json_string(self.device().backend_name())
-        );
-        let _ = write!(j, ",\"device\":{}", json_string(&self.device().name()));
+        let chat = crate::chat::ChatTemplate::for_model(self)
+            .ok()
+            .map(|t| t.name());
+        j.value("tensor_types", tensor_types.finish())
+            .string("chat_template", chat)
+            .value("vocab_only", self.options().vocab_only)
+            .value("mmap", gguf.data().is_some_and(|d| d.is_mapped()))
+            .string("backend", Some(self.device().backend_name()))
+            .string("device", Some(&self.device().name()));
         match self.device() {
-            Device::Cpu { threads } => {
-                let _ = write!(j, ",\"threads\":{threads}");
-            }
-            Device::Cuda { index } => {
-                let _ = write!(j, ",\"device_index\":{index}");
-                #[cfg(feature = "cuda")]
-                if let Some(crate::backend::ModelBackend::Cuda(b)) =
-                    self.engine.as_ref().map(|e| &e.backend)
-                {
-                    self.describe_cuda(b, &mut j);
-                }
-            }
+            Device::Cpu { threads } => j.value("threads", threads),
+            Device::Cuda { index } => j.value("device_index", index),
+        };
+        if let Some(engine) = &self.engine {
+            engine.backend.describe(&mut j);
         }
-        j.push('}');
-        j
-    }
-}
-
-impl Model {
-    /// The CUDA device and its memory as the backend uses it.
-    #[cfg(feature = "cuda")]
-    fn describe_cuda(&self, b: &crate::backend::cuda::CudaBackend, j: &mut String) {
-        let info = b.info();
-        let (major, minor) = info.compute_capability;
-        let _ = write!(j, ",\"compute_capability\":\"{major}.{minor}\"");
-        let _ = write!(j, ",\"multiprocessors\":{}", info.multiprocessors);
-        let _ = write!(j, ",\"driver_version\":{}", info.driver_version);
-        let _ = write!(
-            j,
-            ",\"cublas\":{}",
-            b.cublas_library().map_or("null".to_string(), json_string)
-        );
-        if let Ok(gbps) = b.memory_bandwidth_gbps() {
-            let _ = write!(j, ",\"memory_bandwidth_gbps\":{gbps:.1}");
-        }
-        let m = b.memory_stats();
-        let _ = write!(
-            j,
-            ",\"device_memory\":{{\"total\":{},\"weights\":{},\"in_use\":{},\"peak\":{},\"cached\":{},\"cache_hits\":{},\"device_allocations\":{}}}",
-            info.total_memory,
-            b.weight_bytes(),
-            m.in_use,
-            m.peak,
-            m.cached,
-            m.cache_hits,
-            m.device_allocations
-        );
+        j.finish()
     }
 
     /// Bytes of weights one generated token reads: every matrix once, except
@@ -152,36 +84,5 @@ impl Model {
         let embd_row = w.token_embd.row_bytes() as u64;
         let tied = w.output == w.token_embd;
         Some(all - embd + embd_row + if tied { embd } else { 0 })
-    }
-}
-
-/// `s` as a JSON string literal.
-fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::json_string;
-
-    #[test]
-    fn json_strings_escape_quotes_backslashes_and_controls() {
-        assert_eq!(json_string("a\"b\\c\n\u{1}é"), "\"a\\\"b\\\\c\\n\\u0001é\"");
     }
 }

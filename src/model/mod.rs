@@ -10,11 +10,11 @@ mod weights;
 use std::path::Path;
 use std::sync::Arc;
 
+pub use crate::backend::Weight;
 pub use arch::{ArchTraits, Architecture};
 pub use hparams::HyperParams;
-pub use weights::{LayerWeights, Weight, Weights};
+pub use weights::{LayerWeights, Weights};
 
-use crate::backend::cpu::CpuBackend;
 use crate::backend::{Device, ModelBackend};
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, ReadOptions};
@@ -124,34 +124,7 @@ impl Model {
         let n_ctx_train = hparams.n_ctx_train;
         let weights = Weights::locate(&gguf, hparams.n_layer as usize);
         let gguf = Arc::new(gguf);
-        let backend = match device {
-            Device::Cpu { threads } => {
-                ModelBackend::Cpu(CpuBackend::new(Arc::clone(&gguf), threads)?)
-            }
-            #[cfg(feature = "cuda")]
-            Device::Cuda { index } => {
-                use crate::backend::cuda::{CudaBackend, CudaOptions};
-                let options = CudaOptions {
-                    use_cublas: std::env::var("M40_CUBLAS").map_or(true, |v| v != "0"),
-                    gemv_rows_per_warp: std::env::var("M40_GEMV_ROWS_PER_WARP")
-                        .ok()
-                        .and_then(|v| v.parse().ok()),
-                    integer_products: std::env::var("M40_GEMV_INTEGER").map_or(true, |v| v != "0"),
-                    overlap_launches: std::env::var("M40_LAUNCH_OVERLAP")
-                        .map_or(true, |v| v != "0"),
-                    graph_decode: std::env::var("M40_CUDA_GRAPH").map_or(true, |v| v != "0"),
-                };
-                ModelBackend::Cuda(Box::new(CudaBackend::new(
-                    Arc::clone(&gguf),
-                    index,
-                    options,
-                )?))
-            }
-            #[cfg(not(feature = "cuda"))]
-            Device::Cuda { .. } => {
-                unreachable!("Device::select refuses CUDA devices in this build")
-            }
-        };
+        let backend = ModelBackend::new(&device, Arc::clone(&gguf))?;
         Ok(Model {
             gguf,
             architecture_name,

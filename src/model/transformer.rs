@@ -11,10 +11,10 @@
 
 use super::{ArchTraits, HyperParams, Model, Weights};
 use crate::backend::{
-    AttentionShape, AttentionStep, Backend, GatedFfn, Heads, ModelBackend, Norm, Product, Rope,
-    Scratch, SeqPos, SequenceCache,
+    AttentionShape, AttentionStep, Backend, Batch, ForwardPass, GatedFfn, Heads, Norm, Product,
+    Rope, Scratch, SeqPos, SequenceCache,
 };
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// [`forward`] on the model's own backend, over caches made by it, the
 /// logits of `logit_rows[i]` replacing the contents of `logits[i]` (whose
@@ -27,41 +27,32 @@ pub fn run(
     logit_rows: &[usize],
     logits: &mut [&mut Vec<f32>],
 ) -> Result<()> {
-    assert_eq!(logits.len(), logit_rows.len());
+    let batch = Batch {
+        tokens,
+        rows,
+        logit_rows,
+    };
     let n_vocab = model.config().1.n_vocab as usize;
-    let mismatch = || Error::internal("a session's KV cache is not on its model's backend");
-    match model.backend() {
-        ModelBackend::Cpu(b) => {
-            let mut own = caches
-                .iter_mut()
-                .map(|c| match &mut **c {
-                    SequenceCache::Cpu(kv) => Ok(kv),
-                    #[allow(unreachable_patterns)]
-                    _ => Err(mismatch()),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let device = logits_on_device(b, model, &mut own, tokens, rows, logit_rows)?;
-            b.read_rows(&device, n_vocab, logits)
-        }
-        #[cfg(feature = "cuda")]
-        ModelBackend::Cuda(b) => {
-            let mut own = caches
-                .iter_mut()
-                .map(|c| match &mut **c {
-                    SequenceCache::Cuda(kv) => Ok(kv),
-                    _ => Err(mismatch()),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            b.run_step(
-                &mut own,
-                tokens,
-                rows,
-                logit_rows,
-                n_vocab,
-                logits,
-                |caches| logits_on_device(&**b, model, caches, tokens, rows, logit_rows),
-            )
-        }
+    let pass = Pass { model, batch };
+    model
+        .backend()
+        .run_step(caches, batch, n_vocab, logits, &pass)
+}
+
+/// The model's forward pass over one batch, for whichever backend runs it.
+struct Pass<'a> {
+    model: &'a Model,
+    batch: Batch<'a>,
+}
+
+impl ForwardPass for Pass<'_> {
+    fn enqueue<B: Backend>(&self, b: &B, caches: &mut [&mut B::KvCache]) -> Result<B::Buffer> {
+        let Batch {
+            tokens,
+            rows,
+            logit_rows,
+        } = self.batch;
+        logits_on_device(b, self.model, caches, tokens, rows, logit_rows)
     }
 }
 

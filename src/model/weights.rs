@@ -1,37 +1,8 @@
-//! The weights of a transformer, located in the GGUF data section. Backends
-//! resolve a [`Weight`] to their own copy (the CPU reads it from the file's
-//! mapping, a GPU from the copy it uploaded).
+//! The weights of a transformer, located in the GGUF data section: which
+//! tensor plays which part of each layer.
 
-use crate::gguf::{GgufFile, TensorInfo};
-use crate::quant::GgmlType;
-
-/// A weight matrix (or vector: one row) in its stored format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Weight {
-    pub ty: GgmlType,
-    pub rows: usize,
-    /// Values per row (GGUF's first dimension).
-    pub cols: usize,
-    /// Byte range inside the data section.
-    pub offset: usize,
-    pub n_bytes: usize,
-}
-
-impl Weight {
-    fn from_info(info: &TensorInfo) -> Weight {
-        Weight {
-            ty: info.ggml_type,
-            rows: (info.n_elements() / info.dims[0]) as usize,
-            cols: info.dims[0] as usize,
-            offset: info.offset as usize,
-            n_bytes: info.n_bytes as usize,
-        }
-    }
-
-    pub fn row_bytes(&self) -> usize {
-        self.n_bytes / self.rows
-    }
-}
+use crate::backend::Weight;
+use crate::gguf::GgufFile;
 
 pub struct LayerWeights {
     pub attn_norm: Weight,

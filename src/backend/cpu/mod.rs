@@ -11,11 +11,10 @@ use std::sync::Arc;
 pub use matmul::{matmul, WeightMatrix};
 pub use pool::{check_thread_count, ThreadPool, MAX_THREADS};
 
-use super::{fill_rows, AttentionShape, Backend, Glu, Rope, SeqPos};
+use super::{fill_rows, AttentionShape, Backend, Glu, Rope, SeqPos, Weight};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv_cache::KvCache;
-use crate::model::Weight;
 use crate::quant::{dequantize_row, Kernels};
 
 pub struct CpuBackend {

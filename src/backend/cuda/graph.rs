@@ -21,12 +21,12 @@
 use std::ffi::c_int;
 use std::sync::Arc;
 
+use super::attention::{device_rows, AttentionLaunch};
 use super::kernels::DeviceRow;
 use super::memory::{Arena, DeviceAllocator, DevicePtr};
 use super::runtime::{self, OwnedGraph, OwnedStream, PinnedBuffer};
-use super::{
-    as_bytes, device_rows, AttentionLaunch, AttentionShape, CudaBackend, CudaKvCache, DeviceBuffer,
-};
+use super::staging::as_bytes;
+use super::{AttentionShape, CudaBackend, CudaKvCache, DeviceBuffer};
 use crate::backend::{Backend, SeqPos};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -214,10 +214,9 @@ impl CudaBackend {
     }
 
     /// Records a step of `n_rows` rows and makes room for it among the
-    /// recordings. A recording that fails is tried again: on the H100 one
-    /// recording in about three test runs of the PTX build failed while the
-    /// tests' other threads used the device, and the next attempt
-    /// succeeded. Out of memory is not retried.
+    /// recordings. A recording that fails is tried again: one can fail
+    /// while other threads use the device, and the next attempt succeed.
+    /// Out of memory is not retried.
     fn record(
         &self,
         graphs: &mut DecodeGraphs,

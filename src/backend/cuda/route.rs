@@ -1,0 +1,201 @@
+//! Which kernel takes each matrix product. [`Routes::route`] decides it once
+//! for a product's weight format and row count, from what the device, the
+//! build and the loaded libraries offer for the model's formats; every
+//! operation and fused step launches its products on the route it gives
+//! (`products`, `ops`), and the fused steps take their fused forms only
+//! where the routes allow them.
+
+use std::ffi::c_int;
+
+use super::cublas::Cublas;
+use super::kernels::{m40_gemv_integer_path, m40_mmq_prepare, GEMV_MAX_X};
+use super::runtime::DeviceInfo;
+use super::weights::matrices;
+use crate::gguf::GgufFile;
+use crate::quant::GgmlType;
+
+/// Products of at least this many rows go through cuBLAS when it is loaded
+/// (and the tensor cores do not take them): fewer rows are a few launches
+/// of the decode kernel.
+pub(super) const GEMM_MIN_ROWS: usize = 16;
+/// Most rows a product takes on the quantized-weight tensor-core kernel
+/// while cuBLAS is loaded: past them cuBLAS's f16 products are faster
+/// (measured on the H100).
+const TENSOR_CORE_MAX_ROWS: usize = 64;
+
+/// The kernel a matrix product of some rows runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ProductRoute {
+    /// One launch of the decode kernel (`m40_gemv`) takes every row: at most
+    /// GEMV_MAX_X, a decode batch. The kernel normalizes its rows itself, so
+    /// a fused step's norm goes into the launch. `integer`: the format has
+    /// the kernel's dp4a path and this GPU and build run it (and the host
+    /// did not turn it off), so the launch quantizes its rows to 8 bits
+    /// first, which the launches of one step's products share.
+    Decode { integer: bool },
+    /// The decode kernel, GEMV_MAX_X rows a launch, on rows normalized
+    /// beforehand: more rows than one launch takes, which neither the
+    /// tensor cores (the format or GPU has no such kernel) nor cuBLAS
+    /// (fewer than GEMM_MIN_ROWS rows, or none loaded) take.
+    DecodeLaunches,
+    /// f16 tensor cores straight from the quantized weights (`m40_mmq`,
+    /// sm_80 and newer): more rows than one decode launch takes, up to
+    /// TENSOR_CORE_MAX_ROWS while cuBLAS is loaded (any number without it).
+    /// The rows are converted to f16 once for the products that share
+    /// them, and a fused step's norm goes into that conversion.
+    TensorCores,
+    /// cuBLAS, on rows normalized beforehand: at least GEMM_MIN_ROWS rows
+    /// that the tensor cores do not take. `f16`: on f16 operands (tensor
+    /// cores, Volta and newer, with a cuBLAS that has them) for weights
+    /// whose values fit f16's range; else in FP32 (TF32 on Ampere and newer)
+    /// on weights dequantized to f32.
+    Cublas { f16: bool },
+}
+
+/// What the routes depend on, fixed when the backend is created.
+pub(super) struct Routes {
+    /// The model's matrix formats whose decode products take the integer
+    /// path (8-bit activations, dp4a).
+    integer_formats: Vec<GgmlType>,
+    /// The model's matrix formats that have a tensor-core kernel on this
+    /// device (`m40_mmq`).
+    tensor_core_formats: Vec<GgmlType>,
+    has_cublas: bool,
+    /// cuBLAS products on f16 operands (GPUs with f16 tensor cores: Volta,
+    /// sm_70, and newer, with cuBLAS 11 or newer).
+    prefill_in_f16: bool,
+}
+
+impl Routes {
+    /// The routes for the matrices of `file` on the current device, with
+    /// `cublas` where it was loaded; `integer_products`: whether the host
+    /// allows the integer path (`CudaOptions`). Prepares the tensor-core
+    /// kernels of the model's formats.
+    pub fn new(
+        file: &GgufFile,
+        info: &DeviceInfo,
+        cublas: Option<&Cublas>,
+        integer_products: bool,
+    ) -> Routes {
+        let mut integer_formats = Vec::new();
+        if integer_products {
+            for t in matrices(file) {
+                if !integer_formats.contains(&t.ggml_type) && integer_path(t.ggml_type) {
+                    integer_formats.push(t.ggml_type);
+                }
+            }
+        }
+        let mut tensor_core_formats = Vec::new();
+        for t in matrices(file) {
+            // SAFETY: queries and sets the current device's kernel attributes.
+            if !tensor_core_formats.contains(&t.ggml_type)
+                && unsafe { m40_mmq_prepare(t.ggml_type.id() as c_int) } == 1
+            {
+                tensor_core_formats.push(t.ggml_type);
+            }
+        }
+        Routes {
+            integer_formats,
+            tensor_core_formats,
+            has_cublas: cublas.is_some(),
+            prefill_in_f16: info.compute_capability.0 >= 7
+                && cublas.is_some_and(|c| c.has_f16_products()),
+        }
+    }
+
+    /// The route of a product of `rows` activation rows with a matrix of
+    /// format `ty`.
+    pub fn route(&self, ty: GgmlType, rows: usize) -> ProductRoute {
+        if rows <= GEMV_MAX_X {
+            return ProductRoute::Decode {
+                integer: self.integer_formats.contains(&ty),
+            };
+        }
+        if (rows <= TENSOR_CORE_MAX_ROWS || !self.has_cublas)
+            && self.tensor_core_formats.contains(&ty)
+        {
+            return ProductRoute::TensorCores;
+        }
+        if self.has_cublas && rows >= GEMM_MIN_ROWS {
+            // F32 and BF16 values may lie outside f16's range.
+            let f16_weights = !matches!(ty, GgmlType::F32 | GgmlType::Bf16);
+            return ProductRoute::Cublas {
+                f16: f16_weights && self.prefill_in_f16,
+            };
+        }
+        ProductRoute::DecodeLaunches
+    }
+
+    /// Whether any of the model's formats takes the integer path (and the
+    /// decode kernel needs its 8-bit scratch).
+    pub fn any_integer(&self) -> bool {
+        !self.integer_formats.is_empty()
+    }
+}
+
+/// Whether the decode kernel has an integer path for `ty` that runs dp4a on
+/// the current device.
+fn integer_path(ty: GgmlType) -> bool {
+    // SAFETY: a query of the current device's kernel attributes.
+    unsafe { m40_gemv_integer_path(ty.id() as c_int) == 1 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routes(has_cublas: bool) -> Routes {
+        Routes {
+            integer_formats: vec![GgmlType::Q4K],
+            tensor_core_formats: vec![GgmlType::Q4K, GgmlType::Q8_0],
+            has_cublas,
+            prefill_in_f16: true,
+        }
+    }
+
+    #[test]
+    fn decode_batches_take_one_decode_launch_integer_where_the_format_has_it() {
+        let r = routes(true);
+        assert_eq!(
+            r.route(GgmlType::Q4K, 1),
+            ProductRoute::Decode { integer: true }
+        );
+        assert_eq!(
+            r.route(GgmlType::Q8_0, 8),
+            ProductRoute::Decode { integer: false }
+        );
+    }
+
+    #[test]
+    fn tensor_cores_take_9_to_64_rows_with_cublas_and_any_more_without() {
+        let r = routes(true);
+        assert_eq!(r.route(GgmlType::Q4K, 9), ProductRoute::TensorCores);
+        assert_eq!(r.route(GgmlType::Q4K, 64), ProductRoute::TensorCores);
+        assert_eq!(
+            r.route(GgmlType::Q4K, 65),
+            ProductRoute::Cublas { f16: true }
+        );
+        assert_eq!(
+            routes(false).route(GgmlType::Q4K, 512),
+            ProductRoute::TensorCores
+        );
+    }
+
+    #[test]
+    fn other_formats_take_cublas_from_16_rows_and_decode_launches_below() {
+        let r = routes(true);
+        assert_eq!(r.route(GgmlType::Q6K, 15), ProductRoute::DecodeLaunches);
+        assert_eq!(
+            r.route(GgmlType::Q6K, 16),
+            ProductRoute::Cublas { f16: true }
+        );
+        assert_eq!(
+            r.route(GgmlType::F32, 16),
+            ProductRoute::Cublas { f16: false }
+        );
+        assert_eq!(
+            routes(false).route(GgmlType::Q6K, 512),
+            ProductRoute::DecodeLaunches
+        );
+    }
+}

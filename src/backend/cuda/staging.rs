@@ -1,0 +1,176 @@
+//! Host staging: the pinned host memory that inputs (token ids, row tables,
+//! host values) go to the device through and results come back through,
+//! and the row tables kept on the device while a batch's rows stay the same.
+
+use std::ffi::c_int;
+use std::sync::Arc;
+
+use super::kernels::DeviceRow;
+use super::memory::{Arena, DeviceAllocator, DevicePtr};
+use super::runtime::{self, OwnedStream, PinnedBuffer};
+use super::{DeviceBuffer, State};
+use crate::error::{Error, Result};
+
+/// Which of the backend's row tables an operation uses.
+#[derive(Clone, Copy)]
+pub(super) enum RowTableKind {
+    /// The rows' positions (RoPE).
+    Positions,
+    /// The rows' caches and positions (the KV-cache and attention kernels).
+    CacheRows,
+}
+
+impl State {
+    /// Copies a list of indices (token ids, row numbers) into this
+    /// operation's scratch.
+    pub(super) fn upload_indices(
+        &mut self,
+        allocator: &Arc<DeviceAllocator>,
+        ids: &[c_int],
+    ) -> Result<*const c_int> {
+        if self.capture.is_some() {
+            // The copy would be recorded from a staging piece that later
+            // steps reuse.
+            return Err(Error::unsupported(
+                "an index upload inside a recorded decode step",
+            ));
+        }
+        let bytes = std::mem::size_of_val(ids);
+        self.arena.begin(allocator, Arena::footprint(&[bytes]))?;
+        let device_ids = self.arena.take::<c_int>(ids.len());
+        // SAFETY: the arena piece holds ids.len() ints.
+        unsafe {
+            self.staging
+                .copy_to_device(device_ids.cast(), as_bytes(ids), &self.stream)?
+        };
+        Ok(device_ids)
+    }
+
+    /// The device copy of a batch's row table: the recorded step's own
+    /// table while a step is recorded (its contents are copied in before
+    /// each replay), else `table`'s, uploaded when the rows changed.
+    pub(super) fn row_table(
+        &mut self,
+        allocator: &Arc<DeviceAllocator>,
+        table: RowTableKind,
+        rows: Vec<DeviceRow>,
+    ) -> Result<*const DeviceRow> {
+        if let Some(capture) = &self.capture {
+            return capture.inputs.row_table(rows.len());
+        }
+        let table = match table {
+            RowTableKind::Positions => &mut self.positions,
+            RowTableKind::CacheRows => &mut self.cache_rows,
+        };
+        table.upload(allocator, rows, &mut self.staging, &self.stream)
+    }
+
+    /// The first `len` values of `buffer`, copied into the pinned read-back
+    /// buffer (grown to the largest read): the device writes pinned memory
+    /// at the link's full speed, pageable memory at a fraction of it. Waits
+    /// for the stream, so the step's staging pieces are free again.
+    pub(super) fn read_to_pinned(&mut self, buffer: &DeviceBuffer, len: usize) -> Result<&[f32]> {
+        assert!(len <= buffer.len());
+        let bytes = len * 4;
+        if self.readback.capacity() < bytes {
+            self.readback = PinnedBuffer::new(bytes.next_power_of_two())?;
+        }
+        let pinned = &mut self.readback.as_mut_slice()[..bytes];
+        // SAFETY: the buffer holds `bytes` bytes; the copy waits for the stream.
+        unsafe { runtime::copy_to_host(pinned, buffer.as_ptr().cast(), self.stream.raw())? };
+        self.staging.reset();
+        Ok(self.readback.as_f32_slice(len))
+    }
+}
+
+/// Pinned host memory that small uploads (token ids, row tables, host
+/// values) are copied through: a copy from pageable memory would make the
+/// host wait for the device, and the host must run ahead of the device for
+/// the launches of a step to overlap its kernels. Pieces are handed out in
+/// order and reused after the stream has been waited for.
+pub(super) struct Staging {
+    buffer: PinnedBuffer,
+    used: usize,
+}
+
+impl Staging {
+    pub const INITIAL: usize = 1 << 20;
+
+    pub fn new() -> Result<Staging> {
+        Ok(Staging {
+            buffer: PinnedBuffer::new(Self::INITIAL)?,
+            used: 0,
+        })
+    }
+
+    /// Enqueues a copy of `data` to `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `dst` is device memory of at least `data.len()` bytes.
+    pub unsafe fn copy_to_device(
+        &mut self,
+        dst: *mut std::ffi::c_void,
+        data: &[u8],
+        stream: &OwnedStream,
+    ) -> Result<()> {
+        let mut start = self.used.next_multiple_of(64);
+        if start + data.len() > self.buffer.capacity() {
+            // Earlier copies out of the buffer must be done before it is reused.
+            runtime::synchronize(stream)?;
+            if data.len() > self.buffer.capacity() {
+                self.buffer = PinnedBuffer::new(data.len().next_power_of_two())?;
+            }
+            start = 0;
+        }
+        let piece = &mut self.buffer.as_mut_slice()[start..start + data.len()];
+        piece.copy_from_slice(data);
+        self.used = start + data.len();
+        // SAFETY: the piece stays untouched until the stream has been waited
+        // for (`reset` or the synchronization above).
+        unsafe { runtime::copy_to_device(dst, piece.as_ptr().cast(), data.len(), stream.raw()) }
+    }
+
+    /// The stream has been waited for: every piece may be reused.
+    pub fn reset(&mut self) {
+        self.used = 0;
+    }
+}
+
+/// The bytes of a slice of plain values.
+pub(super) fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {
+    // SAFETY: the slice's memory, read as bytes; T is Copy plain data.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast(), std::mem::size_of_val(values)) }
+}
+
+/// A host table of batch rows and its device copy, uploaded again only when
+/// the rows change (every layer of a forward pass uses the same rows).
+pub(super) struct RowTable {
+    host: Vec<DeviceRow>,
+    device: Option<DevicePtr<DeviceRow>>,
+}
+
+impl RowTable {
+    pub fn new() -> RowTable {
+        RowTable {
+            host: Vec::new(),
+            device: None,
+        }
+    }
+
+    fn upload(
+        &mut self,
+        allocator: &Arc<DeviceAllocator>,
+        rows: Vec<DeviceRow>,
+        staging: &mut Staging,
+        stream: &OwnedStream,
+    ) -> Result<*const DeviceRow> {
+        if self.device.is_none() || rows != self.host {
+            let mut device = allocator.alloc::<DeviceRow>(rows.len())?;
+            // SAFETY: `device` holds rows.len() entries.
+            unsafe { staging.copy_to_device(device.as_mut_ptr().cast(), as_bytes(&rows), stream)? };
+            self.device = Some(device);
+            self.host = rows;
+        }
+        Ok(self.device.as_ref().expect("uploaded above").as_ptr())
+    }
+}
