@@ -170,11 +170,7 @@ fn main() {
         None => corpus(TARGET_BYTES),
     };
     println!("text: {} bytes, {} lines", text.len(), text.lines().count());
-    measure(
-        "gemma3 (SPM, 262144 tokens)",
-        &common::gemma_path(),
-        &text,
-    );
+    measure("gemma3 (SPM, 262144 tokens)", &common::gemma_path(), &text);
     measure(
         "llama-spm (SPM, 32000 tokens)",
         &common::vocab_path("llama-spm"),

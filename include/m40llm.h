@@ -121,7 +121,7 @@ typedef struct m40_model_params {
   int32_t device;
   /**
    * Threads the CPU backend computes with, the calling thread included;
-   * 0 (the default): one per core. A CUDA device ignores it. At most 1024, else
+   * 0 (the default): one per core (at most 1024). A CUDA device ignores it. At most 1024, else
    * M40_ERR_INVALID_ARGUMENT. When the system cannot start them all (a
    * process or user thread limit, memory), the load fails with
    * M40_ERR_OUT_OF_MEMORY and stops the threads it had started.

@@ -7,7 +7,8 @@
 //! (tests/test-chat-template.cpp).
 
 use crate::error::{Error, Result};
-use crate::model::{Architecture, Model};
+use crate::gguf::GgufFile;
+use crate::tokenizer::Tokenizer;
 
 /// The formats recognized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,11 +45,16 @@ impl ChatTemplate {
         }
     }
 
-    /// The format of `model`: its `tokenizer.chat_template` recognized, or,
-    /// without one, its architecture's (LLaMA: LLaMA 3 when the vocabulary
-    /// has its header tokens).
-    pub fn for_model(model: &Model) -> Result<ChatTemplate> {
-        if let Some(entry) = model.gguf().get("tokenizer.chat_template") {
+    /// The format of a model's file: its `tokenizer.chat_template`
+    /// recognized, or, without one, the default of its architecture (named
+    /// as in `general.architecture`; LLaMA: LLaMA 3 when the vocabulary has
+    /// its header tokens). `Model::chat_template` asks this of a model.
+    pub fn detect(
+        gguf: &GgufFile,
+        architecture: &str,
+        tokenizer: &Tokenizer,
+    ) -> Result<ChatTemplate> {
+        if let Some(entry) = gguf.get("tokenizer.chat_template") {
             let template = entry.str()?;
             return ChatTemplate::recognize(template).ok_or_else(|| {
                 Error::unsupported(format!(
@@ -58,18 +64,15 @@ impl ChatTemplate {
                 ))
             });
         }
-        let llama3_tokens = model
-            .tokenizer()
-            .find_token("<|start_header_id|>")
-            .is_some();
+        let llama3_tokens = tokenizer.find_token("<|start_header_id|>").is_some();
         // By name: a vocab-only load has no parsed architecture.
-        match Architecture::from_name(model.architecture_name()) {
-            Some(Architecture::Gemma3) => Ok(ChatTemplate::Gemma),
-            Some(Architecture::Qwen2) => Ok(ChatTemplate::ChatMl),
-            Some(Architecture::Llama) if llama3_tokens => Ok(ChatTemplate::Llama3),
+        match architecture {
+            "gemma3" => Ok(ChatTemplate::Gemma),
+            "qwen2" => Ok(ChatTemplate::ChatMl),
+            "llama" if llama3_tokens => Ok(ChatTemplate::Llama3),
             _ => Err(Error::unsupported(format!(
                 "the model has no chat template (tokenizer.chat_template) and '{}' has no default one",
-                crate::error::echo(model.architecture_name())
+                crate::error::echo(architecture)
             ))),
         }
     }

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use common::gguf_writer::{vt, GgufWriter, Meta};
 use common::tiny_model::{tiny_model, TINY};
-use m40llm::chat::ChatTemplate;
 use m40llm::error::{ErrorKind, MAX_ECHO_BYTES};
 use m40llm::ffi::*;
 use m40llm::gguf::GgufFile;
@@ -250,7 +249,7 @@ fn a_megabyte_architecture_name_gives_a_short_message() {
         vocab_only: true,
     };
     let model = Model::load(&path, options).unwrap();
-    let Err(e) = ChatTemplate::for_model(&model) else {
+    let Err(e) = model.chat_template() else {
         panic!("a chat template for architecture 'aaa…'")
     };
     assert_short(e.message(), 'a', "has no default one");

@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Command;
 
-use common::c_build::{build_example, root};
+use common::c_build::build_example;
 use m40llm::chat::{ChatMessage, ChatTemplate};
 
 #[test]

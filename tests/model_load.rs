@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use m40llm::error::ErrorKind;
 use m40llm::model::{LoadOptions, Model};
@@ -96,11 +96,7 @@ fn every_llama_cpp_vocab_file_loads_vocab_only() {
 
 #[test]
 fn a_vocab_file_without_weights_is_not_a_runnable_model() {
-    let err = Model::load(
-        &vocab_file("llama-spm"),
-        options(true, false),
-    )
-    .unwrap_err();
+    let err = Model::load(&vocab_file("llama-spm"), options(true, false)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Format);
     assert!(
         err.message().contains("token_embd.weight") && err.message().contains("missing"),

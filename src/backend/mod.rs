@@ -283,7 +283,11 @@ impl Device {
         match index {
             -1 => {
                 let threads = match n_threads {
-                    0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+                    // One per core, within the pool's limit on machines
+                    // with more cores than that.
+                    0 => std::thread::available_parallelism()
+                        .map_or(1, |n| n.get())
+                        .min(cpu::MAX_THREADS),
                     n => n as usize,
                 };
                 Ok(Device::Cpu { threads })

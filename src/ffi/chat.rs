@@ -6,7 +6,7 @@ use super::args;
 use super::handles;
 use super::m40_model;
 use super::status::{guard, m40_status};
-use crate::chat::{ChatMessage, ChatTemplate};
+use crate::chat::ChatMessage;
 use crate::error::{Error, Result};
 
 /// One message of a conversation: `role` is "system", "user" or
@@ -54,7 +54,7 @@ pub unsafe extern "C" fn m40_chat_apply_template(
 ) -> m40_status {
     guard(|| {
         let model = handles::model(model as usize)?;
-        let template = ChatTemplate::for_model(&model)?;
+        let template = model.chat_template()?;
         // SAFETY: the caller's promises, forwarded.
         let raw = unsafe { args::slice(messages, n_messages, "messages")? };
         let messages = raw

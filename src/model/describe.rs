@@ -55,9 +55,7 @@ impl Model {
         for (ty, count) in &types {
             tensor_types.value(ty, count);
         }
-        let chat = crate::chat::ChatTemplate::for_model(self)
-            .ok()
-            .map(|t| t.name());
+        let chat = self.chat_template().ok().map(|t| t.name());
         j.value("tensor_types", tensor_types.finish())
             .string("chat_template", chat)
             .value("vocab_only", self.options().vocab_only)

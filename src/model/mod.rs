@@ -16,6 +16,7 @@ pub use hparams::HyperParams;
 pub use weights::{LayerWeights, Weights};
 
 use crate::backend::{Device, ModelBackend};
+use crate::chat::ChatTemplate;
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, ReadOptions};
 use crate::tokenizer::Tokenizer;
@@ -147,6 +148,10 @@ impl Model {
     }
     pub fn architecture_name(&self) -> &str {
         &self.architecture_name
+    }
+    /// The chat format of this model (`ChatTemplate::detect`).
+    pub fn chat_template(&self) -> Result<ChatTemplate> {
+        ChatTemplate::detect(&self.gguf, &self.architecture_name, &self.tokenizer)
     }
     pub fn architecture(&self) -> Option<Architecture> {
         self.engine.as_ref().map(|e| e.arch)

@@ -36,10 +36,8 @@ pub fn random_tokens(n: usize, seed: u64, n_vocab: u32) -> Vec<u32> {
 /// `$M40_SOURCE_DIR`, for test binaries run on another machine (see
 /// tests/gpu/run.sh), else this checkout.
 pub fn source_dir() -> PathBuf {
-    std::env::var_os("M40_SOURCE_DIR").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")),
-        PathBuf::from,
-    )
+    std::env::var_os("M40_SOURCE_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
 }
 
 /// A file of `tests/data/` (reference outputs and vocabularies; see its README).
