@@ -280,6 +280,8 @@ pub fn default_device_index() -> i32 {
 impl Device {
     /// The device for a host's `device` index and `n_threads` (0: one per core).
     pub fn select(index: i32, n_threads: u32) -> Result<Device> {
+        // Checked whichever device is asked for, before the file is read.
+        cpu::check_thread_count(n_threads as usize)?;
         match index {
             -1 => {
                 let threads = match n_threads {

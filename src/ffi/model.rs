@@ -94,7 +94,6 @@ pub unsafe extern "C" fn m40_model_load(
                 args::out(out_model, "out_model")?,
             )
         };
-        crate::backend::cpu::check_thread_count(params.n_threads as usize)?;
         let model = Model::load(&path, params.into())?;
         *out_model = handles::register_model(model)?.cast();
         Ok(())
