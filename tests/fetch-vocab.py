@@ -2,6 +2,8 @@
 """Fetch llama.cpp's vocabulary-only GGUF files into a cache outside the repository
 and print the cache folder.
 
+  tests/fetch-vocab.py [NAME ...]     NAME: e.g. qwen2 for ggml-vocab-qwen2.gguf; default: all
+
 They are the tokenizers of the vocabulary tests and of the random-weight models of
 tests/data/reference. Files under 1 MB (llama-spm, phi-3) are in tests/data/vocab;
 the larger ones come unchanged from llama.cpp 0c1e57098 `models/`, as vendored in
@@ -45,8 +47,12 @@ def cache_dir():
 
 def main():
     out = cache_dir()
-    missing = [n for n, s in VOCABS.items()
-               if not (os.path.isfile(os.path.join(out, n)) and sha256(os.path.join(out, n)) == s)]
+    wanted = [f"ggml-vocab-{name}.gguf" for name in sys.argv[1:]] or list(VOCABS)
+    unknown = [n for n in wanted if n not in VOCABS]
+    if unknown:
+        sys.exit(f"fetch-vocab: not one of the fetched vocabularies: {', '.join(unknown)}")
+    missing = [n for n in wanted
+               if not (os.path.isfile(os.path.join(out, n)) and sha256(os.path.join(out, n)) == VOCABS[n])]
     if missing:
         os.makedirs(out, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out) as work:

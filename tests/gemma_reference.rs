@@ -16,15 +16,11 @@ mod common;
 
 use std::sync::Arc;
 
-use common::reference::{cases, confident_greedy_prefix};
+use common::reference::{cases, confident_greedy_prefix, TeacherForced};
 
 use m40llm::model::{LoadOptions, Model};
 use m40llm::sampling::SamplerParams;
 use m40llm::session::{Session, SessionParams};
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-}
 
 fn load_gemma() -> Arc<Model> {
     let path = common::gemma_path();
@@ -145,61 +141,15 @@ fn generation_stops_when_the_callback_says_so_and_continues_the_session_later() 
 
 #[test]
 fn gemma_matches_llama_cpp_teacher_forced() {
-    let path = common::gemma_path();
     let cases = cases();
-    let options = LoadOptions {
-        device: common::test_device(),
-        n_threads: 0,
-        use_mmap: true,
-        vocab_only: false,
-    };
-    let model = Arc::new(Model::load(&path, options).unwrap());
-    let mut errors = Vec::new();
-    let mut disagreements = Vec::new();
-    for (ci, case) in cases.iter().enumerate() {
-        let mut session = Session::new(
-            Arc::clone(&model),
-            SessionParams {
-                n_ctx: 2048,
-                n_batch: 512,
-            },
-        )
-        .unwrap();
-        session.decode(&case.prompt_ids).unwrap();
-        for (si, top) in case.steps.iter().enumerate() {
-            let logits = session.logits().unwrap();
-            let (ref_tok, ref_logit) = top[0];
-            let ours = logits[ref_tok as usize];
-            errors.push(((ours - ref_logit).abs() / ref_logit.abs().max(1.0)) as f64);
-            let our_top = m40llm::sampling::argmax(logits);
-            let margin = top[0].1 - top[1].1;
-            if margin > 0.5 && our_top != ref_tok {
-                disagreements.push(format!(
-                    "prompt {ci} step {si}: ours {our_top}, llama.cpp {ref_tok} (margin {margin})"
-                ));
-            }
-            session.decode(&[ref_tok]).unwrap();
-        }
-    }
-    errors.sort_by(f64::total_cmp);
-    let (median, p95, max) = (
-        percentile(&errors, 0.5),
-        percentile(&errors, 0.95),
-        errors[errors.len() - 1],
-    );
-    println!(
-        "{} steps over {} prompts: relative error of the reference top-1 logit median {:.2}%, p95 {:.2}%, max {:.2}%",
-        errors.len(),
-        cases.len(),
-        median * 100.0,
-        p95 * 100.0,
-        max * 100.0
-    );
+    let report = TeacherForced::run(&load_gemma(), &cases);
+    println!("{} prompts, {}", cases.len(), report.summary());
     assert!(
-        disagreements.is_empty(),
+        report.disagreements.is_empty(),
         "top-1 differs where the margin exceeds 0.5:\n{}",
-        disagreements.join("\n")
+        report.disagreements.join("\n")
     );
+    let (median, p95) = (report.percentile(0.5), report.percentile(0.95));
     assert!(median <= 0.015, "median relative error {median}");
     assert!(p95 <= 0.04, "95th percentile relative error {p95}");
 }

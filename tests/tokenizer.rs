@@ -233,6 +233,12 @@ fn falcon_vocab_tokenizes_every_input_as_llama_cpp() {
     every_input_gives_llama_cpp_ids("falcon");
 }
 
+/// Qwen2's vocabulary: the tokenizer of Qwen2, Qwen3 and Qwen3-MoE files.
+#[test]
+fn qwen2_vocab_tokenizes_every_input_as_llama_cpp() {
+    every_input_gives_llama_cpp_ids("qwen2");
+}
+
 #[test]
 fn each_vocab_reads_the_tokenizer_its_metadata_names() {
     for (name, kind, pre, n_vocab) in [

@@ -14,6 +14,9 @@ pub enum Architecture {
     Llama,
     /// Qwen2: LLaMA with Q/K/V biases and NEOX RoPE.
     Qwen2,
+    /// Qwen3 (dense): LLaMA with NEOX RoPE and an RMSNorm on each query and
+    /// key head before RoPE, no biases.
+    Qwen3,
     /// Gemma 3: extra norms, GeGLU, sliding-window layers.
     Gemma3,
 }
@@ -24,6 +27,7 @@ impl Architecture {
         match name {
             "llama" => Some(Architecture::Llama),
             "qwen2" => Some(Architecture::Qwen2),
+            "qwen3" => Some(Architecture::Qwen3),
             "gemma3" => Some(Architecture::Gemma3),
             _ => None,
         }
@@ -33,6 +37,7 @@ impl Architecture {
         match self {
             Architecture::Llama => "llama",
             Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
             Architecture::Gemma3 => "gemma3",
         }
     }
@@ -46,7 +51,7 @@ impl Architecture {
                 embedding_scaled: false,
                 local_rope_base: None,
             },
-            Architecture::Qwen2 => ArchTraits {
+            Architecture::Qwen2 | Architecture::Qwen3 => ArchTraits {
                 rope_mode: RopeMode::Neox,
                 glu: Glu::Swiglu,
                 embedding_scaled: false,
@@ -64,7 +69,7 @@ impl Architecture {
     /// llama.cpp's RoPE base when the file sets none.
     pub fn default_rope_freq_base(self) -> f32 {
         match self {
-            Architecture::Llama | Architecture::Qwen2 => 10_000.0,
+            Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 => 10_000.0,
             Architecture::Gemma3 => 1_000_000.0,
         }
     }
@@ -132,6 +137,10 @@ fn tensor_specs(arch: Architecture, hp: &HyperParams) -> Vec<TensorSpec> {
                 spec(b("attn_q.bias"), &[q], true),
                 spec(b("attn_k.bias"), &[k], true),
                 spec(b("attn_v.bias"), &[vv], true),
+            ]),
+            Architecture::Qwen3 => specs.extend([
+                spec(b("attn_q_norm.weight"), &[hp.head_dim_k], true),
+                spec(b("attn_k_norm.weight"), &[hp.head_dim_k], true),
             ]),
             Architecture::Gemma3 => specs.extend([
                 spec(b("attn_q_norm.weight"), &[hp.head_dim_k], true),

@@ -118,7 +118,7 @@ impl HyperParams {
                 Some(optional("attention.sliding_window", 1..=u32::MAX, 512)?),
                 optional("attention.sliding_window_pattern", 1..=MAX_LAYERS, 6)?,
             ),
-            Architecture::Llama | Architecture::Qwen2 => (None, 1),
+            Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 => (None, 1),
         };
         Ok(HyperParams {
             n_vocab,

@@ -76,24 +76,22 @@ pub fn vocab_path(name: &str) -> PathBuf {
     if local.is_file() {
         return local;
     }
-    static FETCHED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    FETCHED
-        .get_or_init(|| fetch("tests/fetch-vocab.py", "the llama.cpp vocabularies"))
-        .join(file)
+    fetch(&["tests/fetch-vocab.py", name], "a llama.cpp vocabulary").join(file)
 }
 
-/// Runs a fetch script of `tests/` (python3 for `.py`), which prints the path
-/// of what it fetched or found in the cache.
-fn fetch(script: &str, what: &str) -> PathBuf {
-    let script = source_dir().join(script);
-    let mut command = if script.extension().is_some_and(|e| e == "py") {
+/// Runs a fetch script of `tests/` (python3 for `.py`) with its arguments;
+/// it prints the path of what it fetched or found in the cache.
+fn fetch(command: &[&str], what: &str) -> PathBuf {
+    let script = source_dir().join(command[0]);
+    let mut process = if script.extension().is_some_and(|e| e == "py") {
         let mut python = std::process::Command::new("python3");
         python.arg(&script);
         python
     } else {
         std::process::Command::new(&script)
     };
-    let out = command
+    let out = process
+        .args(&command[1..])
         .stderr(std::process::Stdio::inherit())
         .output()
         .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
@@ -122,6 +120,6 @@ pub fn gemma_path() -> PathBuf {
     }
     static FETCHED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     FETCHED
-        .get_or_init(|| fetch("tests/fetch-model.sh", "the Gemma 3 270M model"))
+        .get_or_init(|| fetch(&["tests/fetch-model.sh"], "the Gemma 3 270M model"))
         .clone()
 }

@@ -18,6 +18,82 @@ pub fn cases() -> Vec<Case> {
         .collect()
 }
 
+/// The cases of one random-weight model of the 2026 architectures
+/// (`reference/arch2-tiny-llamacpp.jsonl`, its `"model"` key, e.g. "qwen3-f16").
+pub fn arch2_cases(model: &str) -> Vec<Case> {
+    let reference = super::test_data("reference/arch2-tiny-llamacpp.jsonl");
+    let key = format!("\"model\": \"{model}\"");
+    let cases: Vec<Case> = std::fs::read_to_string(reference)
+        .unwrap()
+        .lines()
+        .filter(|line| line.contains(&key))
+        .map(parse_case)
+        .collect();
+    assert!(!cases.is_empty(), "no reference for model {model}");
+    cases
+}
+
+/// How far a model's logits are from llama.cpp's, fed llama.cpp's tokens.
+pub struct TeacherForced {
+    /// Per step, |ours − llama.cpp's| / max(1, |llama.cpp's|) of llama.cpp's
+    /// top-1 logit, sorted.
+    pub errors: Vec<f64>,
+    /// Steps where llama.cpp's top-2 margin exceeds 0.5 and our top-1 differs.
+    pub disagreements: Vec<String>,
+}
+
+impl TeacherForced {
+    /// Decodes each case's prompt, then at each step compares the logits
+    /// with the reference's and feeds the reference's top-1 token.
+    pub fn run(model: &std::sync::Arc<m40llm::model::Model>, cases: &[Case]) -> TeacherForced {
+        use m40llm::session::{Session, SessionParams};
+        let mut errors = Vec::new();
+        let mut disagreements = Vec::new();
+        for (ci, case) in cases.iter().enumerate() {
+            let params = SessionParams {
+                n_ctx: 2048,
+                n_batch: 512,
+            };
+            let mut session = Session::new(std::sync::Arc::clone(model), params).unwrap();
+            session.decode(&case.prompt_ids).unwrap();
+            for (si, top) in case.steps.iter().enumerate() {
+                let logits = session.logits().unwrap();
+                let (ref_tok, ref_logit) = top[0];
+                let ours = logits[ref_tok as usize];
+                errors.push(((ours - ref_logit).abs() / ref_logit.abs().max(1.0)) as f64);
+                let our_top = m40llm::sampling::argmax(logits);
+                let margin = top[0].1 - top[1].1;
+                if margin > 0.5 && our_top != ref_tok {
+                    disagreements.push(format!(
+                        "prompt {ci} step {si}: ours {our_top}, llama.cpp {ref_tok} (margin {margin})"
+                    ));
+                }
+                session.decode(&[ref_tok]).unwrap();
+            }
+        }
+        errors.sort_by(f64::total_cmp);
+        TeacherForced {
+            errors,
+            disagreements,
+        }
+    }
+
+    /// The error at quantile `q` (0.5: the median).
+    pub fn percentile(&self, q: f64) -> f64 {
+        self.errors[((self.errors.len() - 1) as f64 * q).round() as usize]
+    }
+
+    pub fn summary(&self) -> String {
+        format!(
+            "{} steps: relative error of the reference top-1 logit median {:.2}%, p95 {:.2}%, max {:.2}%",
+            self.errors.len(),
+            self.percentile(0.5) * 100.0,
+            self.percentile(0.95) * 100.0,
+            self.percentile(1.0) * 100.0
+        )
+    }
+}
+
 /// The case of `prompt`.
 pub fn case(prompt: &str) -> Case {
     cases()

@@ -1,0 +1,104 @@
+//! The 2026 architectures against llama.cpp, on the random-weight tiny
+//! models of `tests/data/reference/arch2-tiny.sha256` (written by
+//! tools/synth_gguf.py with llama.cpp's vocabularies, each checked against
+//! its sha256) and llama.cpp's top-8 logits for two prompts each
+//! (`arch2-tiny-llamacpp.jsonl`: 15 and 131 tokens, 8 greedy steps),
+//! teacher forced as the Gemma reference is.
+//!
+//! Bounds: top-1 equal wherever llama.cpp's top-2 margin exceeds 0.5; the
+//! relative error |ours − ref| / max(1, |ref|) of llama.cpp's top-1 logit
+//! with median ≤ 1% and 95th percentile ≤ 2% (llama.cpp's CPU path
+//! quantizes activations to 8 bits, as ours does for quantized weights).
+//! `M40_TEST_DEVICE=0` runs them on CUDA device 0.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use common::reference::{arch2_cases, TeacherForced};
+use m40llm::model::{LoadOptions, Model};
+
+/// The model `arch2-{name}.gguf`, written once into the scratch folder by
+/// the command the sha256 file records, and checked against its hash.
+fn arch2_model(name: &str) -> PathBuf {
+    let file = format!("arch2-{name}.gguf");
+    let manifest =
+        std::fs::read_to_string(common::test_data("reference/arch2-tiny.sha256")).unwrap();
+    let args = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("# {file} (")))
+        .and_then(|l| l.split_once("): "))
+        .map(|(_, args)| args.to_string())
+        .unwrap_or_else(|| panic!("{file} is not in arch2-tiny.sha256"));
+    let sha256 = manifest
+        .lines()
+        .find_map(|l| l.strip_suffix(&format!("  {file}")))
+        .unwrap_or_else(|| panic!("no sha256 for {file}"));
+    let path = common::scratch_path(&file);
+    let vocab_dir = common::vocab_path("qwen2").parent().unwrap().to_path_buf();
+    let out = common::python()
+        .arg(common::synth_gguf())
+        .args(
+            args.split_whitespace()
+                .map(|a| match a.strip_prefix("$VOCAB/") {
+                    Some(vocab) => vocab_dir.join(vocab).display().to_string(),
+                    None => a.to_string(),
+                }),
+        )
+        .arg("--out")
+        .arg(&path)
+        .output()
+        .expect("python3 runs tools/synth_gguf.py");
+    assert!(
+        out.status.success(),
+        "synth_gguf.py {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sum = Command::new("sha256sum").arg(&path).output().unwrap();
+    let sum = String::from_utf8(sum.stdout).unwrap();
+    assert!(
+        sum.starts_with(sha256),
+        "{file}: sha256 {sum} differs from the reference's {sha256}: tools/synth_gguf.py no longer writes the model llama.cpp ran"
+    );
+    path
+}
+
+/// `name`'s model against llama.cpp within the module's bounds.
+fn matches_llama_cpp(name: &str) {
+    let path = arch2_model(name);
+    let options = LoadOptions {
+        device: common::test_device(),
+        n_threads: 0,
+        use_mmap: true,
+        vocab_only: false,
+    };
+    let model = Arc::new(Model::load(&path, options).unwrap());
+    let report = TeacherForced::run(&model, &arch2_cases(name));
+    println!("{name}: {}", report.summary());
+    std::fs::remove_file(&path).unwrap();
+    assert!(
+        report.disagreements.is_empty(),
+        "{name}: top-1 differs where the margin exceeds 0.5:\n{}",
+        report.disagreements.join("\n")
+    );
+    let (median, p95) = (report.percentile(0.5), report.percentile(0.95));
+    assert!(median <= 0.01, "{name}: median relative error {median}");
+    assert!(p95 <= 0.02, "{name}: 95th percentile relative error {p95}");
+}
+
+#[test]
+fn qwen3_f16_matches_llama_cpp() {
+    matches_llama_cpp("qwen3-f16");
+}
+
+#[test]
+fn qwen3_q8_0_matches_llama_cpp() {
+    matches_llama_cpp("qwen3-q8_0");
+}
+
+#[test]
+fn qwen3_q4_k_matches_llama_cpp() {
+    matches_llama_cpp("qwen3-q4_k");
+}
