@@ -31,7 +31,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use m40llm::backend::cpu::CpuBackend;
