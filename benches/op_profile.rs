@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use m40llm::backend::{
-    AttentionShape, AttentionStep, Backend, GatedFfn, Glu, ModelBackend, Norm, Product, Rope,
-    Scratch, SeqPos,
+    AttentionShape, AttentionStep, Backend, Experts, GatedFfn, Glu, ModelBackend, Norm, Product,
+    Rope, Scratch, SeqPos,
 };
 use m40llm::error::Result;
 use m40llm::model::transformer::{forward, logits_on_device};
@@ -304,6 +304,27 @@ impl<B: Backend> Backend for Profiled<'_, B> {
             .map_or(String::new(), |w| format!(", window {w}"));
         self.time(format!("attention{window}"), || {
             self.inner.attention(caches, layer, q, rows, shape, out)
+        })
+    }
+    fn norm_moe_ffn_residual(
+        &self,
+        x: &mut B::Buffer,
+        norm: Norm,
+        rows: usize,
+        experts: &Experts,
+        glu: Glu,
+        post_norm: Option<Norm>,
+        scratch: Scratch<B::Buffer>,
+    ) -> Result<()> {
+        let name = format!(
+            "norm + experts ({} of {}) {} + residual",
+            experts.n_used,
+            experts.n_expert,
+            shape(&experts.gate.part(0, experts.n_expert))
+        );
+        self.time(name, || {
+            self.inner
+                .norm_moe_ffn_residual(x, norm, rows, experts, glu, post_norm, scratch)
         })
     }
     fn norm_matmuls(

@@ -68,7 +68,7 @@ impl ChatTemplate {
         // By name: a vocab-only load has no parsed architecture.
         match architecture {
             "gemma3" => Ok(ChatTemplate::Gemma),
-            "qwen2" | "qwen3" => Ok(ChatTemplate::ChatMl),
+            "qwen2" | "qwen3" | "qwen3moe" => Ok(ChatTemplate::ChatMl),
             "llama" if llama3_tokens => Ok(ChatTemplate::Llama3),
             _ => Err(Error::unsupported(format!(
                 "the model has no chat template (tokenizer.chat_template) and '{}' has no default one",

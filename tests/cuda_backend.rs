@@ -42,7 +42,9 @@ use m40llm::backend::{
 use m40llm::error::ErrorKind;
 use m40llm::gguf::{GgufFile, ReadOptions};
 use m40llm::model::transformer::{forward, logits_on_device};
-use m40llm::model::{LayerWeights, LoadOptions, Model, Weight, Weights};
+use m40llm::model::{
+    Architecture, FeedForward, HyperParams, LayerWeights, LoadOptions, Model, Weight, Weights,
+};
 use m40llm::quant::q8::dot_error_bound;
 use m40llm::quant::{dequantize_row, GgmlType};
 use m40llm::sampling::argmax;
@@ -144,16 +146,27 @@ fn open_mapped(path: &Path) -> GgufFile {
 
 fn pair_of(arch: &str, path: &Path, options: CudaOptions) -> Pair {
     let file = Arc::new(open_mapped(path));
-    let n_layer = file
-        .require(&format!("{arch}.block_count"))
+    let n_vocab = file
+        .require("tokenizer.ggml.tokens")
         .unwrap()
-        .u32_in(1..=1000)
-        .unwrap();
+        .string_array()
+        .unwrap()
+        .len() as u32;
+    let arch = Architecture::from_name(arch).unwrap();
+    let hp = HyperParams::from_gguf(&file, arch, n_vocab).unwrap();
     Pair {
-        weights: Weights::locate(&file, n_layer as usize),
+        weights: Weights::locate(&file, &hp),
         cpu: CpuBackend::new(Arc::clone(&file), 2).unwrap(),
         gpu: CudaBackend::new(Arc::clone(&file), 0, options).unwrap(),
         file,
+    }
+}
+
+/// A dense layer's gate, up and down matrices.
+fn dense(l: &LayerWeights) -> (&Weight, &Weight, &Weight) {
+    match &l.ffn {
+        FeedForward::Dense { gate, up, down } => (gate, up, down),
+        FeedForward::Experts(_) => panic!("the CUDA backend runs dense models only"),
     }
 }
 
@@ -321,7 +334,7 @@ fn matrix_products_match_f64_products_for_every_type_on_every_path() {
         let pairs = product_pairs(&path);
         let l = &pairs[0].1.weights.layers[0];
         let (mut worst, mut worst_rounded, mut worst_integer) = (0f64, 0f64, 0f64);
-        for w in [&l.ffn_up, &l.ffn_down, &pairs[0].1.weights.output] {
+        for w in [dense(l).1, dense(l).2, &pairs[0].1.weights.output] {
             // The output matrix, 16384 rows: the decode kernel's rows and
             // one tensor-core product only. 80 rows pass the tensor cores'
             // limit, so quantized matrices reach cuBLAS too.
@@ -335,7 +348,7 @@ fn matrix_products_match_f64_products_for_every_type_on_every_path() {
             worst_rounded = worst_rounded.max(rounded);
             worst_integer = worst_integer.max(integer);
         }
-        let integer = if pairs[0].1.gpu.integer_products(l.ffn_up.ty) {
+        let integer = if pairs[0].1.gpu.integer_products(dense(l).1.ty) {
             format!(", 8-bit {worst_integer:.2} of its bound")
         } else {
             String::new()
@@ -364,7 +377,7 @@ fn long_q8_0_rows_match_f64_products() {
     let pairs = product_pairs(&path);
     // 1 and 3 rows: decode kernels only (cuBLAS takes 16 rows and more).
     let (fp32, _, integer) =
-        product_errors(&pairs, &pairs[0].1.weights.layers[0].ffn_down, &[1, 3]);
+        product_errors(&pairs, dense(&pairs[0].1.weights.layers[0]).2, &[1, 3]);
     println!(
         "q8_0 4096×11008, largest error: FP32 decode kernel {fp32:.1e}, integer decode kernel {integer:.2} of its 8-bit bound"
     );
@@ -703,10 +716,10 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         );
 
         // Norm, then gate and up with the activation.
-        let ff = l.ffn_gate.rows;
+        let ff = dense(l).0.rows;
         let ffn = GatedFfn {
-            gate: &l.ffn_gate,
-            up: &l.ffn_up,
+            gate: dense(l).0,
+            up: dense(l).1,
             glu: if arch == "gemma3" {
                 Glu::Geglu
             } else {
@@ -756,11 +769,11 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         for post in [None, l.post_ffn_norm.as_ref().map(norm)] {
             let (mut r_fused, mut r_composed) = (upload(g, &x), upload(g, &x));
             let mut product = g.buffer(rows * d).unwrap();
-            g.matmul_residual(&l.ffn_down, a_fused, rows, post, &mut product, &mut r_fused)
+            g.matmul_residual(dense(l).2, a_fused, rows, post, &mut product, &mut r_fused)
                 .unwrap();
             fused::matmul_residual(
                 g,
-                &l.ffn_down,
+                dense(l).2,
                 a_fused,
                 rows,
                 post,

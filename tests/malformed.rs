@@ -1041,6 +1041,44 @@ fn corpus() -> Vec<Case> {
         }),
         &["tensor 'output_norm.weight' has shape [16], expected [32]"],
     );
+    // --- Mixtures of experts: the router and the 3-D expert tensors replace
+    // the dense FFN, with the expert counts the metadata says.
+    let moe_with = |arch: &str, f: &dyn Fn(&mut GgufWriter)| {
+        let mut w = tiny_model(arch);
+        f(&mut w);
+        w.build()
+    };
+    c.format(
+        "llama_moe_missing_router",
+        moe_with("llama-moe", &|w| {
+            w.remove_tensor("blk.0.ffn_gate_inp.weight")
+        }),
+        &["tensor 'blk.0.ffn_gate_inp.weight' is missing", "llama"],
+    );
+    c.format(
+        "llama_moe_with_a_dense_ffn_too",
+        moe_with("llama-moe", &|w| w.remove_kv("llama.expert_count")),
+        &["tensor 'blk.0.ffn_gate.weight' is missing"],
+    );
+    c.format(
+        "llama_moe_using_more_experts_than_it_has",
+        moe_with("llama-moe", &|w| {
+            w.set_kv("llama.expert_used_count", Meta::U32(5))
+        }),
+        &["metadata key 'llama.expert_used_count' = 5 is out of range (1..=4)"],
+    );
+    c.format(
+        "qwen3moe_without_experts",
+        moe_with("qwen3moe", &|w| w.remove_kv("qwen3moe.expert_count")),
+        &["qwen3moe.expert_count"],
+    );
+    c.format(
+        "qwen3moe_expert_tensor_of_wrong_expert_count",
+        moe_with("qwen3moe", &|w| {
+            w.set_kv("qwen3moe.expert_count", Meta::U32(3))
+        }),
+        &["tensor 'blk.0.ffn_gate_inp.weight' has shape [32, 4], expected [32, 3]"],
+    );
     {
         let w = tiny_model("gemma3");
         let (b, l) = w.build_with_layout();

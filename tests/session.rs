@@ -46,7 +46,7 @@ fn stepwise(model: &Arc<Model>) -> Vec<Vec<f32>> {
 
 #[test]
 fn a_prompt_in_any_chunk_size_gives_the_logits_of_token_by_token_decoding() {
-    for arch in ["llama", "qwen2", "gemma3"] {
+    for arch in ["llama", "qwen2", "gemma3", "qwen3moe", "llama-moe"] {
         let m = model(arch, 2);
         let expected = stepwise(&m);
         for n_batch in [1, 3, 4, 11, 512] {
@@ -64,7 +64,19 @@ fn a_prompt_in_any_chunk_size_gives_the_logits_of_token_by_token_decoding() {
 
 #[test]
 fn batched_decode_gives_each_session_the_logits_of_decoding_alone() {
-    let m = model("gemma3", 2);
+    batched_decode_matches_decoding_alone("gemma3");
+}
+
+/// With experts, the sessions' rows share a pass but each is routed alone:
+/// batching changes which rows an expert's product takes, not the result.
+#[test]
+fn batched_decode_of_moe_sessions_gives_the_logits_of_decoding_alone() {
+    batched_decode_matches_decoding_alone("qwen3moe");
+    batched_decode_matches_decoding_alone("llama-moe");
+}
+
+fn batched_decode_matches_decoding_alone(arch: &str) {
+    let m = model(arch, 2);
     let prompts: [&[u32]; 3] = [&PROMPT[..3], &PROMPT[2..9], &PROMPT[5..6]];
     let next = [4u32, 8, 12];
     let mut alone = Vec::new();
@@ -85,9 +97,24 @@ fn batched_decode_gives_each_session_the_logits_of_decoding_alone() {
     let mut refs: Vec<&mut Session> = sessions.iter_mut().collect();
     Session::decode_batch(&mut refs, &next).unwrap();
     for (i, s) in sessions.iter().enumerate() {
-        assert_eq!(s.logits().unwrap(), &alone[i][..], "session {i}");
+        assert_eq!(s.logits().unwrap(), &alone[i][..], "{arch} session {i}");
         assert_eq!(s.n_past(), prompts[i].len() + 1);
     }
+}
+
+#[test]
+fn moe_models_describe_their_experts() {
+    let json = model("qwen3moe", 1).describe_json();
+    assert!(
+        json.contains(r#""expert_count":4,"expert_used_count":2"#),
+        "{json}"
+    );
+    assert!(json.contains(r#""architecture":"qwen3moe""#), "{json}");
+    let json = model("llama", 1).describe_json();
+    assert!(
+        json.contains(r#""expert_count":null,"expert_used_count":null"#),
+        "{json}"
+    );
 }
 
 #[test]

@@ -30,6 +30,52 @@ pub struct GatedFfn<'a> {
     pub glu: Glu,
 }
 
+/// A mixture-of-experts feed-forward block: a router and `n_expert`
+/// gated feed-forward blocks, stacked in 3-D tensors (see [`Weight::part`]).
+/// Each row uses the `n_used` experts its router ranks highest.
+#[derive(Clone, Copy, Debug)]
+pub struct Experts {
+    /// `n_expert` rows: the router logits are router · h.
+    pub router: Weight,
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
+    pub n_expert: usize,
+    pub n_used: usize,
+}
+
+impl Experts {
+    /// Expert `e`'s gate, up and down matrices.
+    pub fn expert(&self, e: usize) -> [Weight; 3] {
+        [self.gate, self.up, self.down].map(|w| w.part(e, self.n_expert))
+    }
+}
+
+/// The smallest sum of the chosen experts' probabilities that their
+/// renormalization divides by (llama.cpp's clamp: 2^-14, the smallest
+/// normal f16).
+const MIN_WEIGHT_SUM: f32 = 1.0 / 16_384.0;
+
+/// The experts one row uses and their weights, as llama.cpp's
+/// `build_moe_ffn` chooses them for LLaMA (Mixtral) and Qwen3-MoE: the
+/// softmax of the router logits, the `n_used` most probable experts (in
+/// decreasing probability; ties to the lower index), their probabilities
+/// renormalized to sum to 1.
+pub fn route(logits: &[f32], n_used: usize) -> Vec<(usize, f32)> {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    let sum: f64 = exps.iter().map(|&e| f64::from(e)).sum();
+    let inv = (1.0 / sum) as f32;
+    let probs: Vec<f32> = exps.iter().map(|&e| e * inv).collect();
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    // Stable: equal probabilities keep their index order.
+    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+    order.truncate(n_used);
+    let chosen: f32 = order.iter().map(|&e| probs[e]).sum();
+    let chosen = chosen.max(MIN_WEIGHT_SUM);
+    order.into_iter().map(|e| (e, probs[e] / chosen)).collect()
+}
+
 /// Head layout of one layer's attention inputs.
 #[derive(Clone, Copy, Debug)]
 pub struct Heads {
@@ -174,4 +220,47 @@ fn normalize<B: Backend + ?Sized>(
     let all: Vec<usize> = (0..rows).collect();
     b.gather_rows(x, width, &all, normed)?;
     b.rms_norm(normed, norm.weight, norm.eps, rows * width)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_takes_the_most_probable_experts_and_renormalizes_their_weights() {
+        // softmax of ln(1, 4, 2, 3) is (0.1, 0.4, 0.2, 0.3): the top two are
+        // experts 1 and 3, weighted 0.4 / 0.7 and 0.3 / 0.7.
+        let logits = [1f32, 4.0, 2.0, 3.0].map(f32::ln);
+        let chosen = route(&logits, 2);
+        assert_eq!(chosen.iter().map(|c| c.0).collect::<Vec<_>>(), [1, 3]);
+        assert!((chosen[0].1 - 4.0 / 7.0).abs() < 1e-6, "{chosen:?}");
+        assert!((chosen[1].1 - 3.0 / 7.0).abs() < 1e-6, "{chosen:?}");
+        // every expert: the weights are the softmax itself
+        let all = route(&logits, 4);
+        let weights: Vec<f32> = all.iter().map(|c| c.1).collect();
+        assert_eq!(all.iter().map(|c| c.0).collect::<Vec<_>>(), [1, 3, 2, 0]);
+        for (w, expected) in weights.iter().zip([0.4, 0.3, 0.2, 0.1]) {
+            assert!((w - expected).abs() < 1e-6, "{weights:?}");
+        }
+        // one expert: weight 1
+        assert_eq!(route(&logits, 1), [(1, 1.0)]);
+    }
+
+    #[test]
+    fn route_breaks_ties_toward_the_lower_index() {
+        assert_eq!(route(&[0.5, 2.0, 2.0, 2.0], 2), [(1, 0.5), (2, 0.5)]);
+    }
+
+    #[test]
+    fn expert_parts_are_contiguous_slices_of_whole_rows() {
+        let w = Weight {
+            ty: crate::quant::GgmlType::F32,
+            rows: 6,
+            cols: 4,
+            offset: 100,
+            n_bytes: 96,
+        };
+        let p = w.part(2, 3);
+        assert_eq!((p.rows, p.cols, p.offset, p.n_bytes), (2, 4, 164, 32));
+    }
 }

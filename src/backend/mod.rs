@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::json::JsonObject;
 use crate::kv_cache::KvCache;
-pub use fused::{AttentionStep, GatedFfn, Heads, Norm, Product, Scratch};
+pub use fused::{route, AttentionStep, Experts, GatedFfn, Heads, Norm, Product, Scratch};
 pub use weight::Weight;
 
 /// How RoPE pairs the dimensions of a head.
@@ -187,6 +187,22 @@ pub trait Backend {
         rows: &[SeqPos],
         shape: &AttentionShape,
         out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// x += post_norm(Σ w_e · down_e(act(h · gate_eᵀ) · (h · up_eᵀ))) for
+    /// `rows` rows of h = norm(x): the mixture-of-experts feed-forward
+    /// block with its residual, over the experts and weights [`route`]
+    /// gives each row. `scratch` holds h and the mixture's output.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_moe_ffn_residual(
+        &self,
+        x: &mut Self::Buffer,
+        norm: Norm,
+        rows: usize,
+        experts: &Experts,
+        glu: Glu,
+        post_norm: Option<Norm>,
+        scratch: Scratch<Self::Buffer>,
     ) -> Result<()>;
 
     // The fused steps of a layer (see `fused`): by default composed of the

@@ -32,4 +32,22 @@ impl Weight {
     pub fn row_bytes(&self) -> usize {
         self.n_bytes / self.rows
     }
+
+    /// Part `i` of `n` equal parts along the rows: expert i's matrix of a
+    /// 3-D expert tensor (ggml order: the experts are its outermost
+    /// dimension, each a contiguous run of whole rows).
+    pub fn part(&self, i: usize, n: usize) -> Weight {
+        assert!(
+            i < n && self.rows.is_multiple_of(n),
+            "part {i} of {n} of {self:?}"
+        );
+        let rows = self.rows / n;
+        let n_bytes = rows * self.row_bytes();
+        Weight {
+            rows,
+            offset: self.offset + i * n_bytes,
+            n_bytes,
+            ..*self
+        }
+    }
 }

@@ -17,6 +17,9 @@ pub enum Architecture {
     /// Qwen3 (dense): LLaMA with NEOX RoPE and an RMSNorm on each query and
     /// key head before RoPE, no biases.
     Qwen3,
+    /// Qwen3-MoE: Qwen3's attention with a mixture-of-experts feed-forward
+    /// block in every layer.
+    Qwen3Moe,
     /// Gemma 3: extra norms, GeGLU, sliding-window layers.
     Gemma3,
 }
@@ -28,6 +31,7 @@ impl Architecture {
             "llama" => Some(Architecture::Llama),
             "qwen2" => Some(Architecture::Qwen2),
             "qwen3" => Some(Architecture::Qwen3),
+            "qwen3moe" => Some(Architecture::Qwen3Moe),
             "gemma3" => Some(Architecture::Gemma3),
             _ => None,
         }
@@ -38,6 +42,7 @@ impl Architecture {
             Architecture::Llama => "llama",
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Qwen3Moe => "qwen3moe",
             Architecture::Gemma3 => "gemma3",
         }
     }
@@ -51,7 +56,7 @@ impl Architecture {
                 embedding_scaled: false,
                 local_rope_base: None,
             },
-            Architecture::Qwen2 | Architecture::Qwen3 => ArchTraits {
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => ArchTraits {
                 rope_mode: RopeMode::Neox,
                 glu: Glu::Swiglu,
                 embedding_scaled: false,
@@ -69,7 +74,10 @@ impl Architecture {
     /// llama.cpp's RoPE base when the file sets none.
     pub fn default_rope_freq_base(self) -> f32 {
         match self {
-            Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 => 10_000.0,
+            Architecture::Llama
+            | Architecture::Qwen2
+            | Architecture::Qwen3
+            | Architecture::Qwen3Moe => 10_000.0,
             Architecture::Gemma3 => 1_000_000.0,
         }
     }
@@ -127,10 +135,24 @@ fn tensor_specs(arch: Architecture, hp: &HyperParams) -> Vec<TensorSpec> {
             spec(b("attn_v.weight"), &[d, vv], true),
             spec(b("attn_output.weight"), &[o, d], true),
             spec(b("ffn_norm.weight"), &[d], true),
-            spec(b("ffn_gate.weight"), &[d, ff], true),
-            spec(b("ffn_up.weight"), &[d, ff], true),
-            spec(b("ffn_down.weight"), &[ff, d], true),
         ]);
+        if hp.is_moe() {
+            // The router, and each expert's matrices stacked along the
+            // third dimension (expert e is the e-th contiguous slice).
+            let (e, ff_exp) = (hp.n_expert, hp.n_ff_exp);
+            specs.extend([
+                spec(b("ffn_gate_inp.weight"), &[d, e], true),
+                spec(b("ffn_gate_exps.weight"), &[d, ff_exp, e], true),
+                spec(b("ffn_up_exps.weight"), &[d, ff_exp, e], true),
+                spec(b("ffn_down_exps.weight"), &[ff_exp, d, e], true),
+            ]);
+        } else {
+            specs.extend([
+                spec(b("ffn_gate.weight"), &[d, ff], true),
+                spec(b("ffn_up.weight"), &[d, ff], true),
+                spec(b("ffn_down.weight"), &[ff, d], true),
+            ]);
+        }
         match arch {
             Architecture::Llama => {}
             Architecture::Qwen2 => specs.extend([
@@ -138,7 +160,7 @@ fn tensor_specs(arch: Architecture, hp: &HyperParams) -> Vec<TensorSpec> {
                 spec(b("attn_k.bias"), &[k], true),
                 spec(b("attn_v.bias"), &[vv], true),
             ]),
-            Architecture::Qwen3 => specs.extend([
+            Architecture::Qwen3 | Architecture::Qwen3Moe => specs.extend([
                 spec(b("attn_q_norm.weight"), &[hp.head_dim_k], true),
                 spec(b("attn_k_norm.weight"), &[hp.head_dim_k], true),
             ]),

@@ -50,6 +50,17 @@ impl Model {
                 "sliding_window",
                 or_null(hp.and_then(|h| h.sliding_window).map(u64::from)),
             )
+            .value(
+                "expert_count",
+                or_null(hp.filter(|h| h.is_moe()).map(|h| u64::from(h.n_expert))),
+            )
+            .value(
+                "expert_used_count",
+                or_null(
+                    hp.filter(|h| h.is_moe())
+                        .map(|h| u64::from(h.n_expert_used)),
+                ),
+            )
             .value("tensor_count", gguf.tensors().len());
         let mut tensor_types = JsonObject::new();
         for (ty, count) in &types {
@@ -74,10 +85,23 @@ impl Model {
 
     /// Bytes of weights one generated token reads: every matrix once, except
     /// the embedding table, of which only one row is read (unless it is also
-    /// the output projection, which reads it whole).
+    /// the output projection, which reads it whole), and the experts, of
+    /// which only the `n_expert_used` routed ones are read.
     pub fn weight_bytes_per_token(&self) -> Option<u64> {
-        let w = self.hparams().map(|_| self.weights())?;
-        let all: u64 = self.gguf().tensors().iter().map(|t| t.n_bytes).sum();
+        let hp = self.hparams()?;
+        let w = self.weights();
+        let all: u64 = self
+            .gguf()
+            .tensors()
+            .iter()
+            .map(|t| {
+                if t.name.ends_with("_exps.weight") {
+                    t.n_bytes / u64::from(hp.n_expert) * u64::from(hp.n_expert_used)
+                } else {
+                    t.n_bytes
+                }
+            })
+            .sum();
         let embd = w.token_embd.n_bytes as u64;
         let embd_row = w.token_embd.row_bytes() as u64;
         let tied = w.output == w.token_embd;

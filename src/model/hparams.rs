@@ -12,6 +12,8 @@ const MAX_EMBEDDING: u32 = 1 << 17;
 const MAX_FEED_FORWARD: u32 = 1 << 20;
 const MAX_HEADS: u32 = 1024;
 const MAX_HEAD_DIM: u32 = 1024;
+/// llama.cpp's `LLAMA_MAX_EXPERTS`.
+const MAX_EXPERTS: u32 = 512;
 
 /// The shape and numeric constants of a transformer, from GGUF metadata.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,6 +40,13 @@ pub struct HyperParams {
     /// Every this many layers one uses full attention (the others the
     /// sliding window); gemma3 only.
     pub sliding_window_pattern: u32,
+    /// Experts of each mixture-of-experts feed-forward block; 0 for a dense
+    /// model.
+    pub n_expert: u32,
+    /// Experts each row uses (1..=n_expert for a MoE model, else 0).
+    pub n_expert_used: u32,
+    /// Feed-forward width of one expert (0 for a dense model).
+    pub n_ff_exp: u32,
 }
 
 impl HyperParams {
@@ -118,7 +127,47 @@ impl HyperParams {
                 Some(optional("attention.sliding_window", 1..=u32::MAX, 512)?),
                 optional("attention.sliding_window_pattern", 1..=MAX_LAYERS, 6)?,
             ),
-            Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 => (None, 1),
+            Architecture::Llama
+            | Architecture::Qwen2
+            | Architecture::Qwen3
+            | Architecture::Qwen3Moe => (None, 1),
+        };
+        // Mixture of experts as llama.cpp reads it: LLaMA has experts when
+        // `expert_count` > 0 (Mixtral), each as wide as the dense FFN would
+        // be; Qwen3-MoE always has them, `expert_feed_forward_length` wide
+        // (else n_ff / n_expert_used).
+        let (n_expert, n_expert_used, n_ff_exp) = match arch {
+            Architecture::Llama | Architecture::Qwen3Moe => {
+                let min = if arch == Architecture::Qwen3Moe { 1 } else { 0 };
+                let n_expert = optional("expert_count", min..=MAX_EXPERTS, 0)?;
+                if n_expert == 0 {
+                    if arch == Architecture::Qwen3Moe {
+                        return Err(Error::format(format!(
+                            "a {a} model needs {} > 0",
+                            key("expert_count")
+                        )));
+                    }
+                    (0, 0, 0)
+                } else {
+                    let n_used = required("expert_used_count", 1..=n_expert)?;
+                    let n_ff_exp = match arch {
+                        Architecture::Qwen3Moe => optional(
+                            "expert_feed_forward_length",
+                            1..=MAX_FEED_FORWARD,
+                            n_ff / n_used,
+                        )?,
+                        _ => n_ff,
+                    };
+                    if n_ff_exp == 0 {
+                        return Err(Error::format(format!(
+                            "the experts' feed-forward width is 0 (set {})",
+                            key("expert_feed_forward_length")
+                        )));
+                    }
+                    (n_expert, n_used, n_ff_exp)
+                }
+            }
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma3 => (0, 0, 0),
         };
         Ok(HyperParams {
             n_vocab,
@@ -136,6 +185,14 @@ impl HyperParams {
             rms_eps,
             sliding_window,
             sliding_window_pattern,
+            n_expert,
+            n_expert_used,
+            n_ff_exp,
         })
+    }
+
+    /// Whether the feed-forward blocks are mixtures of experts.
+    pub fn is_moe(&self) -> bool {
+        self.n_expert > 0
     }
 }

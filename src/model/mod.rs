@@ -13,7 +13,7 @@ use std::sync::Arc;
 pub use crate::backend::Weight;
 pub use arch::{ArchTraits, Architecture};
 pub use hparams::HyperParams;
-pub use weights::{LayerWeights, Weights};
+pub use weights::{FeedForward, LayerWeights, Weights};
 
 use crate::backend::{Device, ModelBackend};
 use crate::chat::ChatTemplate;
@@ -114,16 +114,24 @@ impl Model {
 
         let arch = Architecture::from_name(&architecture_name).ok_or_else(|| {
             Error::unsupported(format!(
-                "architecture '{}' is not supported (supported: llama, qwen2, gemma3)",
+                "architecture '{}' is not supported (supported: llama, qwen2, qwen3, qwen3moe, gemma3)",
                 crate::error::echo(&architecture_name)
             ))
         })?;
         let hparams = HyperParams::from_gguf(&gguf, arch, n_vocab)?;
         arch::check_tensors(&gguf, arch, &hparams)?;
+        if hparams.is_moe() {
+            if let Device::Cuda { .. } = device {
+                // Refused before the weights are uploaded, not mid-decode.
+                return Err(Error::unsupported(
+                    "mixture-of-experts models do not run on the CUDA backend yet",
+                ));
+            }
+        }
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         debug_assert_eq!(tokenizer.n_vocab(), n_vocab);
         let n_ctx_train = hparams.n_ctx_train;
-        let weights = Weights::locate(&gguf, hparams.n_layer as usize);
+        let weights = Weights::locate(&gguf, &hparams);
         let gguf = Arc::new(gguf);
         let backend = ModelBackend::new(&device, Arc::clone(&gguf))?;
         Ok(Model {

@@ -1,4 +1,5 @@
-//! The transformer forward pass shared by LLaMA, Qwen2 and Gemma 3, written
+//! The transformer forward pass shared by LLaMA (Mixtral's experts
+//! included), Qwen2, Qwen3 (dense and MoE) and Gemma 3, written
 //! once against the [`Backend`] interface. Read top to bottom it is the whole
 //! model: embed, then per layer attention and feed-forward blocks with their
 //! residuals, then the output norm and projection.
@@ -9,7 +10,7 @@
 //! sequence's cache before attention, so causal attention is simply "each row
 //! over its sequence's positions up to its own".
 
-use super::{ArchTraits, HyperParams, Model, Weights};
+use super::{ArchTraits, FeedForward, HyperParams, Model, Weights};
 use crate::backend::{
     AttentionShape, AttentionStep, Backend, Batch, ForwardPass, GatedFfn, Heads, Norm, Product,
     Rope, Scratch, SeqPos, SequenceCache,
@@ -90,7 +91,8 @@ pub fn logits_on_device<B: Backend>(
     let (hd_k, hd_v) = (hp.head_dim_k as usize, hp.head_dim_v as usize);
     let (q_width, kv_width_k, kv_width_v) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
     let o_width = n_head * hd_v;
-    let ff = hp.n_ff as usize;
+    // Dense feed-forward scratch (a MoE model needs none of it).
+    let ff = if hp.is_moe() { 0 } else { hp.n_ff as usize };
 
     let mut x = b.buffer(n * d)?;
     let mut h = b.buffer(n * d)?;
@@ -156,20 +158,39 @@ pub fn logits_on_device<B: Backend>(
         let post_attn = lw.post_attn_norm.as_ref().map(norm);
         b.matmul_residual(&lw.wo, &attn, n, post_attn, &mut o, &mut x)?;
 
-        // Feed-forward block: x += (post-norm of) down(act(gate(h)) · up(h)), h = norm(x).
-        let ffn = GatedFfn {
-            gate: &lw.ffn_gate,
-            up: &lw.ffn_up,
-            glu: t.glu,
-        };
-        let scratch = Scratch {
-            normed: &mut h,
-            product: &mut gate,
-            product2: &mut up,
-        };
-        b.norm_gated_ffn(&x, norm(&lw.ffn_norm), n, ffn, scratch, &mut act)?;
+        // Feed-forward block: x += (post-norm of) down(act(gate(h)) · up(h)),
+        // h = norm(x); with experts, x += (post-norm of) the sum of each
+        // row's routed experts' outputs, weighted by the router.
         let post_ffn = lw.post_ffn_norm.as_ref().map(norm);
-        b.matmul_residual(&lw.ffn_down, &act, n, post_ffn, &mut o, &mut x)?;
+        match &lw.ffn {
+            FeedForward::Dense {
+                gate: w_gate,
+                up: w_up,
+                down: w_down,
+            } => {
+                let ffn = GatedFfn {
+                    gate: w_gate,
+                    up: w_up,
+                    glu: t.glu,
+                };
+                let scratch = Scratch {
+                    normed: &mut h,
+                    product: &mut gate,
+                    product2: &mut up,
+                };
+                b.norm_gated_ffn(&x, norm(&lw.ffn_norm), n, ffn, scratch, &mut act)?;
+                b.matmul_residual(w_down, &act, n, post_ffn, &mut o, &mut x)?;
+            }
+            FeedForward::Experts(experts) => {
+                let scratch = Scratch {
+                    normed: &mut h,
+                    product: &mut o,
+                    product2: &mut up,
+                };
+                let ffn_norm = norm(&lw.ffn_norm);
+                b.norm_moe_ffn_residual(&mut x, ffn_norm, n, experts, t.glu, post_ffn, scratch)?;
+            }
+        }
     }
 
     // Output: only the rows whose next-token logits are wanted.

@@ -1,8 +1,20 @@
 //! The weights of a transformer, located in the GGUF data section: which
 //! tensor plays which part of each layer.
 
-use crate::backend::Weight;
+use super::HyperParams;
+use crate::backend::{Experts, Weight};
 use crate::gguf::GgufFile;
+
+/// A layer's feed-forward block: down(act(gate · h) · (up · h)), or a
+/// mixture of experts, each such a block.
+pub enum FeedForward {
+    Dense {
+        gate: Weight,
+        up: Weight,
+        down: Weight,
+    },
+    Experts(Experts),
+}
 
 pub struct LayerWeights {
     pub attn_norm: Weight,
@@ -17,9 +29,7 @@ pub struct LayerWeights {
     pub k_norm: Option<Weight>,
     pub post_attn_norm: Option<Weight>,
     pub ffn_norm: Weight,
-    pub ffn_gate: Weight,
-    pub ffn_up: Weight,
-    pub ffn_down: Weight,
+    pub ffn: FeedForward,
     pub post_ffn_norm: Option<Weight>,
 }
 
@@ -35,7 +45,8 @@ pub struct Weights {
 impl Weights {
     /// Locates every weight; `arch::check_tensors` has already checked that
     /// the required ones exist with the right shapes.
-    pub fn locate(gguf: &GgufFile, n_layer: usize) -> Weights {
+    pub fn locate(gguf: &GgufFile, hp: &HyperParams) -> Weights {
+        let n_layer = hp.n_layer as usize;
         let get = |name: &str| gguf.tensor(name).map(Weight::from_info);
         let req =
             |name: &str| get(name).unwrap_or_else(|| panic!("tensor '{name}' was checked at load"));
@@ -61,9 +72,22 @@ impl Weights {
                         k_norm: get(&b("attn_k_norm.weight")),
                         post_attn_norm: get(&b("post_attention_norm.weight")),
                         ffn_norm: req(&b("ffn_norm.weight")),
-                        ffn_gate: req(&b("ffn_gate.weight")),
-                        ffn_up: req(&b("ffn_up.weight")),
-                        ffn_down: req(&b("ffn_down.weight")),
+                        ffn: if hp.is_moe() {
+                            FeedForward::Experts(Experts {
+                                router: req(&b("ffn_gate_inp.weight")),
+                                gate: req(&b("ffn_gate_exps.weight")),
+                                up: req(&b("ffn_up_exps.weight")),
+                                down: req(&b("ffn_down_exps.weight")),
+                                n_expert: hp.n_expert as usize,
+                                n_used: hp.n_expert_used as usize,
+                            })
+                        } else {
+                            FeedForward::Dense {
+                                gate: req(&b("ffn_gate.weight")),
+                                up: req(&b("ffn_up.weight")),
+                                down: req(&b("ffn_down.weight")),
+                            }
+                        },
                         post_ffn_norm: get(&b("post_ffw_norm.weight")),
                     }
                 })

@@ -23,12 +23,22 @@ pub const TINY: TinyShape = TinyShape {
     n_ff: 64,
 };
 
-/// A valid `arch` model ("llama", "qwen2" or "gemma3") with F32 weights.
+/// Experts of the tiny mixture-of-experts models, and how many each token uses.
+pub const TINY_EXPERTS: (u64, u64) = (4, 2);
+
+/// A valid `arch` model ("llama", "qwen2", "qwen3moe", "gemma3", or
+/// "llama-moe": LLaMA with Mixtral's experts) with F32 weights.
 pub fn tiny_model(arch: &str) -> GgufWriter {
     tiny_model_with(arch, TINY)
 }
 
 pub fn tiny_model_with(arch: &str, s: TinyShape) -> GgufWriter {
+    let (arch, moe) = match arch {
+        "llama-moe" => ("llama", true),
+        "qwen3moe" => ("qwen3moe", true),
+        other => (other, false),
+    };
+    let (n_expert, n_expert_used) = TINY_EXPERTS;
     let head_dim = s.n_embd / s.n_head;
     let tokens: Vec<String> = (0..s.n_vocab).map(|i| format!("tok{i}")).collect();
     let token_refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
@@ -53,6 +63,10 @@ pub fn tiny_model_with(arch: &str, s: TinyShape) -> GgufWriter {
                 (0..s.n_vocab).map(|i| Meta::F32(-(i as f32))).collect(),
             ),
         );
+    if moe {
+        w.set_kv(&a("expert_count"), Meta::U32(n_expert as u32));
+        w.set_kv(&a("expert_used_count"), Meta::U32(n_expert_used as u32));
+    }
     if arch == "gemma3" {
         w.set_kv(&a("attention.key_length"), Meta::U32(head_dim as u32));
         w.set_kv(&a("attention.value_length"), Meta::U32(head_dim as u32));
@@ -78,17 +92,32 @@ pub fn tiny_model_with(arch: &str, s: TinyShape) -> GgufWriter {
             w = add(w, &b("attn_k.bias"), &[kv]);
             w = add(w, &b("attn_v.bias"), &[kv]);
         }
-        if arch == "gemma3" {
+        if arch == "gemma3" || arch == "qwen3moe" {
             w = add(w, &b("attn_q_norm.weight"), &[head_dim]);
             w = add(w, &b("attn_k_norm.weight"), &[head_dim]);
+        }
+        if arch == "gemma3" {
             w = add(w, &b("post_attention_norm.weight"), &[d]);
             w = add(w, &b("post_ffw_norm.weight"), &[d]);
         }
         w = add(w, &b("attn_output.weight"), &[q, d]);
         w = add(w, &b("ffn_norm.weight"), &[d]);
-        w = add(w, &b("ffn_gate.weight"), &[d, ff]);
-        w = add(w, &b("ffn_up.weight"), &[d, ff]);
-        w = add(w, &b("ffn_down.weight"), &[ff, d]);
+        if moe {
+            // qwen3moe without expert_feed_forward_length: n_ff / n_expert_used.
+            let ff_exp = if arch == "llama" {
+                ff
+            } else {
+                ff / n_expert_used
+            };
+            w = add(w, &b("ffn_gate_inp.weight"), &[d, n_expert]);
+            w = add(w, &b("ffn_gate_exps.weight"), &[d, ff_exp, n_expert]);
+            w = add(w, &b("ffn_up_exps.weight"), &[d, ff_exp, n_expert]);
+            w = add(w, &b("ffn_down_exps.weight"), &[ff_exp, d, n_expert]);
+        } else {
+            w = add(w, &b("ffn_gate.weight"), &[d, ff]);
+            w = add(w, &b("ffn_up.weight"), &[d, ff]);
+            w = add(w, &b("ffn_down.weight"), &[ff, d]);
+        }
     }
     w = add(w, "output_norm.weight", &[d]);
     if arch != "gemma3" {

@@ -11,7 +11,9 @@ use std::sync::Arc;
 pub use matmul::{matmul, WeightMatrix};
 pub use pool::{check_thread_count, ThreadPool, MAX_THREADS};
 
-use super::{fill_rows, AttentionShape, Backend, Glu, Rope, SeqPos, Weight};
+use super::{
+    fill_rows, route, AttentionShape, Backend, Experts, Glu, Norm, Rope, Scratch, SeqPos, Weight,
+};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv_cache::KvCache;
@@ -43,6 +45,70 @@ impl CpuBackend {
     fn bytes(&self, w: &Weight) -> &[u8] {
         let data = self.file.data().expect("checked in new").bytes();
         &data[w.offset..w.offset + w.n_bytes]
+    }
+
+    /// out = Σ w_e · expert_e(h) for `rows` rows of h (`d` wide), over
+    /// each row's routed experts. Rows are grouped by expert, so that each
+    /// chosen expert's matrices are read once per call; a row's weighted
+    /// expert outputs are summed in the router's order, as llama.cpp does.
+    fn mixture(
+        &self,
+        ex: &Experts,
+        glu: Glu,
+        h: &Vec<f32>,
+        rows: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (d, k) = (ex.router.cols, ex.n_used);
+        let mut logits = self.buffer(rows * ex.n_expert)?;
+        self.matmul(&ex.router, h, rows, &mut logits)?;
+        let choices: Vec<Vec<(usize, f32)>> = logits
+            .chunks_exact(ex.n_expert)
+            .map(|l| route(l, k))
+            .collect();
+        // Each expert's users: (row, slot of the row's choices).
+        let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ex.n_expert];
+        for (r, chosen) in choices.iter().enumerate() {
+            for (slot, &(e, _)) in chosen.iter().enumerate() {
+                users[e].push((r, slot));
+            }
+        }
+        // The weighted output of every (row, slot).
+        let mut weighted = self.buffer(rows * k * d)?;
+        for (e, users) in users.iter().enumerate().filter(|(_, u)| !u.is_empty()) {
+            let m = users.len();
+            let [gate, up, down] = ex.expert(e);
+            let ff = gate.rows;
+            let mut xe = self.buffer(m * d)?;
+            for (row, &(r, _)) in xe.chunks_exact_mut(d).zip(users) {
+                row.copy_from_slice(&h[r * d..(r + 1) * d]);
+            }
+            let (mut g, mut u, mut act) = (
+                self.buffer(m * ff)?,
+                self.buffer(m * ff)?,
+                self.buffer(m * ff)?,
+            );
+            self.matmul(&gate, &xe, m, &mut g)?;
+            self.matmul(&up, &xe, m, &mut u)?;
+            self.glu(glu, &g, &u, m * ff, &mut act)?;
+            let mut ye = self.buffer(m * d)?;
+            self.matmul(&down, &act, m, &mut ye)?;
+            for (y, &(r, slot)) in ye.chunks_exact(d).zip(users) {
+                let w = choices[r][slot].1;
+                let dst = &mut weighted[(r * k + slot) * d..][..d];
+                dst.iter_mut().zip(y).for_each(|(o, &v)| *o = v * w);
+            }
+        }
+        for (o, w) in out[..rows * d]
+            .chunks_exact_mut(d)
+            .zip(weighted.chunks_exact(k * d))
+        {
+            o.copy_from_slice(&w[..d]);
+            for slot in w.chunks_exact(d).skip(1) {
+                o.iter_mut().zip(slot).for_each(|(a, &b)| *a += b);
+            }
+        }
+        Ok(())
     }
 
     /// A one-row weight (norm, bias) as f32.
@@ -217,6 +283,27 @@ impl Backend for CpuBackend {
             );
         }
         Ok(())
+    }
+
+    fn norm_moe_ffn_residual(
+        &self,
+        x: &mut Vec<f32>,
+        norm: Norm,
+        rows: usize,
+        experts: &Experts,
+        glu: Glu,
+        post_norm: Option<Norm>,
+        scratch: Scratch<Vec<f32>>,
+    ) -> Result<()> {
+        let len = rows * experts.router.cols;
+        let (h, out) = (scratch.normed, scratch.product);
+        h[..len].copy_from_slice(&x[..len]);
+        self.rms_norm(h, norm.weight, norm.eps, len)?;
+        self.mixture(experts, glu, h, rows, out)?;
+        if let Some(n) = post_norm {
+            self.rms_norm(out, n.weight, n.eps, len)?;
+        }
+        self.add(x, out, len)
     }
 
     fn attention(

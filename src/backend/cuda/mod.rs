@@ -38,8 +38,8 @@ use std::ffi::c_int;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 
 use super::{
-    fill_rows, fused, AttentionShape, AttentionStep, Backend, GatedFfn, Glu, Norm, Product, Rope,
-    RopeMode, Scratch, SeqPos, Weight,
+    fill_rows, fused, AttentionShape, AttentionStep, Backend, Experts, GatedFfn, Glu, Norm,
+    Product, Rope, RopeMode, Scratch, SeqPos, Weight,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;

@@ -14,13 +14,29 @@ use super::runtime::{self, check};
 use super::staging::{as_bytes, RowTableKind};
 use super::{
     dim, fill_rows, fused, AttentionShape, AttentionStep, Backend, CudaBackend, CudaKvCache,
-    DeviceBuffer, GatedFfn, Glu, Norm, Product, Rope, RopeMode, Scratch, SeqPos, Weight,
+    DeviceBuffer, Experts, GatedFfn, Glu, Norm, Product, Rope, RopeMode, Scratch, SeqPos, Weight,
 };
 use crate::error::{Error, Result};
 
 impl Backend for CudaBackend {
     type Buffer = DeviceBuffer;
     type KvCache = CudaKvCache;
+
+    fn norm_moe_ffn_residual(
+        &self,
+        _x: &mut DeviceBuffer,
+        _norm: Norm,
+        _rows: usize,
+        _experts: &Experts,
+        _glu: Glu,
+        _post_norm: Option<Norm>,
+        _scratch: Scratch<DeviceBuffer>,
+    ) -> Result<()> {
+        // Model loading refuses MoE models on CUDA devices before upload.
+        Err(Error::unsupported(
+            "mixture-of-experts models do not run on the CUDA backend yet",
+        ))
+    }
 
     fn buffer(&self, len: usize) -> Result<DeviceBuffer> {
         self.allocator.alloc::<f32>(len)
