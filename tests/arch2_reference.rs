@@ -39,24 +39,14 @@ fn arch2_model(name: &str) -> PathBuf {
         .find_map(|l| l.strip_suffix(&format!("  {file}")))
         .unwrap_or_else(|| panic!("no sha256 for {file}"));
     let path = common::scratch_path(&file);
-    let out = common::python()
-        .arg(common::synth_gguf())
-        .args(
-            args.split_whitespace()
-                .map(|a| match a.strip_prefix("$VOCAB/") {
-                    Some(file) => vocab_file(file).display().to_string(),
-                    None => a.to_string(),
-                }),
-        )
-        .arg("--out")
-        .arg(&path)
-        .output()
-        .expect("python3 runs tools/synth_gguf.py");
-    assert!(
-        out.status.success(),
-        "synth_gguf.py {args}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args: Vec<String> = args
+        .split_whitespace()
+        .map(|a| match a.strip_prefix("$VOCAB/") {
+            Some(file) => vocab_file(file).display().to_string(),
+            None => a.to_string(),
+        })
+        .collect();
+    common::synth_model(&args, &path);
     let sum = Command::new("sha256sum").arg(&path).output().unwrap();
     let sum = String::from_utf8(sum.stdout).unwrap();
     assert!(

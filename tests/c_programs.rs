@@ -11,22 +11,10 @@ use m40llm::chat::{ChatMessage, ChatTemplate};
 #[test]
 fn m40_bench_reports_prompt_generation_and_batched_rows_as_json() {
     let model = common::scratch_path("bench-llama-q4_0.gguf");
-    let synth = common::synth_gguf();
-    let status = common::python()
-        .args([
-            synth.to_str().unwrap(),
-            "--preset",
-            "tiny",
-            "--type",
-            "q4_0",
-            "--n-vocab",
-            "2000",
-            "--out",
-        ])
-        .arg(&model)
-        .status()
-        .expect("python3 with numpy");
-    assert!(status.success());
+    common::synth_model(
+        &["--preset", "tiny", "--type", "q4_0", "--n-vocab", "2000"],
+        &model,
+    );
     let bench = build_example("m40-bench");
     let out = Command::new(&bench)
         .arg("-m")

@@ -62,10 +62,6 @@ fn have_gpu() -> bool {
     true
 }
 
-fn synth_script() -> PathBuf {
-    common::synth_gguf()
-}
-
 /// A random-weight model of `arch` with all matrices of type `ty`.
 fn synth(arch: &str, ty: &str) -> PathBuf {
     synth_shaped(arch, ty, "tiny", N_VOCAB, None)
@@ -83,25 +79,14 @@ fn synth_shaped(arch: &str, ty: &str, preset: &str, n_vocab: u32, layers: Option
     // Written under a name of its own, then renamed: tests running in
     // parallel may ask for the same model.
     let partial = path.with_extension(format!("{:?}.partial", std::thread::current().id()));
-    let out = common::python()
-        .arg(synth_script())
-        .args(["--arch", arch, "--preset", preset, "--type", ty])
-        .args(["--n-vocab", &n_vocab.to_string()])
-        .args(
-            layers
-                .map(|n| ["--layers".to_string(), n.to_string()])
-                .into_iter()
-                .flatten(),
-        )
-        .arg("--out")
-        .arg(&partial)
-        .output()
-        .expect("python3 on PATH");
-    assert!(
-        out.status.success(),
-        "synth_gguf.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut args: Vec<String> = ["--arch", arch, "--preset", preset, "--type", ty]
+        .map(String::from)
+        .into();
+    args.extend(["--n-vocab".to_string(), n_vocab.to_string()]);
+    if let Some(n) = layers {
+        args.extend(["--layers".to_string(), n.to_string()]);
+    }
+    common::synth_model(&args, &partial);
     std::fs::rename(&partial, &path).unwrap();
     path
 }

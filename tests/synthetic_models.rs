@@ -24,10 +24,6 @@ const TYPES: [&str; 13] = [
 ];
 const N_VOCAB: u32 = 1000;
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn python(args: &[&str]) {
     let out = common::python()
         .args(args)
@@ -42,20 +38,20 @@ fn python(args: &[&str]) {
 
 fn synth(arch: &str, ty: &str) -> PathBuf {
     let path = common::scratch_path(&format!("synth-{arch}-{ty}.gguf"));
-    let synth = common::synth_gguf();
-    python(&[
-        synth.to_str().unwrap(),
-        "--arch",
-        arch,
-        "--preset",
-        "tiny",
-        "--type",
-        ty,
-        "--n-vocab",
-        &N_VOCAB.to_string(),
-        "--out",
-        path.to_str().unwrap(),
-    ]);
+    let n_vocab = N_VOCAB.to_string();
+    common::synth_model(
+        &[
+            "--arch",
+            arch,
+            "--preset",
+            "tiny",
+            "--type",
+            ty,
+            "--n-vocab",
+            &n_vocab,
+        ],
+        &path,
+    );
     path
 }
 
@@ -64,7 +60,7 @@ fn reference(model: &Path, tokens: &[u32], positions: &[usize]) -> Vec<Vec<f32>>
     let out = model.with_extension("ref.bin");
     let join = |v: &mut dyn Iterator<Item = String>| v.collect::<Vec<_>>().join(",");
     python(&[
-        repo()
+        common::source_dir()
             .join("tests/reference/forward_f64.py")
             .to_str()
             .unwrap(),

@@ -45,9 +45,22 @@ pub fn test_data(rel: &str) -> PathBuf {
     source_dir().join("tests/data").join(rel)
 }
 
-/// `tools/synth_gguf.py`, which writes random-weight models of real shapes.
-pub fn synth_gguf() -> PathBuf {
-    source_dir().join("tools/synth_gguf.py")
+/// Writes the random-weight model `tools/synth_gguf.py ARGS --out out`
+/// describes (real shapes and metadata), failing the test with the
+/// script's message when it cannot.
+pub fn synth_model<A: AsRef<std::ffi::OsStr>>(args: &[A], out: &std::path::Path) {
+    let result = python()
+        .arg(source_dir().join("tools/synth_gguf.py"))
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("python3 runs tools/synth_gguf.py");
+    assert!(
+        result.status.success(),
+        "synth_gguf.py failed (it needs numpy: tests/setup.sh installs it into .venv): {}",
+        String::from_utf8_lossy(&result.stderr)
+    );
 }
 
 /// The Python that has the tests' packages (numpy, gguf-py; tests/requirements.txt):
@@ -76,7 +89,15 @@ pub fn vocab_path(name: &str) -> PathBuf {
     if local.is_file() {
         return local;
     }
-    fetch(&["tests/fetch-vocab.py", name], "a llama.cpp vocabulary").join(file)
+    // The script checks the file's sha256 on every run: once per name.
+    static FETCHED: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut fetched = FETCHED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, path)) = fetched.iter().find(|(n, _)| n == name) {
+        return path.clone();
+    }
+    let path = fetch(&["tests/fetch-vocab.py", name], "a llama.cpp vocabulary").join(file);
+    fetched.push((name.to_string(), path.clone()));
+    path
 }
 
 /// Runs a fetch script of `tests/` (python3 for `.py`) with its arguments;
