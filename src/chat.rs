@@ -105,7 +105,7 @@ impl ChatTemplate {
                 let mut system = String::new();
                 for m in messages {
                     if m.role == "system" {
-                        system += m.content.trim();
+                        system += trim(m.content);
                         continue;
                     }
                     let role = if m.role == "assistant" {
@@ -118,7 +118,7 @@ impl ChatTemplate {
                         out += &format!("{system}\n\n");
                         system.clear();
                     }
-                    out += &format!("{}<end_of_turn>\n", m.content.trim());
+                    out += &format!("{}<end_of_turn>\n", trim(m.content));
                 }
                 if add_assistant {
                     out += "<start_of_turn>model\n";
@@ -129,7 +129,7 @@ impl ChatTemplate {
                     out += &format!(
                         "<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>",
                         m.role,
-                        m.content.trim()
+                        trim(m.content)
                     );
                 }
                 if add_assistant {
@@ -139,6 +139,12 @@ impl ChatTemplate {
         }
         out
     }
+}
+
+/// `s` without leading and trailing whitespace as llama.cpp trims it (C's
+/// `isspace`: ASCII only, vertical tab included), not Unicode's.
+fn trim(s: &str) -> &str {
+    s.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r'))
 }
 
 #[cfg(test)]
@@ -194,5 +200,19 @@ mod tests {
             assert!(expected.starts_with(&closed) && closed.len() < expected.len());
         }
         assert_eq!(ChatTemplate::recognize("{{ messages }}"), None);
+    }
+
+    #[test]
+    fn messages_are_trimmed_as_llama_cpp_trims_them() {
+        // C's isspace: ASCII whitespace with the vertical tab, nothing else.
+        let text = " \t\x0B\u{3000}Hi\u{a0}\x0C\r\n";
+        let message = [ChatMessage {
+            role: "user",
+            content: text,
+        }];
+        assert_eq!(
+            ChatTemplate::Llama3.apply(&message, false),
+            "<|start_header_id|>user<|end_header_id|>\n\n\u{3000}Hi\u{a0}<|eot_id|>"
+        );
     }
 }
