@@ -6,9 +6,10 @@
  *
  * Each line becomes a user turn; the reply streams to standard output and
  * ends with a newline. The conversation is formatted with the model's chat
- * template (m40_chat_apply_template: Gemma, LLaMA 3 and ChatML formats, named
- * on standard error at start), and only the text a turn adds to what the
- * session already holds is decoded, so earlier turns stay in the KV cache.
+ * template (m40_chat_apply_template: ChatML, Qwen3, Gemma, LLaMA 3, Mistral
+ * and LLaMA 2 formats, named on standard error at start), and only the text
+ * a turn adds to what the session already holds is decoded, so earlier
+ * turns stay in the KV cache.
  * When the context is full the conversation starts over (standard error
  * says so). Standard error also gets, per turn, the tokens decoded anew and
  * the session's length.
@@ -215,7 +216,8 @@ int main(int argc, char **argv) {
                 goto done;
             }
             /* Decode only what this turn adds to the text the session holds;
-               a history the template rewrote (it trims replies) starts over. */
+               a history the template rewrote (it trims replies, or drops
+               their reasoning) starts over. */
             const char *added = prompt.data;
             if (held.len <= prompt.len && (held.len == 0 || memcmp(prompt.data, held.data, held.len) == 0)) {
                 added += held.len;

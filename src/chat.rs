@@ -4,13 +4,18 @@
 //! Jinja template) is not executed but recognized by its marker strings as
 //! one of the formats below; a model without one gets its architecture's
 //! format. Expected outputs in the tests are llama.cpp's own
-//! (tests/test-chat-template.cpp).
+//! (tests/test-chat-template.cpp), or, where llama.cpp's tests have none
+//! (Qwen3's reasoning), the model's template rendered by Jinja2.
+//!
+//! No format writes BOS: the tokenizer adds it (`add_special`), as with
+//! llama.cpp. The text holds the formats' special tokens (`<|im_start|>`,
+//! `</s>`, ...) as text, for a tokenizer that parses special tokens.
 
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
 
-/// The formats recognized.
+/// The formats recognized, named as llama.cpp names them (`name`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChatTemplate {
     /// `<|im_start|>role\ncontent<|im_end|>\n` (Qwen2 and many others).
@@ -20,6 +25,41 @@ pub enum ChatTemplate {
     Gemma,
     /// `<|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>` (LLaMA 3).
     Llama3,
+    /// ChatML as Qwen3's template writes it. Qwen3 is a reasoning model: a
+    /// reply it generates usually begins with its thinking,
+    /// `<think>...</think>`.
+    /// The template drops that block from the replies before the last user
+    /// message (earlier turns), so this format does too; replies after it
+    /// (a turn still in progress) keep it, and the last message, when it is
+    /// a reply without one, gets an empty `<think>\n\n</think>\n\n`. The
+    /// assistant's turn opens with `<|im_start|>assistant\n` alone, as
+    /// llama.cpp's `llama_chat_apply_template` and Qwen3's template (without
+    /// `enable_thinking` false) write it: whether to think is the model's
+    /// choice, and its reply, reasoning included, is generated text like any
+    /// other. llama.cpp formats this template as plain ChatML; the two
+    /// differ only where a reply holds `</think>` or the conversation ends
+    /// with a reply.
+    Qwen3,
+    /// Mistral's "v1" format (Mistral 7B v0.1-v0.2, Mixtral 8x7B):
+    /// ` [INST] user [/INST] reply</s>`, a system message opening the next
+    /// instruction.
+    MistralV1,
+    /// Mistral's "v3": `[INST] user[/INST] reply</s>`, replies trimmed.
+    MistralV3,
+    /// Mistral's "v3-tekken" (Mistral Nemo): `[INST]user[/INST]reply</s>`.
+    MistralV3Tekken,
+    /// Mistral's "v7": `[SYSTEM_PROMPT] system[/SYSTEM_PROMPT][INST] user[/INST] reply</s>`.
+    MistralV7,
+    /// LLaMA 2's `[INST] user [/INST]reply</s>` without a system role (the
+    /// system text opens the first instruction), also Mistral's instruct
+    /// template before its v1.
+    Llama2,
+    /// LLaMA 2 with `<<SYS>>\nsystem\n<</SYS>>\n\n` in the instruction.
+    Llama2Sys,
+    /// `Llama2Sys` with `<s>` before each later instruction.
+    Llama2SysBos,
+    /// `Llama2Sys` with every message trimmed.
+    Llama2SysStrip,
 }
 
 /// One message of a conversation.
@@ -31,17 +71,56 @@ pub struct ChatMessage<'a> {
 }
 
 impl ChatTemplate {
-    /// The format a Jinja chat template writes, by its markers.
+    /// The format a Jinja chat template writes, by its markers, tried in
+    /// llama.cpp's order (`llm_chat_detect_template`).
     pub fn recognize(template: &str) -> Option<ChatTemplate> {
-        if template.contains("<|im_start|>") {
-            Some(ChatTemplate::ChatMl)
-        } else if template.contains("<start_of_turn>") {
+        let has = |marker: &str| template.contains(marker);
+        if has("<|im_start|>") {
+            // Qwen3's own handling of reasoning: written back only after
+            // the last user query, in the form `Qwen3` writes. Other
+            // ChatML templates with `<think>` (QwQ, Qwen3.5) treat it
+            // otherwise, and llama.cpp formats them all as ChatML.
+            if has("<think>")
+                && has("last_query_index")
+                && has(r"reasoning_content.strip('\n') + '\n</think>\n\n'")
+            {
+                Some(ChatTemplate::Qwen3)
+            } else {
+                Some(ChatTemplate::ChatMl)
+            }
+        } else if has("[INST]") {
+            Some(Self::recognize_inst(template))
+        } else if has("<start_of_turn>") {
             Some(ChatTemplate::Gemma)
-        } else if template.contains("<|start_header_id|>") && template.contains("<|end_header_id|>")
-        {
+        } else if has("<|start_header_id|>") && has("<|end_header_id|>") {
             Some(ChatTemplate::Llama3)
         } else {
             None
+        }
+    }
+
+    /// Which `[INST]` format: Mistral's official templates by their system
+    /// prompt or tools markers and their spacing, else LLaMA 2's variants.
+    fn recognize_inst(template: &str) -> ChatTemplate {
+        let has = |marker: &str| template.contains(marker);
+        if has("[SYSTEM_PROMPT]") {
+            ChatTemplate::MistralV7
+        } else if has("' [INST] ' + system_message") || has("[AVAILABLE_TOOLS]") {
+            if has(" [INST]") {
+                ChatTemplate::MistralV1
+            } else if has("\"[INST]\"") {
+                ChatTemplate::MistralV3Tekken
+            } else {
+                ChatTemplate::MistralV3
+            }
+        } else if has("content.strip()") {
+            ChatTemplate::Llama2SysStrip
+        } else if has("bos_token + '[INST]") {
+            ChatTemplate::Llama2SysBos
+        } else if has("<<SYS>>") {
+            ChatTemplate::Llama2Sys
+        } else {
+            ChatTemplate::Llama2
         }
     }
 
@@ -65,10 +144,13 @@ impl ChatTemplate {
             });
         }
         let llama3_tokens = tokenizer.find_token("<|start_header_id|>").is_some();
-        // By name: a vocab-only load has no parsed architecture.
+        // By name: a vocab-only load has no parsed architecture. A LLaMA
+        // without LLaMA 3's tokens (Mistral, Mixtral) has no default: its
+        // files carry their template, and llama.cpp has none for them.
         match architecture {
             "gemma3" => Ok(ChatTemplate::Gemma),
-            "qwen2" | "qwen3" | "qwen3moe" => Ok(ChatTemplate::ChatMl),
+            "qwen2" => Ok(ChatTemplate::ChatMl),
+            "qwen3" | "qwen3moe" => Ok(ChatTemplate::Qwen3),
             "llama" if llama3_tokens => Ok(ChatTemplate::Llama3),
             _ => Err(Error::unsupported(format!(
                 "the model has no chat template (tokenizer.chat_template) and '{}' has no default one",
@@ -77,18 +159,44 @@ impl ChatTemplate {
         }
     }
 
-    const NAMES: [&'static str; 3] = ["chatml", "gemma", "llama3"];
+    const NAMES: [&'static str; 12] = [
+        "chatml",
+        "gemma",
+        "llama3",
+        "qwen3",
+        "mistral-v1",
+        "mistral-v3",
+        "mistral-v3-tekken",
+        "mistral-v7",
+        "llama2",
+        "llama2-sys",
+        "llama2-sys-bos",
+        "llama2-sys-strip",
+    ];
 
+    /// llama.cpp's name of the format, which `m40_model_describe` reports.
     pub fn name(self) -> &'static str {
-        match self {
-            ChatTemplate::ChatMl => Self::NAMES[0],
-            ChatTemplate::Gemma => Self::NAMES[1],
-            ChatTemplate::Llama3 => Self::NAMES[2],
-        }
+        Self::NAMES[match self {
+            ChatTemplate::ChatMl => 0,
+            ChatTemplate::Gemma => 1,
+            ChatTemplate::Llama3 => 2,
+            ChatTemplate::Qwen3 => 3,
+            ChatTemplate::MistralV1 => 4,
+            ChatTemplate::MistralV3 => 5,
+            ChatTemplate::MistralV3Tekken => 6,
+            ChatTemplate::MistralV7 => 7,
+            ChatTemplate::Llama2 => 8,
+            ChatTemplate::Llama2Sys => 9,
+            ChatTemplate::Llama2SysBos => 10,
+            ChatTemplate::Llama2SysStrip => 11,
+        }]
     }
 
     /// The prompt text of `messages`, ending with the assistant's turn
     /// opened when `add_assistant` (the text to generate a reply after).
+    /// The `[INST]` formats have no opening of their own: a user message
+    /// ends with `[/INST]`, after which the reply follows, and
+    /// `add_assistant` adds nothing.
     pub fn apply(self, messages: &[ChatMessage], add_assistant: bool) -> String {
         let mut out = String::new();
         match self {
@@ -96,6 +204,12 @@ impl ChatTemplate {
                 for m in messages {
                     out += &format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content);
                 }
+                if add_assistant {
+                    out += "<|im_start|>assistant\n";
+                }
+            }
+            ChatTemplate::Qwen3 => {
+                qwen3(messages, &mut out);
                 if add_assistant {
                     out += "<|im_start|>assistant\n";
                 }
@@ -136,9 +250,131 @@ impl ChatTemplate {
                     out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
                 }
             }
+            ChatTemplate::MistralV7 => {
+                for m in messages {
+                    out += &match m.role {
+                        "system" => format!("[SYSTEM_PROMPT] {}[/SYSTEM_PROMPT]", m.content),
+                        "user" => format!("[INST] {}[/INST]", m.content),
+                        _ => format!(" {}</s>", m.content),
+                    };
+                }
+            }
+            ChatTemplate::MistralV1 | ChatTemplate::MistralV3 | ChatTemplate::MistralV3Tekken => {
+                let lead = if self == ChatTemplate::MistralV1 {
+                    " "
+                } else {
+                    ""
+                };
+                let trail = if self == ChatTemplate::MistralV3Tekken {
+                    ""
+                } else {
+                    " "
+                };
+                // A system message joins the instruction it is in (or opens).
+                let mut in_instruction = false;
+                for m in messages {
+                    if !in_instruction {
+                        out += &format!("{lead}[INST]{trail}");
+                        in_instruction = true;
+                    }
+                    match m.role {
+                        "system" => out += &format!("{}\n\n", m.content),
+                        "user" => out += &format!("{}{lead}[/INST]", m.content),
+                        _ => {
+                            let reply = if self == ChatTemplate::MistralV3 {
+                                trim(m.content)
+                            } else {
+                                m.content
+                            };
+                            out += &format!("{trail}{reply}</s>");
+                            in_instruction = false;
+                        }
+                    }
+                }
+            }
+            ChatTemplate::Llama2
+            | ChatTemplate::Llama2Sys
+            | ChatTemplate::Llama2SysBos
+            | ChatTemplate::Llama2SysStrip => {
+                // The first instruction is open from the start, BOS left to
+                // the tokenizer; later ones open after each reply.
+                out += "[INST] ";
+                let mut in_instruction = true;
+                for m in messages {
+                    let content = if self == ChatTemplate::Llama2SysStrip {
+                        trim(m.content)
+                    } else {
+                        m.content
+                    };
+                    if !in_instruction {
+                        out += if self == ChatTemplate::Llama2SysBos {
+                            "<s>[INST] "
+                        } else {
+                            "[INST] "
+                        };
+                        in_instruction = true;
+                    }
+                    match m.role {
+                        "system" if self == ChatTemplate::Llama2 => out += &format!("{content}\n"),
+                        "system" => out += &format!("<<SYS>>\n{content}\n<</SYS>>\n\n"),
+                        "user" => out += &format!("{content} [/INST]"),
+                        _ => {
+                            out += &format!("{content}</s>");
+                            in_instruction = false;
+                        }
+                    }
+                }
+            }
         }
         out
     }
+}
+
+/// Qwen3's messages: ChatML, a reply's `<think>...</think>` kept only after
+/// the last user query (its template's rule, for text messages).
+fn qwen3(messages: &[ChatMessage], out: &mut String) {
+    // A user message that wraps a tool's response continues the query
+    // before it rather than starting one.
+    let last_query = messages.iter().rposition(|m| {
+        m.role == "user"
+            && !(m.content.starts_with("<tool_response>")
+                && m.content.ends_with("</tool_response>"))
+    });
+    for (i, m) in messages.iter().enumerate() {
+        if m.role != "assistant" {
+            *out += &format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content);
+            continue;
+        }
+        let (reasoning, reply) = split_reasoning(m.content);
+        let in_progress = last_query.is_some_and(|q| i > q);
+        let last = i + 1 == messages.len();
+        if in_progress && (last || !reasoning.is_empty()) {
+            *out += &format!(
+                "<|im_start|>assistant\n<think>\n{}\n</think>\n\n{}<|im_end|>\n",
+                reasoning.trim_matches('\n'),
+                reply.trim_start_matches('\n')
+            );
+        } else {
+            *out += &format!("<|im_start|>assistant\n{reply}<|im_end|>\n");
+        }
+    }
+}
+
+/// A reply's reasoning and answer, split as Qwen3's template splits them:
+/// the reasoning is what precedes the first `</think>` (after its last
+/// `<think>`), the answer what follows the last one; a reply without
+/// `</think>` is all answer.
+fn split_reasoning(content: &str) -> (&str, &str) {
+    const END: &str = "</think>";
+    let (Some(first), Some(last)) = (content.find(END), content.rfind(END)) else {
+        return ("", content);
+    };
+    let before = content[..first].trim_end_matches('\n');
+    let reasoning = before.rsplit("<think>").next().unwrap_or(before);
+    (
+        reasoning.trim_start_matches('\n'),
+        content[last + END.len()..].trim_start_matches('\n'),
+    )
 }
 
 /// `s` without leading and trailing whitespace as llama.cpp trims it (C's

@@ -1,7 +1,10 @@
 //! `m40_chat_apply_template` through the C API: which format a model gets
 //! (its `tokenizer.chat_template` recognized, or its architecture's), what
 //! each writes (compared with llama.cpp's tests/test-chat-template.cpp
-//! outputs in src/chat.rs; here through the ABI), and argument errors.
+//! outputs, here and in src/chat.rs, and for Qwen3's reasoning with its own
+//! template rendered by Jinja2), real templates recognized as llama.cpp
+//! recognizes them, the special tokens the formats write, and argument
+//! errors.
 
 mod common;
 
@@ -10,6 +13,7 @@ use std::path::Path;
 
 use common::gguf_writer::Meta;
 use common::tiny_model::tiny_model;
+use m40llm::chat::{ChatMessage, ChatTemplate};
 use m40llm::ffi::*;
 
 fn load(path: &Path) -> *mut m40_model {
@@ -22,9 +26,14 @@ fn load(path: &Path) -> *mut m40_model {
     model
 }
 
-/// A tiny model with `template` as its tokenizer.chat_template (or none).
+/// A tiny LLaMA with `template` as its tokenizer.chat_template (or none).
 fn tiny_with_template(name: &str, template: Option<&str>) -> *mut m40_model {
-    let mut writer = tiny_model("llama");
+    tiny_arch_with_template("llama", name, template)
+}
+
+/// A tiny model of `arch` (as `tiny_model` names them) with `template`.
+fn tiny_arch_with_template(arch: &str, name: &str, template: Option<&str>) -> *mut m40_model {
+    let mut writer = tiny_model(arch);
     if let Some(t) = template {
         writer = writer.kv("tokenizer.chat_template", Meta::str(t));
     }
@@ -167,7 +176,10 @@ fn models_without_a_usable_template_and_bad_messages_are_errors() {
     let unknown = tiny_with_template("unknown", Some("{{ messages | tojson }}"));
     let (status, message) = apply(unknown, &TURNS, true).unwrap_err();
     assert_eq!(status, m40_status::M40_ERR_UNSUPPORTED);
-    assert!(message.contains("chatml, gemma, llama3"), "{message}");
+    assert!(
+        message.contains("chatml, gemma, llama3, qwen3, mistral-v1"),
+        "{message}"
+    );
 
     let chatml = tiny_with_template("chatml-errors", Some("<|im_start|>"));
     let (status, message) = apply(chatml, &[("robot", "beep")], true).unwrap_err();
@@ -210,4 +222,337 @@ fn models_without_a_usable_template_and_bad_messages_are_errors() {
     for m in [none, unknown, chatml] {
         m40_free(m.cast());
     }
+}
+
+/// llama.cpp's test conversation (tests/test-chat-template.cpp).
+const CONVERSATION: [(&str, &str); 6] = [
+    ("system", "You are a helpful assistant"),
+    ("user", "Hello"),
+    ("assistant", "Hi there"),
+    ("user", "Who are you"),
+    ("assistant", "   I am an assistant   "),
+    ("user", "Another question"),
+];
+
+/// A template of tests/data/templates (see its README).
+fn template_file(name: &str) -> String {
+    std::fs::read_to_string(common::test_data("templates").join(name))
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn name_in(description: &str) -> &str {
+    let key = "\"chat_template\":\"";
+    let at = description.find(key).expect(description) + key.len();
+    let len = description[at..].find('"').unwrap();
+    &description[at..at + len]
+}
+
+#[test]
+fn the_inst_formats_write_what_llama_cpp_writes() {
+    // (template file, format name, expected output): the template and output
+    // of one test case of llama.cpp's tests/test-chat-template.cpp each,
+    // named in the comment; llama.cpp formats the conversation with
+    // add_generation_prompt true.
+    let cases = [
+        // mistralai/Mistral-7B-Instruct-v0.2 (NOTE: Old pre-v1 without a
+        // system prompt): Mistral's instruct template before its v1.
+        (
+            "test-chat-template/llama2.jinja",
+            "llama2",
+            "[INST] You are a helpful assistant\nHello [/INST]Hi there</s>[INST] Who are you [/INST]   I am an assistant   </s>[INST] Another question [/INST]",
+        ),
+        // TheBloke/FusionNet_34Bx2_MoE-AWQ
+        (
+            "test-chat-template/llama2-sys-bos.jinja",
+            "llama2-sys-bos",
+            "[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST]Hi there</s><s>[INST] Who are you [/INST]   I am an assistant   </s><s>[INST] Another question [/INST]",
+        ),
+        // bofenghuang/vigogne-2-70b-chat
+        (
+            "test-chat-template/llama2-sys-strip.jinja",
+            "llama2-sys-strip",
+            "[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST]Hi there</s>[INST] Who are you [/INST]I am an assistant</s>[INST] Another question [/INST]",
+        ),
+        // mistralai/Mistral-7B-Instruct-v0.2 (mistralai 'v1' template with a
+        // system prompt): Mistral's v1 format, Mixtral 8x7B's.
+        (
+            "test-chat-template/mistral-v1.jinja",
+            "mistral-v1",
+            " [INST] You are a helpful assistant\n\nHello [/INST] Hi there</s> [INST] Who are you [/INST]    I am an assistant   </s> [INST] Another question [/INST]",
+        ),
+        // Mistral-Large-Instruct-2407 (mistralai 'v3' template; modified to
+        // have system prompt at start)
+        (
+            "test-chat-template/mistral-v3.jinja",
+            "mistral-v3",
+            "[INST] You are a helpful assistant\n\nHello[/INST] Hi there</s>[INST] Who are you[/INST] I am an assistant</s>[INST] Another question[/INST]",
+        ),
+        // Mistral-Nemo-Instruct-2407 (mistralai 'v3-tekken' template; modified
+        // to have system prompt at start): the template is the model's own
+        // file, unchanged.
+        (
+            "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+            "mistral-v3-tekken",
+            "[INST]You are a helpful assistant\n\nHello[/INST]Hi there</s>[INST]Who are you[/INST]   I am an assistant   </s>[INST]Another question[/INST]",
+        ),
+        // mistralai/Mistral-Large-Instruct-2411 (mistralai 'v7' template)
+        (
+            "test-chat-template/mistral-v7.jinja",
+            "mistral-v7",
+            "[SYSTEM_PROMPT] You are a helpful assistant[/SYSTEM_PROMPT][INST] Hello[/INST] Hi there</s>[INST] Who are you[/INST]    I am an assistant   </s>[INST] Another question[/INST]",
+        ),
+    ];
+    for (file, name, expected) in cases {
+        // A Mixtral-style LLaMA (experts) gets its format from its template
+        // like any other.
+        let model = tiny_arch_with_template("llama-moe", name, Some(&template_file(file)));
+        assert_eq!(name_in(&describe(model)), name, "{file}");
+        assert_eq!(
+            apply(model, &CONVERSATION, true).unwrap(),
+            expected,
+            "{name}"
+        );
+        // A user message ends with [/INST]: the assistant's turn needs no
+        // opening of its own.
+        assert_eq!(
+            apply(model, &CONVERSATION, false).unwrap(),
+            expected,
+            "{name}"
+        );
+        m40_free(model.cast());
+    }
+}
+
+#[test]
+fn llama2_with_a_system_role_is_llama2_sys_bos_without_the_bos() {
+    // llama.cpp's tests have no case of this variant: a template with
+    // <<SYS>> but neither BOS inside the history nor stripped messages.
+    let model = tiny_with_template(
+        "llama2-sys",
+        Some("{% if message['role'] == 'system' %}{{ '<<SYS>>\\n' + message['content'] + '\\n<</SYS>>\\n\\n' }}{% endif %}[INST]"),
+    );
+    assert_eq!(name_in(&describe(model)), "llama2-sys");
+    let with_bos = ChatTemplate::Llama2SysBos
+        .apply(&messages(&CONVERSATION), true)
+        .replace("<s>", "");
+    assert_eq!(apply(model, &CONVERSATION, true).unwrap(), with_bos);
+    m40_free(model.cast());
+}
+
+fn messages<'a>(pairs: &[(&'a str, &'a str)]) -> Vec<ChatMessage<'a>> {
+    pairs
+        .iter()
+        .map(|&(role, content)| ChatMessage { role, content })
+        .collect()
+}
+
+#[test]
+fn real_templates_are_recognized_as_llama_cpp_recognizes_them() {
+    // llama.cpp formats every <|im_start|> template here as ChatML; Qwen3's
+    // own differs from ChatML only where it handles reasoning (tested below),
+    // and only its template writes reasoning back the way Qwen3 does.
+    let cases = [
+        ("Qwen-Qwen3-0.6B.jinja", ChatTemplate::Qwen3),
+        ("Qwen-Qwen2.5-7B-Instruct.jinja", ChatTemplate::ChatMl),
+        ("Qwen-QwQ-32B.jinja", ChatTemplate::ChatMl),
+        ("Qwen3.5-4B.jinja", ChatTemplate::ChatMl),
+        ("Qwen3-Coder.jinja", ChatTemplate::ChatMl),
+        (
+            "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+            ChatTemplate::MistralV3Tekken,
+        ),
+        (
+            "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+            ChatTemplate::MistralV7,
+        ),
+    ];
+    for (file, format) in cases {
+        assert_eq!(
+            ChatTemplate::recognize(&template_file(file)),
+            Some(format),
+            "{file}"
+        );
+    }
+}
+
+/// Qwen3-0.6B's template (tests/data/templates/Qwen-Qwen3-0.6B.jinja)
+/// rendered by tools/render_chat_template.py (Jinja2 3.1.6, as transformers
+/// renders it): the conversation, and the prompt with and without the
+/// assistant's turn opened.
+struct Rendered {
+    conversation: &'static [(&'static str, &'static str)],
+    prompt: &'static str,
+}
+
+const QWEN3_RENDERED: [Rendered; 5] = [
+    // Reasoning in earlier turns is dropped: the same text as llama.cpp's
+    // ChatML output for its test conversation without it.
+    Rendered {
+        conversation: &[
+            ("system", "You are a helpful assistant"),
+            ("user", "Hello"),
+            ("assistant", "<think>\nThe user greets me.\n</think>\n\nHi there"),
+            ("user", "Who are you"),
+            (
+                "assistant",
+                "<think>\nA question about me.\n</think>\n\n   I am an assistant   ",
+            ),
+            ("user", "Another question"),
+        ],
+        prompt: "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\nWho are you<|im_end|>\n<|im_start|>assistant\n   I am an assistant   <|im_end|>\n<|im_start|>user\nAnother question<|im_end|>\n",
+    },
+    // Replies after the last user message keep their reasoning; one with
+    // none keeps none, unless it is the last message.
+    Rendered {
+        conversation: &[
+            ("user", "What is 2+2?"),
+            ("assistant", "<think>\nAdd them.\n</think>\n\n4"),
+            ("assistant", "<think>\n\n</think>\n\nAnything else?"),
+            ("assistant", "\nBye"),
+        ],
+        prompt: "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\nAdd them.\n</think>\n\n4<|im_end|>\n<|im_start|>assistant\nAnything else?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nBye<|im_end|>\n",
+    },
+    // The split: reasoning before the first </think> (after its <think>,
+    // if any), the answer after the last, newlines around them dropped; a
+    // system message later on is ChatML's.
+    Rendered {
+        conversation: &[
+            ("user", "Hi"),
+            ("assistant", "no opener</think>\n\nHello"),
+            ("system", "Be brief."),
+            ("user", "Again"),
+            ("assistant", "\n<think>\n\na\n\n</think>b</think>\n\n\nc"),
+        ],
+        prompt: "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n<think>\na\n</think>\n\nc<|im_end|>\n",
+    },
+    // A user message that is a tool's response does not end the turn.
+    Rendered {
+        conversation: &[
+            ("user", "Question"),
+            ("assistant", "<think>\nCall a tool.\n</think>\n\nCalling"),
+            ("user", "<tool_response>\n42\n</tool_response>"),
+        ],
+        prompt: "<|im_start|>user\nQuestion<|im_end|>\n<|im_start|>assistant\n<think>\nCall a tool.\n</think>\n\nCalling<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n",
+    },
+    // A reply without </think> is left as it is, newlines included.
+    Rendered {
+        conversation: &[
+            ("user", "Hi"),
+            ("assistant", "\nHello"),
+            ("user", "Again"),
+        ],
+        prompt: "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n\nHello<|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n",
+    },
+];
+
+#[test]
+fn qwen3_handles_reasoning_as_its_template_does() {
+    let qwen3 = tiny_arch_with_template(
+        "qwen3moe",
+        "qwen3",
+        Some(&template_file("Qwen-Qwen3-0.6B.jinja")),
+    );
+    assert_eq!(name_in(&describe(qwen3)), "qwen3");
+    for case in &QWEN3_RENDERED {
+        assert_eq!(
+            apply(qwen3, case.conversation, false).unwrap(),
+            case.prompt,
+            "{:?}",
+            case.conversation
+        );
+        // The assistant's turn opens as llama.cpp and the template (thinking
+        // left to the model) open it.
+        assert_eq!(
+            apply(qwen3, case.conversation, true).unwrap(),
+            format!("{}<|im_start|>assistant\n", case.prompt)
+        );
+    }
+    // Without reasoning, llama.cpp's ChatML output for its conversation.
+    let chatml = ChatTemplate::ChatMl.apply(&messages(&CONVERSATION), true);
+    assert_eq!(apply(qwen3, &CONVERSATION, true).unwrap(), chatml);
+    // ChatML itself leaves reasoning where it is.
+    let plain = ChatTemplate::ChatMl.apply(&messages(QWEN3_RENDERED[0].conversation), false);
+    assert!(plain.contains("<think>\nThe user greets me.\n</think>"));
+    m40_free(qwen3.cast());
+}
+
+#[test]
+fn architecture_defaults() {
+    // (architecture as tiny_model names it, format): Qwen3 files without a
+    // template get Qwen3's; a Mixtral-style LLaMA has no default (its
+    // vocabulary lacks LLaMA 3's tokens), as in llama.cpp.
+    for (arch, name) in [
+        ("qwen3moe", Some("qwen3")),
+        ("qwen2", Some("chatml")),
+        ("llama-moe", None),
+    ] {
+        let model = tiny_arch_with_template(arch, &format!("default-{arch}"), None);
+        let description = describe(model);
+        match name {
+            Some(name) => assert_eq!(name_in(&description), name, "{arch}"),
+            None => assert!(description.contains("\"chat_template\":null"), "{arch}"),
+        }
+        m40_free(model.cast());
+    }
+}
+
+/// `text` tokenized as m40_generate tokenizes a prompt: BOS as the
+/// vocabulary asks, special tokens parsed.
+fn tokenize(model: *const m40_model, text: &str) -> Vec<m40_token> {
+    let mut n = 0usize;
+    let mut tokens = vec![0 as m40_token; 512];
+    let status = unsafe {
+        m40_tokenize(
+            model,
+            text.as_ptr().cast(),
+            text.len(),
+            true,
+            true,
+            tokens.as_mut_ptr(),
+            tokens.len(),
+            &mut n,
+        )
+    };
+    assert_eq!(status, m40_status::M40_OK, "{}", last_error());
+    tokens.truncate(n);
+    tokens
+}
+
+#[test]
+fn the_new_formats_special_tokens_parse() {
+    // Mistral v1 on LLaMA 2's SentencePiece vocabulary (<s> and </s> as
+    // Mixtral's has them): the tokenizer adds BOS, and each </s> the text
+    // holds is EOS.
+    let spm = load(&common::vocab_path("llama-spm"));
+    let text = ChatTemplate::MistralV1.apply(&messages(&CONVERSATION), true);
+    let tokens = tokenize(spm, &text);
+    let bos = m40_token_bos(spm);
+    assert_eq!(tokens[0], bos);
+    assert!(!tokens[1..].contains(&bos), "{tokens:?}");
+    let eos = m40_token_eos(spm);
+    assert_eq!(
+        tokens.iter().filter(|&&t| t == eos).count(),
+        2,
+        "{tokens:?}"
+    );
+    assert!(m40_token_is_eog(spm, eos));
+    m40_free(spm.cast());
+
+    // Qwen3 on the Qwen2 vocabulary, whose turn markers Qwen3's shares:
+    // they are single tokens and <|im_end|> ends a generation.
+    let qwen = load(&common::vocab_path("qwen2"));
+    let conversation = QWEN3_RENDERED[1].conversation;
+    let text = ChatTemplate::Qwen3.apply(&messages(conversation), true);
+    let tokens = tokenize(qwen, &text);
+    let im_start = tokens[0];
+    let turns = conversation.len() + 1;
+    assert_eq!(tokens.iter().filter(|&&t| t == im_start).count(), turns);
+    let im_end = tokenize(qwen, "<|im_end|>");
+    assert_eq!(im_end.len(), 1);
+    assert_eq!(
+        tokens.iter().filter(|&&t| t == im_end[0]).count(),
+        turns - 1
+    );
+    assert!(m40_token_is_eog(qwen, im_end[0]));
+    m40_free(qwen.cast());
 }

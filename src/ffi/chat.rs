@@ -24,14 +24,23 @@ pub struct m40_chat_message {
 /// template formats them, followed by the opening of the assistant's turn
 /// when `add_assistant` (the text to generate a reply after). Like
 /// llama.cpp's `llama_chat_apply_template`, the template in the model's
-/// `tokenizer.chat_template` is recognized rather than executed: ChatML
-/// (`<|im_start|>`), Gemma (`<start_of_turn>`) and LLaMA 3
-/// (`<|start_header_id|>`); a model without one gets its architecture's
-/// (Gemma 3: Gemma, Qwen2: ChatML, LLaMA: LLaMA 3 when its vocabulary has the
-/// header tokens). Any other template is M40_ERR_UNSUPPORTED. The text
-/// contains the templates' special tokens as text: tokenize it with
-/// `parse_special` (as `m40_generate` does). `m40_model_describe` names the
-/// format (`chat_template`).
+/// `tokenizer.chat_template` is recognized rather than executed, by its
+/// markers, as one of llama.cpp's formats: "chatml" (`<|im_start|>`),
+/// "qwen3" (Qwen3's ChatML template: a reply's `<think>...</think>` is
+/// dropped from turns before the last user message, as that template does;
+/// the assistant's turn opens with `<|im_start|>assistant\n` alone, so the
+/// model's reply may begin with its reasoning), "gemma" (`<start_of_turn>`),
+/// "llama3" (`<|start_header_id|>`), and the `[INST]` formats of Mistral
+/// and LLaMA 2 ("mistral-v1", Mixtral's, "mistral-v3", "mistral-v3-tekken",
+/// "mistral-v7", "llama2", "llama2-sys", "llama2-sys-bos",
+/// "llama2-sys-strip"), where a user message ends with `[/INST]` and
+/// `add_assistant` adds nothing. A model without a template gets its
+/// architecture's (Gemma 3: gemma, Qwen2: chatml, Qwen3 and Qwen3 MoE:
+/// qwen3, LLaMA: llama3 when its vocabulary has the header tokens). Any
+/// other template is M40_ERR_UNSUPPORTED. No format writes BOS (tokenizing
+/// with `add_special` adds it); the text contains the formats' special
+/// tokens as text: tokenize it with `parse_special` (as `m40_generate`
+/// does). `m40_model_describe` names the format (`chat_template`).
 ///
 /// The text is followed by a NUL; `*out_len` (when not NULL) gets its length
 /// without it. When `cap` is too small nothing is written, `*out_len` gets
