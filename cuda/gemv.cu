@@ -74,6 +74,8 @@ struct M40Gemv {
     // one per activation row; layer, head shapes, RoPE); rows is null where
     // no matrix has such a role. Its own `overlap` is not read.
     M40AttentionInputs attention;
+    // Expert matrices (a mixture of experts' products), or work null.
+    M40Experts experts;
 };
 
 // ---- decoding helpers ----
@@ -572,11 +574,11 @@ __device__ __forceinline__ const M40GemvMatrix &m40_matrix(const M40Gemv &p, int
 
 // 1 / rms of each of the n_x activation rows, into inv_rms (all threads
 // of the block take part): the batched kernels' norm prologue.
-__device__ void m40_gemv_inverse_rms(const M40Gemv &p, int n_x, float *inv_rms) {
+__device__ void m40_gemv_inverse_rms(const M40Gemv &p, const float *x, int n_x, float *inv_rms) {
     __shared__ float partial[M40_GEMV_WARPS][M40_GEMV_MAX_X];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     for (int t = 0; t < n_x; t++) {
-        const float4 *row = reinterpret_cast<const float4 *>(p.x + size_t(t) * p.cols);
+        const float4 *row = reinterpret_cast<const float4 *>(x + size_t(t) * p.cols);
         float sum = 0.0f;
         for (int i = threadIdx.x; i < p.cols / 4; i += blockDim.x) {
             const float4 a = __ldg(row + i);
@@ -605,7 +607,7 @@ template <int R> struct M40RowGroup {
 
 template <int R>
 __device__ __forceinline__ void m40_row_group(const M40Gemv &p, bool glu, int group, size_t row_bytes,
-                                              M40RowGroup<R> &g) {
+                                              size_t expert_offset, M40RowGroup<R> &g) {
 #pragma unroll
     for (int j = 0; j < R; j++) {
         if (glu) {
@@ -620,7 +622,7 @@ __device__ __forceinline__ void m40_row_group(const M40Gemv &p, bool glu, int gr
             g.valid[j] = s < m40_matrix(p, m).rows;
         }
         if (!g.valid[j]) g.row[j] = 0;
-        g.w[j] = m40_matrix(p, g.mat[j]).w + g.row[j] * row_bytes;
+        g.w[j] = m40_matrix(p, g.mat[j]).w + expert_offset + g.row[j] * row_bytes;
     }
 }
 
@@ -652,7 +654,23 @@ template <class G, int CHUNK_ROW_BYTES> __host__ __device__ constexpr int m40_ch
 template <class G, int R, int NX, bool NORM, int CHUNK_ROW_BYTES, bool SPLIT>
 __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int cols = p.cols, n_x = NX == 1 ? 1 : p.n_x;
+    const int cols = p.cols;
+    int n_x = NX == 1 ? 1 : p.n_x;
+    // An expert product: this block's slice of the grid takes one work
+    // piece, whose expert (and so whose weights) the routing kernel chose.
+    size_t expert_offset = 0;
+    int x_row0 = 0, y_row0 = 0, q8_rows = n_x;
+    if (p.experts.work) {
+        m40_wait_for_prior_kernels();
+        const M40ExpertWork work = p.experts.work[blockIdx.y];
+        if (work.count == 0) return;
+        expert_offset = size_t(work.expert) * size_t(p.experts.expert_bytes);
+        y_row0 = work.first;
+        x_row0 = p.experts.x_shared ? 0 : work.first;
+        if (NX > 1) n_x = work.count;
+        q8_rows = p.experts.x_rows;
+    }
+    const float *x = p.x + size_t(x_row0) * cols;
     const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
     const int rows_per_warp = glu ? R / 2 : R;
     int total_rows = p.m[0].rows;
@@ -683,7 +701,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
     __shared__ float inv_rms[M40_GEMV_MAX_X];
     const auto inputs_ready = [&] {
         m40_wait_for_prior_kernels();
-        if (NORM && !RMS_INLINE) m40_gemv_inverse_rms(p, n_x, inv_rms);
+        if (NORM && !RMS_INLINE) m40_gemv_inverse_rms(p, x, n_x, inv_rms);
     };
     bool measuring = RMS_INLINE;  // the first row group, summing x²
     float sum_squares = 0.0f, inline_inv_rms = 1.0f;
@@ -714,7 +732,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
             for (int t = 0; t < NX; t++) {
                 if (NX > 1 && t >= n_x) break;
                 typename G::X a;
-                G::activations(m40_q8_row(p.x_q8, cols, n_x, t), block, u, a);
+                G::activations(m40_q8_row(p.x_q8, cols, q8_rows, x_row0 + t), block, u, a);
 #pragma unroll
                 for (int j = 0; j < R; j++) acc[j][t] += G::dot(w[j], a);
             }
@@ -723,7 +741,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
             float v[R][G::UNIT], sc[R][GROUPS], of[R][GROUPS];
 #pragma unroll
             for (int j = 0; j < R; j++) G::unit(blocks[j], u, v[j], sc[j], of[j]);
-            const float *xb = p.x + size_t(block) * G::VALUES;
+            const float *xb = x + size_t(block) * G::VALUES;
             float4 nw[GROUPS];
             if (NORM) {
 #pragma unroll
@@ -830,7 +848,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
                 const M40GemvMatrix &gm = p.m[0], &um = p.m[1];
                 const float gate = sums[j] + (gm.bias ? gm.bias[g.row[j]] : 0.0f);
                 const float up = sums[j + R / 2] + (um.bias ? um.bias[g.row[j]] : 0.0f);
-                gm.y[size_t(t) * gm.rows + g.row[j]] = m40_activation(p.epilogue == M40_GEMV_GLU_GELU, gate) * up;
+                gm.y[size_t(y_row0 + t) * gm.rows + g.row[j]] = m40_activation(p.epilogue == M40_GEMV_GLU_GELU, gate) * up;
             }
         } else if (p.attention.rows) {
             // RoPE pairs are adjacent rows of one matrix: every height is
@@ -856,7 +874,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
                 if (!g.valid[j]) continue;
                 const M40GemvMatrix &m = m40_matrix(p, g.mat[j]);
                 const float value = sums[j] + (m.bias ? m.bias[g.row[j]] : 0.0f);
-                float *out = m.y + size_t(t) * m.rows + g.row[j];
+                float *out = m.y + size_t(y_row0 + t) * m.rows + g.row[j];
                 *out = p.epilogue == M40_GEMV_ACCUMULATE ? *out + value : value;
             }
         }
@@ -870,7 +888,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
         inputs_ready();
         for (int group = first_group; group < n_groups; group += group_stride) {
             M40RowGroup<R> g;
-            m40_row_group(p, glu, group, row_bytes, g);
+            m40_row_group(p, glu, group, row_bytes, expert_offset, g);
             clear();
             const auto direct = [&](int i) {
                 const int block = i / G::UNITS;
@@ -925,7 +943,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
         // The first chunk's loads go out before the wait: with overlapping
         // launches they are in flight while the previous kernel finishes.
         if (group < n_groups) {
-            m40_row_group(p, glu, group, row_bytes, g);
+            m40_row_group(p, glu, group, row_bytes, expert_offset, g);
             fetch(g, 0);
         }
         inputs_ready();
@@ -944,7 +962,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
             const int next_group = last_chunk ? group + group_stride : group;
             if (next_group < n_groups) {
                 if (last_chunk) {
-                    m40_row_group(p, glu, next_group, row_bytes, fetched);
+                    m40_row_group(p, glu, next_group, row_bytes, expert_offset, fetched);
                     fetch(fetched, 0);
                 } else {
                     fetch(g, chunk + 1);
@@ -1023,20 +1041,30 @@ static void m40_gemv_launch(const M40Gemv &p, cudaStream_t stream) {
     const int rows_per_warp = glu ? R / 2 : R;
     const size_t groups = size_t((total_rows + rows_per_warp - 1) / rows_per_warp);
     const size_t sms = size_t(p.sm_count > 0 ? p.sm_count : 1);
+    // Expert products: a slice of the grid (its y) per work piece, each as
+    // wide as its matrix needs. Slices of pieces the routing left empty
+    // exit at once, so the grid is not held to the resident blocks: a
+    // batch's experts have few rows each, and a slice with a share of the
+    // resident warps would walk its matrix a row group after another.
+    const bool experts = p.experts.work != nullptr;
+    const size_t slices = experts ? size_t(p.experts.n_work) : 1;
+    const auto per_slice = [&](size_t resident) { return experts ? ~size_t(0) : resident; };
     const size_t resident = size_t(m40_gemv_blocks_per_sm<G, R, NX, NORM, CHUNK, false>()) * sms;
     // The batched kernels, short of registers already, and the integer
     // path are built without the split.
     if constexpr (NX == 1 && !m40_integer<G>) {
-        if (m40_gemv_split<G>(p, groups, resident * M40_GEMV_WARPS)) {
-            const size_t split_resident = size_t(m40_gemv_blocks_per_sm<G, R, NX, NORM, CHUNK, true>()) * sms;
+        if (m40_gemv_split<G>(p, groups * slices, resident * M40_GEMV_WARPS)) {
+            const size_t split_resident =
+                per_slice(size_t(m40_gemv_blocks_per_sm<G, R, NX, NORM, CHUNK, true>()) * sms);
             m40_launch(p.overlap, gemv_kernel<G, R, NX, NORM, CHUNK, true>,
-                       unsigned(groups < split_resident ? groups : split_resident), 32 * M40_GEMV_WARPS, stream, p);
+                       dim3(unsigned(groups < split_resident ? groups : split_resident), unsigned(slices)),
+                       32 * M40_GEMV_WARPS, stream, p);
             return;
         }
     }
-    const size_t needed = (groups + M40_GEMV_WARPS - 1) / M40_GEMV_WARPS;
-    m40_launch(p.overlap, gemv_kernel<G, R, NX, NORM, CHUNK, false>, unsigned(needed < resident ? needed : resident),
-               32 * M40_GEMV_WARPS, stream, p);
+    const size_t needed = (groups + M40_GEMV_WARPS - 1) / M40_GEMV_WARPS, share = per_slice(resident);
+    m40_launch(p.overlap, gemv_kernel<G, R, NX, NORM, CHUNK, false>,
+               dim3(unsigned(needed < share ? needed : share), unsigned(slices)), 32 * M40_GEMV_WARPS, stream, p);
 }
 
 // Weight rows per warp of the batched launches (8 activation rows of
@@ -1084,7 +1112,10 @@ static void m40_gemv_shapes(const M40Gemv &p, int rows_per_warp, cudaStream_t st
 // rows_per_warp (2 or 4): weight rows per warp of the one-session kernel
 // (the caller picks per GPU), or 0 for the format's own choice. GLU
 // epilogues need matrices 0 (gate) and 1 (up) of equal height. The first
-// n_matrices have rows, the others none.
+// n_matrices have rows, the others none. Expert products (p.experts.work)
+// take n_x 1 (one session: every piece reads one x row) or up to
+// M40_GEMV_MAX_X (each piece's count); on the integer path the launch
+// quantizes all p.experts.x_rows rows of x.
 M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_warp, cudaStream_t stream) {
     const M40Gemv &p = *params;
     if (p.n_x < 1 || p.n_x > M40_GEMV_MAX_X || p.cols % 32 != 0 || p.n_matrices < 1 || p.n_matrices > 3 ||
@@ -1111,6 +1142,9 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
         for (int m = 0; m < 3; m++)
             if (p.m[m].role != M40_PLAIN_OUTPUT) return cudaErrorInvalidValue;
     }
+    if (p.experts.work && (p.experts.n_work < 1 || p.experts.n_work > 65535 || p.experts.x_rows < 1 ||
+                           p.experts.expert_bytes < 0 || p.attention.rows))
+        return cudaErrorInvalidValue;
     const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
     if (glu && (p.n_matrices != 2 || p.m[0].rows != p.m[1].rows)) return cudaErrorInvalidValue;
     if (type == M40_Q2_K || type == M40_Q3_K || type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K) {
@@ -1120,7 +1154,8 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
         constexpr int TYPE = FormatType<decltype(f)>::value;
         if constexpr (m40_integer_format(TYPE)) {
             if (p.x_q8) {
-                if (!p.x_quantized) m40_quantize_q8(p.overlap, p.x, p.norm, p.eps, p.cols, p.n_x, p.x_q8, stream);
+                const int x_rows = p.experts.work ? p.experts.x_rows : p.n_x;
+                if (!p.x_quantized) m40_quantize_q8(p.overlap, p.x, p.norm, p.eps, p.cols, x_rows, p.x_q8, stream);
                 m40_gemv_shapes<GemvQ8<TYPE>, TYPE, false>(p, rows_per_warp, stream);
                 return;
             }

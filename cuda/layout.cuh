@@ -51,7 +51,7 @@ M40_FIELD(M40AttentionInputs, rope_dims, 84);
 M40_FIELD(M40AttentionInputs, overlap, 88);
 
 // GemvLaunch (gemv.cu)
-M40_SIZE(M40Gemv, 248, 8);
+M40_SIZE(M40Gemv, 280, 8);
 M40_FIELD(M40Gemv, m, 0);
 M40_FIELD(M40Gemv, n_matrices, 96);
 M40_FIELD(M40Gemv, cols, 100);
@@ -65,9 +65,10 @@ M40_FIELD(M40Gemv, x_q8, 136);
 M40_FIELD(M40Gemv, x_quantized, 144);
 M40_FIELD(M40Gemv, overlap, 148);
 M40_FIELD(M40Gemv, attention, 152);
+M40_FIELD(M40Gemv, experts, 248);
 
 // MmqLaunch (mmq.cu)
-M40_SIZE(M40Mmq, 80, 8);
+M40_SIZE(M40Mmq, 112, 8);
 M40_FIELD(M40Mmq, w, 0);
 M40_FIELD(M40Mmq, rows, 8);
 M40_FIELD(M40Mmq, cols, 12);
@@ -80,6 +81,19 @@ M40_FIELD(M40Mmq, accumulate, 56);
 M40_FIELD(M40Mmq, splits, 60);
 M40_FIELD(M40Mmq, partials, 64);
 M40_FIELD(M40Mmq, overlap, 72);
+M40_FIELD(M40Mmq, experts, 80);
+
+// ExpertWork, ExpertView (ops.cuh)
+M40_SIZE(M40ExpertWork, 12, 4);
+M40_FIELD(M40ExpertWork, expert, 0);
+M40_FIELD(M40ExpertWork, first, 4);
+M40_FIELD(M40ExpertWork, count, 8);
+M40_SIZE(M40Experts, 32, 8);
+M40_FIELD(M40Experts, work, 0);
+M40_FIELD(M40Experts, expert_bytes, 8);
+M40_FIELD(M40Experts, n_work, 16);
+M40_FIELD(M40Experts, x_shared, 20);
+M40_FIELD(M40Experts, x_rows, 24);
 
 // ProjectionRole, GemvEpilogue (fields of type int here, repr(i32) there)
 static_assert(M40_PLAIN_OUTPUT == 0 && M40_QUERIES == 1 && M40_KEYS == 2 && M40_VALUES == 3,

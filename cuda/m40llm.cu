@@ -6,6 +6,7 @@
 #include "matmul.cu"
 #include "gemv.cu"
 #include "mmq.cu"
+#include "moe.cu"
 #include "ops.cu"
 #include "attention.cu"
 #include "device.cu"

@@ -78,6 +78,10 @@ struct M40Mmq {
     int splits;
     float *partials;
     int overlap;
+    // Expert matrices (a mixture of experts' products), or work null: then
+    // the grid's z takes the work pieces, n_x is the most rows of one (the
+    // tile), splits is 1, and every row index is into the sorted rows.
+    M40Experts experts;
 };
 
 // ---- per-format decoding ----
@@ -288,8 +292,18 @@ template <class M, int X> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) 
     constexpr int UNITS = GROUPS / M::SCALE_GROUPS, LANE_UNITS = UNITS / 4;
     static_assert(UNITS % 4 == 0 && LANE_UNITS >= 1, "a row's four lanes share its scale units evenly");
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-    const int row0 = blockIdx.x * M40_MMQ_ROWS, x0 = blockIdx.z * X;
-    const int cols = p.cols, n_x = p.n_x;
+    const int row0 = blockIdx.x * M40_MMQ_ROWS;
+    int x0 = blockIdx.z * X, n_x = p.n_x;
+    const uint8_t *w = p.w;
+    if (p.experts.work) {
+        m40_wait_for_prior_kernels();
+        const M40ExpertWork work = p.experts.work[blockIdx.z];
+        if (work.count == 0) return;
+        w += size_t(work.expert) * size_t(p.experts.expert_bytes);
+        x0 = work.first;
+        n_x = work.first + work.count;  // the bound of x's rows below
+    }
+    const int cols = p.cols;
     const size_t row_bytes = size_t(cols / M::VALUES) * M::BYTES;
     const int steps = (cols + M40_MMQ_STEP - 1) / M40_MMQ_STEP;
     const int step_begin = blockIdx.y * steps / p.splits, step_end = (blockIdx.y + 1) * steps / p.splits;
@@ -297,7 +311,7 @@ template <class M, int X> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) 
     uint8_t *shared = reinterpret_cast<uint8_t *>(m40_mmq_shared);
 
     // Rows past the matrix or the batch read its last row and are not written.
-    const auto weight_row = [&](int r) { return p.w + size_t(min(row0 + r, p.rows - 1)) * row_bytes; };
+    const auto weight_row = [&](int r) { return w + size_t(min(row0 + r, p.rows - 1)) * row_bytes; };
 
     // The thread's copies, found once (a step adds its offset): weight copy
     // j is vector v of row r of the stage, i = thread + THREADS j = r ·
@@ -531,6 +545,18 @@ M40_EXPORT int m40_mmq_prepare(int type) {
 // fastest at about two blocks an SM and at most one wave). 0 for a
 // format without the path or where its tile cannot run (no sm_80+ code,
 // too little shared memory).
+// Rows of one expert work piece on the tensor cores for a step of n_rows
+// rows (the tile a launch of min(n_rows, 32) rows takes), or 0 where `type`
+// has no tensor-core kernel here.
+M40_EXPORT int m40_mmq_expert_rows(int type, int n_rows) {
+    int rows = 0;
+    if (!m40_mmq_format(type) || m40_code_version() < 80 || n_rows < 1) return 0;
+    m40_with_mmq_format(type, [&](auto m) {
+        m40_with_mmq_tile<decltype(m)>(n_rows < 32 ? n_rows : 32, [&](auto tile) { rows = decltype(tile)::X; });
+    });
+    return rows;
+}
+
 M40_EXPORT int m40_mmq_splits(int type, int rows, int cols, int n_x, int sm_count) {
     int splits = 0;
     if (!m40_mmq_format(type) || rows < 1 || cols < 1 || n_x < 1) return 0;
@@ -558,6 +584,9 @@ M40_EXPORT cudaError_t m40_mmq(int type, const M40Mmq *params, cudaStream_t stre
         return cudaErrorInvalidValue;
     if ((type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K) && p.cols % 256 != 0)
         return cudaErrorInvalidValue;
+    if (p.experts.work && (p.splits != 1 || p.experts.n_work < 1 || p.experts.n_work > 65535 ||
+                           p.experts.expert_bytes < 0 || p.n_x > 32))
+        return cudaErrorInvalidValue;
     cudaError_t status = cudaSuccess;
     const cudaError_t launched = m40_with_mmq_format(type, [&](auto m) {
         using M = decltype(m);
@@ -567,7 +596,8 @@ M40_EXPORT cudaError_t m40_mmq(int type, const M40Mmq *params, cudaStream_t stre
                 status = cudaErrorInvalidDeviceFunction;  // no sm_80+ code here, or too little shared memory
                 return;
             }
-            const dim3 grid((p.rows + M40_MMQ_ROWS - 1) / M40_MMQ_ROWS, p.splits, (p.n_x + X - 1) / X);
+            const dim3 grid((p.rows + M40_MMQ_ROWS - 1) / M40_MMQ_ROWS, p.splits,
+                            p.experts.work ? p.experts.n_work : (p.n_x + X - 1) / X);
             m40_launch_shared(p.overlap, mmq_kernel<M, X>, grid, 32 * M40_MMQ_WARPS, m40_mmq_block_shared<M, X>(),
                               stream, p);
             if (p.splits > 1)

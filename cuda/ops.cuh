@@ -99,3 +99,31 @@ __device__ inline void m40_attention_input_pair(const M40AttentionInputs &a, int
         keys[1] = __float2half_rn(x1);
     }
 }
+
+// One piece of an expert product's work (a mixture-of-experts block): rows
+// first..first+count of the step's expert-sorted rows, all routed to
+// `expert`. Written by m40_moe_route; count 0 marks an unused piece (the
+// launches' grids are sized for the most pieces a step can have, so that a
+// recorded decode step replays whatever its routing).
+struct M40ExpertWork {
+    int expert;
+    int first;
+    int count;
+};
+
+// How a product launch (M40Gemv, M40Mmq) multiplies expert matrices: one
+// grid slice per work piece, its weights `expert_bytes` × expert past the
+// launch's matrix (expert 0 of the stacked 3-D tensor). Output rows are the
+// pieces' sorted rows; input rows too, unless x_shared (every piece reads
+// x's rows from 0: one session's decode, whose pieces all take its one
+// row). work null: a plain product. Mirrors `ExpertView` in
+// src/backend/cuda/kernels.rs.
+struct M40Experts {
+    const M40ExpertWork *work;
+    long long expert_bytes;
+    int n_work;
+    int x_shared;
+    // Rows of x (and of its 8-bit copy, whose layout depends on the count).
+    int x_rows;
+    int unused;
+};

@@ -22,7 +22,8 @@
 //!   activation, product + residual, norms + RoPE + KV store) against the
 //!   same steps composed of the backend's single operations: 1e-5;
 //! - whole forward passes, GPU logits against CPU logits: 1.5% of the logit
-//!   scale (the CPU quantizes activations to 8 bits for quantized weights, as
+//!   scale (for quantized mixtures of experts, the median step's: 3%, see
+//!   MOE_MEDIAN_BOUND) (the CPU quantizes activations to 8 bits for quantized weights, as
 //!   llama.cpp does; the GPU does too on sm_61+, and multiplies f32
 //!   activations on the M40 and in the PTX build), and the same top-1
 //!   token wherever the CPU's top-2 margin exceeds 2% of the scale.
@@ -1048,16 +1049,37 @@ fn tokens(n: usize, seed: u64) -> Vec<u32> {
 
 /// Checks the GPU's logits against the CPU's; returns the error.
 fn compare_logits(what: &str, gpu: &[f32], cpu: &[f32]) -> f64 {
+    compare_logits_within(what, gpu, cpu, LOGIT_BOUND)
+}
+
+/// The bound of GPU-vs-CPU logit errors, as a fraction of the logit scale.
+const LOGIT_BOUND: f64 = 0.015;
+/// The bound of the median logit error of a mixture of experts with
+/// quantized weights. A row's experts are a discrete choice: where two
+/// experts' router logits lie closer than the two backends' rounding of
+/// the layer's input (8-bit activations on the CPU, FP32 or the GPU's own
+/// 8-bit rounding on the GPU), the backends may choose differently, and
+/// that step's logits differ by far more than rounding (measured: up to
+/// 108% of the logit scale at 1 of 11 steps of a Q8_0 model, 22% at
+/// another, with every other step under 4.5%). So quantized mixtures are
+/// held to the median of their steps; their accuracy against llama.cpp is
+/// tests/arch2_reference.rs's (run with M40_TEST_DEVICE=0). With F16 or F32
+/// weights both backends compute in FP32 and every step is held to
+/// LOGIT_BOUND.
+const MOE_MEDIAN_BOUND: f64 = 0.03;
+
+fn compare_logits_within(what: &str, gpu: &[f32], cpu: &[f32], bound: f64) -> f64 {
     let err = relative_error(gpu, cpu);
     assert!(
-        err <= 0.015,
+        err <= bound,
         "{what}: logit error {:.3}% of the logit scale",
         err * 100.0
     );
     let mut sorted = cpu.to_vec();
     sorted.sort_by(|a, b| b.total_cmp(a));
     let scale = cpu.iter().fold(0f32, |m, v| m.max(v.abs()));
-    if sorted[0] - sorted[1] > 0.02 * scale {
+    // An unbounded comparison only measures (see MOE_MEDIAN_BOUND).
+    if bound.is_finite() && sorted[0] - sorted[1] > 0.02 * scale {
         assert_eq!(argmax(gpu), argmax(cpu), "{what}: top-1 differs");
     }
     err
@@ -1066,6 +1088,17 @@ fn compare_logits(what: &str, gpu: &[f32], cpu: &[f32]) -> f64 {
 /// A prompt in chunks of `n_batch`, then `extra` single tokens, on both
 /// devices; the largest logit error over the steps.
 fn forward_error(path: &Path, prompt_len: usize, n_batch: u32, extra: usize, what: &str) -> f64 {
+    forward_error_within(path, prompt_len, n_batch, extra, what, LOGIT_BOUND)
+}
+
+fn forward_error_within(
+    path: &Path,
+    prompt_len: usize,
+    n_batch: u32,
+    extra: usize,
+    what: &str,
+    bound: f64,
+) -> f64 {
     let all = tokens(prompt_len + extra, prompt_len as u64 + 1);
     let params = SessionParams {
         n_ctx: 1024,
@@ -1075,18 +1108,20 @@ fn forward_error(path: &Path, prompt_len: usize, n_batch: u32, extra: usize, wha
     let mut gpu = Session::new(load(path, 0), params).unwrap();
     cpu.decode(&all[..prompt_len]).unwrap();
     gpu.decode(&all[..prompt_len]).unwrap();
-    let mut worst = compare_logits(
+    let mut worst = compare_logits_within(
         &format!("{what} prompt"),
         gpu.logits().unwrap(),
         cpu.logits().unwrap(),
+        bound,
     );
     for i in prompt_len..prompt_len + extra {
         cpu.decode(&all[i..i + 1]).unwrap();
         gpu.decode(&all[i..i + 1]).unwrap();
-        let err = compare_logits(
+        let err = compare_logits_within(
             &format!("{what} token {i}"),
             gpu.logits().unwrap(),
             cpu.logits().unwrap(),
+            bound,
         );
         worst = worst.max(err);
     }
@@ -1186,6 +1221,122 @@ fn batched_decode_across_sessions_matches_single_cpu_sessions() {
         ));
     }
     println!("batched decode, largest logit error: {:.3}%", worst * 100.0);
+}
+
+/// A tiny mixture-of-experts model: `qwen3moe`, or Mixtral-style `llama`
+/// with `experts` experts (2 used per row).
+fn synth_moe(arch: &str, ty: &str, experts: u32) -> PathBuf {
+    let path = common::scratch_path(&format!("cuda-moe-{arch}-{ty}-{experts}.gguf"));
+    if path.exists() {
+        return path;
+    }
+    let partial = path.with_extension(format!("{:?}.partial", std::thread::current().id()));
+    let mut args: Vec<String> = ["--arch", arch, "--preset", "tiny", "--type", ty]
+        .map(String::from)
+        .into();
+    args.extend(["--n-vocab".to_string(), N_VOCAB.to_string()]);
+    if arch == "llama" {
+        args.extend(["--experts".to_string(), experts.to_string()]);
+        args.extend(["--experts-used".to_string(), "2".to_string()]);
+    }
+    common::synth_model(&args, &partial);
+    std::fs::rename(&partial, &path).unwrap();
+    path
+}
+
+/// Mixtures of experts, every path of their routed products: prompts in
+/// chunks of 200, 16 and 8 rows and batches of 3 and 12 sessions (tensor
+/// cores where the GPU and the format have them, in pieces of up to 16 or
+/// 32 rows per expert; else the decode kernel in pieces of 8, rows gathered
+/// in expert order), and single tokens (every piece reading the one row).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mixtures_of_experts_match_the_cpu_in_prompts_decode_and_batches() {
+    mixtures_match_the_cpu(&[
+        ("qwen3moe", "f16", 8),
+        ("qwen3moe", "q4_k", 8),
+        ("qwen3moe", "q8_0", 8),
+        ("llama", "q4_0", 16),
+        ("llama", "q6_k", 4),
+    ]);
+}
+
+/// A Mixtral-style model of 16 experts with F32 weights: its 40-token
+/// prompt in chunks of 16 differs from the CPU by 4.6% of the logit scale
+/// on the H100 (fat and PTX builds alike, with FP32 router products too),
+/// where both backends compute in FP32. The cause is not found yet: this
+/// test fails until it is.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mixtral_style_f32_experts_match_the_cpu() {
+    mixtures_match_the_cpu(&[("llama", "f32", 16)]);
+}
+
+fn mixtures_match_the_cpu(models: &[(&str, &str, u32)]) {
+    if !have_gpu() {
+        return;
+    }
+    let mut report = Vec::new();
+    for &(arch, ty, experts) in models {
+        let path = synth_moe(arch, ty, experts);
+        let what = format!("{arch} {ty} {experts} experts");
+        let float = ty == "f16" || ty == "f32";
+        // Quantized: every step's error is collected and the median held.
+        let bound = if float { LOGIT_BOUND } else { f64::INFINITY };
+        let mut errors = Vec::new();
+        for (len, chunk, extra) in [(40, 16, 3), (20, 8, 1), (230, 200, 1)] {
+            errors.push(forward_error_within(&path, len, chunk, extra, &what, bound));
+        }
+        let (cpu_model, gpu_model) = (load(&path, -1), load(&path, 0));
+        let params = SessionParams {
+            n_ctx: 256,
+            n_batch: 32,
+        };
+        for n in [3usize, 12] {
+            let prompts: Vec<Vec<u32>> = (0..n)
+                .map(|i| tokens(4 + 5 * (i % 3), i as u64 + 7))
+                .collect();
+            let mut gpu_sessions: Vec<Session> = prompts
+                .iter()
+                .map(|p| {
+                    let mut s = Session::new(Arc::clone(&gpu_model), params).unwrap();
+                    s.decode(p).unwrap();
+                    s
+                })
+                .collect();
+            let next: Vec<u32> = (0..n as u32).map(|i| 11 + 13 * i).collect();
+            Session::decode_batch(&mut gpu_sessions.iter_mut().collect::<Vec<_>>(), &next).unwrap();
+            for (i, p) in prompts.iter().enumerate() {
+                let mut cpu = Session::new(Arc::clone(&cpu_model), params).unwrap();
+                cpu.decode(p).unwrap();
+                cpu.decode(&next[i..i + 1]).unwrap();
+                errors.push(compare_logits_within(
+                    &format!("{what}: session {i} of {n}"),
+                    gpu_sessions[i].logits().unwrap(),
+                    cpu.logits().unwrap(),
+                    bound,
+                ));
+            }
+        }
+        errors.sort_by(f64::total_cmp);
+        let median = errors[errors.len() / 2];
+        let worst = errors[errors.len() - 1];
+        assert!(
+            median <= MOE_MEDIAN_BOUND,
+            "{what}: median logit error {:.3}% (largest {:.3}%)",
+            median * 100.0,
+            worst * 100.0
+        );
+        report.push(format!(
+            "{what}: median {:.3}%, largest {:.3}%",
+            median * 100.0,
+            worst * 100.0
+        ));
+    }
+    println!(
+        "mixtures of experts, GPU-vs-CPU logit errors: {}",
+        report.join(", ")
+    );
 }
 
 /// A llama model whose V projections are Q6_K and every other matrix Q4_K,
@@ -1327,8 +1478,17 @@ fn overlapping_launches_change_no_logit() {
     let mut report = Vec::new();
     // The integer path (quantize + product launches) and the FP32 one; a
     // Gemma model for its windows, post-norms and per-head norms.
-    for (arch, ty) in [("llama", "q4_k"), ("gemma3", "q8_0"), ("qwen2", "f16")] {
-        let path = synth(arch, ty);
+    for (arch, ty) in [
+        ("llama", "q4_k"),
+        ("gemma3", "q8_0"),
+        ("qwen2", "f16"),
+        ("qwen3moe", "q4_k"),
+    ] {
+        let path = if arch == "qwen3moe" {
+            synth_moe(arch, ty, 8)
+        } else {
+            synth(arch, ty)
+        };
         let model = load(&path, -1);
         let options = |overlap_launches| CudaOptions {
             use_cublas: true,
@@ -1441,8 +1601,17 @@ fn recorded_decode_steps_replay_the_same_logits() {
         return;
     }
     let mut report = Vec::new();
-    for (arch, ty) in [("llama", "q4_k"), ("gemma3", "q8_0"), ("qwen2", "f16")] {
-        let path = synth(arch, ty);
+    for (arch, ty) in [
+        ("llama", "q4_k"),
+        ("gemma3", "q8_0"),
+        ("qwen2", "f16"),
+        ("qwen3moe", "q4_k"),
+    ] {
+        let path = if arch == "qwen3moe" {
+            synth_moe(arch, ty, 8)
+        } else {
+            synth(arch, ty)
+        };
         let model = load(&path, -1);
         let (graphs, replayed) = stepped_logits(&model, &path, true);
         let (direct, launched) = stepped_logits(&model, &path, false);

@@ -120,14 +120,6 @@ impl Model {
         })?;
         let hparams = HyperParams::from_gguf(&gguf, arch, n_vocab)?;
         arch::check_tensors(&gguf, arch, &hparams)?;
-        if hparams.is_moe() {
-            if let Device::Cuda { .. } = device {
-                // Refused before the weights are uploaded, not mid-decode.
-                return Err(Error::unsupported(
-                    "mixture-of-experts models do not run on the CUDA backend yet",
-                ));
-            }
-        }
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         debug_assert_eq!(tokenizer.n_vocab(), n_vocab);
         let n_ctx_train = hparams.n_ctx_train;

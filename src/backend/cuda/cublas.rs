@@ -16,6 +16,8 @@ const CUBLAS_OP_T: c_int = 1;
 /// cublasMath_t: FP32 products on TF32 tensor cores (Ampere and newer; other
 /// GPUs keep plain FP32).
 const CUBLAS_TF32_TENSOR_OP_MATH: c_int = 3;
+/// cublasMath_t: plain FP32 products.
+const CUBLAS_DEFAULT_MATH: c_int = 0;
 
 /// cublasSgemm_v2(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc).
 type SgemmFn = unsafe extern "C" fn(
@@ -216,6 +218,32 @@ impl Cublas {
     /// Whether [`gemm_xwt_f16`](Self::gemm_xwt_f16) can be called.
     pub fn has_f16_products(&self) -> bool {
         self.compute_types
+    }
+
+    /// As [`gemm_xwt`](Self::gemm_xwt), in plain FP32 (no TF32 rounding of
+    /// the inputs): for products whose results choose between discrete
+    /// alternatives, as a mixture of experts' router logits choose experts.
+    ///
+    /// # Safety
+    /// As `gemm_xwt`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_xwt_fp32(
+        &self,
+        w: *const f32,
+        m: usize,
+        k: usize,
+        x: *const f32,
+        n: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) -> Result<()> {
+        // SAFETY: a live handle; the mode applies to the calls that follow.
+        let _ = unsafe { (self.api.set_math_mode)(self.handle, CUBLAS_DEFAULT_MATH) };
+        // SAFETY: as the caller promises.
+        let result = unsafe { self.gemm_xwt(w, m, k, x, n, out, ldo) };
+        // SAFETY: as above; an older cuBLAS without TF32 ignores it.
+        let _ = unsafe { (self.api.set_math_mode)(self.handle, CUBLAS_TF32_TENSOR_OP_MATH) };
+        result
     }
 
     /// out (n × m, row-major, row stride `ldo`) = x (n × k) · wᵀ, with w

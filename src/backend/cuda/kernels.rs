@@ -98,6 +98,48 @@ pub struct GemvLaunch {
     /// results, one cache row per activation row (`rows` null where no
     /// matrix has such a role; its `overlap` is not read).
     pub attention: AttentionInputs,
+    /// Expert matrices, or `ExpertView::NONE`.
+    pub experts: ExpertView,
+}
+
+/// One piece of an expert product's work (M40ExpertWork in cuda/ops.cuh):
+/// sorted rows first..first+count, all routed to `expert`. Written by
+/// `m40_moe_route` on the device; the host only sizes arrays of them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertWork {
+    pub expert: c_int,
+    pub first: c_int,
+    pub count: c_int,
+}
+
+/// How a product launch multiplies expert matrices (M40Experts in
+/// cuda/ops.cuh): a grid slice per work piece, its weights `expert_bytes` ×
+/// expert past the launch's matrix; output rows (and input rows, unless
+/// `x_shared`) are the pieces' sorted rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertView {
+    /// `n_work` pieces, or null: a plain product.
+    pub work: *const ExpertWork,
+    pub expert_bytes: i64,
+    pub n_work: c_int,
+    /// 1: every piece reads x's rows from row 0 (one session's decode).
+    pub x_shared: c_int,
+    /// Rows of x (the integer path quantizes them all).
+    pub x_rows: c_int,
+    pub unused: c_int,
+}
+
+impl ExpertView {
+    pub const NONE: ExpertView = ExpertView {
+        work: std::ptr::null(),
+        expert_bytes: 0,
+        n_work: 0,
+        x_shared: 0,
+        x_rows: 0,
+        unused: 0,
+    };
 }
 
 /// Bytes of `n_x` activation rows of `cols` values quantized to 8 bits in
@@ -131,6 +173,9 @@ pub struct MmqLaunch {
     pub partials: *mut f32,
     /// As `GemvLaunch::overlap`.
     pub overlap: c_int,
+    /// Expert matrices (n_x: the most rows of a piece, `m40_mmq_expert_rows`;
+    /// splits 1), or `ExpertView::NONE`.
+    pub experts: ExpertView,
 }
 
 /// One layer's attention-input step (M40AttentionInputs in cuda/ops.cuh).
@@ -228,6 +273,47 @@ extern "C" {
         cols: c_int,
         n_x: c_int,
         sm_count: c_int,
+    ) -> c_int;
+    /// Rows of one expert work piece on the tensor cores for `ty` in a step
+    /// of `n_rows` rows (the tile), or 0 where the format has no
+    /// tensor-core kernel on this device.
+    pub fn m40_mmq_expert_rows(ty: c_int, n_rows: c_int) -> c_int;
+    /// Routes `n_rows` rows by their router logits (`n_rows × n_expert`) to
+    /// `n_used` experts each: `slot_weight`, `slot_row` (`n_rows × n_used`:
+    /// each (row, slot)'s weight and sorted row), `sorted_source` (the
+    /// source row of each sorted row) and `n_work` work pieces of at most
+    /// `piece_rows` rows (at least `m40_moe_pieces` of them).
+    pub fn m40_moe_route(
+        logits: *const f32,
+        n_rows: c_int,
+        n_expert: c_int,
+        n_used: c_int,
+        piece_rows: c_int,
+        slot_weight: *mut f32,
+        slot_row: *mut c_int,
+        sorted_source: *mut c_int,
+        work: *mut ExpertWork,
+        n_work: c_int,
+        stream: Stream,
+    ) -> c_int;
+    /// The most work pieces a routing of this shape makes (host arithmetic).
+    pub fn m40_moe_pieces(
+        n_rows: c_int,
+        n_expert: c_int,
+        n_used: c_int,
+        piece_rows: c_int,
+    ) -> c_int;
+    /// x[r] (+)= Σ_s slot_weight[r, s] · y[slot_row[r, s]] for rows of `width`.
+    pub fn m40_moe_combine(
+        x: *mut f32,
+        y: *const f32,
+        slot_weight: *const f32,
+        slot_row: *const c_int,
+        n_rows: c_int,
+        n_used: c_int,
+        width: c_int,
+        accumulate: c_int,
+        stream: Stream,
     ) -> c_int;
     pub fn m40_dequantize_rows(
         ty: c_int,

@@ -8,8 +8,8 @@
 use std::mem::{align_of, offset_of, size_of};
 
 use super::kernels::{
-    AttentionInputs, DeviceRow, GemvEpilogue, GemvLaunch, GemvMatrix, MmqLaunch, ProjectionRole,
-    ATTENTION_MAX_HEAD_DIM, GEMV_MAX_X,
+    AttentionInputs, DeviceRow, ExpertView, ExpertWork, GemvEpilogue, GemvLaunch, GemvMatrix,
+    MmqLaunch, ProjectionRole, ATTENTION_MAX_HEAD_DIM, GEMV_MAX_X,
 };
 
 /// Asserts, at compile time, a struct's size and alignment and then each
@@ -59,7 +59,7 @@ layout!(AttentionInputs, size 96, align 8, {
 });
 
 // M40Gemv (cuda/gemv.cu)
-layout!(GemvLaunch, size 248, align 8, {
+layout!(GemvLaunch, size 280, align 8, {
     m: 0,
     n_matrices: 96,
     cols: 100,
@@ -73,10 +73,11 @@ layout!(GemvLaunch, size 248, align 8, {
     x_quantized: 144,
     overlap: 148,
     attention: 152,
+    experts: 248,
 });
 
 // M40Mmq (cuda/mmq.cu)
-layout!(MmqLaunch, size 80, align 8, {
+layout!(MmqLaunch, size 112, align 8, {
     w: 0,
     rows: 8,
     cols: 12,
@@ -89,6 +90,17 @@ layout!(MmqLaunch, size 80, align 8, {
     splits: 60,
     partials: 64,
     overlap: 72,
+    experts: 80,
+});
+
+// M40ExpertWork, M40Experts (cuda/ops.cuh)
+layout!(ExpertWork, size 12, align 4, { expert: 0, first: 4, count: 8 });
+layout!(ExpertView, size 32, align 8, {
+    work: 0,
+    expert_bytes: 8,
+    n_work: 16,
+    x_shared: 20,
+    x_rows: 24,
 });
 
 // M40ProjectionRole, M40GemvEpilogue (fields of type int on the C++ side)

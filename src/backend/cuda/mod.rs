@@ -22,6 +22,7 @@
 
 mod attention;
 mod cublas;
+mod experts;
 mod graph;
 mod kernels;
 mod layout;

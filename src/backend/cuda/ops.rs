@@ -24,18 +24,15 @@ impl Backend for CudaBackend {
 
     fn norm_moe_ffn_residual(
         &self,
-        _x: &mut DeviceBuffer,
-        _norm: Norm,
-        _rows: usize,
-        _experts: &Experts,
-        _glu: Glu,
-        _post_norm: Option<Norm>,
-        _scratch: Scratch<DeviceBuffer>,
+        x: &mut DeviceBuffer,
+        norm: Norm,
+        rows: usize,
+        experts: &Experts,
+        glu: Glu,
+        post_norm: Option<Norm>,
+        scratch: Scratch<DeviceBuffer>,
     ) -> Result<()> {
-        // Model loading refuses MoE models on CUDA devices before upload.
-        Err(Error::unsupported(
-            "mixture-of-experts models do not run on the CUDA backend yet",
-        ))
+        self.moe_ffn_residual(x, norm, rows, experts, glu, post_norm, scratch)
     }
 
     fn buffer(&self, len: usize) -> Result<DeviceBuffer> {

@@ -339,6 +339,7 @@ impl CudaBackend {
                 splits,
                 partials,
                 overlap,
+                experts: ExpertView::NONE,
             };
             // SAFETY: x_f16 holds the converted rows, out rows × w.rows
             // values (as the caller promises); the partials were sized
@@ -433,6 +434,7 @@ impl CudaBackend {
                     },
                     ..*attention
                 },
+                experts: ExpertView::NONE,
             };
             // SAFETY: the launch names live device memory (see above); the
             // struct is read before the call returns.

@@ -8,7 +8,7 @@
 use std::ffi::c_int;
 
 use super::cublas::Cublas;
-use super::kernels::{m40_gemv_integer_path, m40_mmq_prepare, GEMV_MAX_X};
+use super::kernels::{m40_gemv_integer_path, m40_mmq_expert_rows, m40_mmq_prepare, GEMV_MAX_X};
 use super::runtime::DeviceInfo;
 use super::weights::matrices;
 use crate::gguf::GgufFile;
@@ -52,14 +52,33 @@ pub(super) enum ProductRoute {
     Cublas { f16: bool },
 }
 
+/// The kernels a mixture of experts' products run on: every expert's
+/// product of a step is one launch over work pieces of expert-sorted rows
+/// (see cuda/moe.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ExpertRoute {
+    /// The decode kernel, pieces of at most GEMV_MAX_X rows; `integer`
+    /// (for the gate and up products, then for down): on 8-bit activations.
+    Decode { integer: [bool; 2] },
+    /// The tensor-core kernel, pieces of `piece_rows` rows (its tile):
+    /// batches (more than one row), where the gate, up and down formats all
+    /// have the kernel with one tile. A batch's experts take a row or a few
+    /// each, which a decode launch would take through its batched kernel
+    /// a piece per expert at a time, several times slower than the tensor
+    /// cores' read of each expert's weights (measured on the H100).
+    TensorCores { piece_rows: usize },
+}
+
 /// What the routes depend on, fixed when the backend is created.
 pub(super) struct Routes {
     /// The model's matrix formats whose decode products take the integer
     /// path (8-bit activations, dp4a).
     integer_formats: Vec<GgmlType>,
     /// The model's matrix formats that have a tensor-core kernel on this
-    /// device (`m40_mmq`).
+    /// device (`m40_mmq`), and the rows of its expert work pieces for
+    /// batches of up to 16 rows and of more.
     tensor_core_formats: Vec<GgmlType>,
+    expert_piece_rows: Vec<(GgmlType, [usize; 2])>,
     has_cublas: bool,
     /// cuBLAS products on f16 operands (GPUs with f16 tensor cores: Volta,
     /// sm_70, and newer, with cuBLAS 11 or newer).
@@ -94,9 +113,19 @@ impl Routes {
                 tensor_core_formats.push(t.ggml_type);
             }
         }
+        let expert_piece_rows = tensor_core_formats
+            .iter()
+            .map(|&t| {
+                // SAFETY: queries of the current device's kernel attributes.
+                let tile = |rows| unsafe { m40_mmq_expert_rows(t.id() as c_int, rows) }.max(0);
+                (t, [tile(16) as usize, tile(32) as usize])
+            })
+            .filter(|&(_, rows)| rows[0] > 0 && rows[1] > 0)
+            .collect();
         Routes {
             integer_formats,
             tensor_core_formats,
+            expert_piece_rows,
             has_cublas: cublas.is_some(),
             prefill_in_f16: info.compute_capability.0 >= 7
                 && cublas.is_some_and(|c| c.has_f16_products()),
@@ -126,6 +155,27 @@ impl Routes {
         ProductRoute::DecodeLaunches
     }
 
+    /// The route of a mixture of experts' products for `rows` rows, the
+    /// experts' gate and up matrices of format `gate_up`, down of `down`.
+    pub fn expert_route(&self, gate_up: GgmlType, down: GgmlType, rows: usize) -> ExpertRoute {
+        let piece_rows = |ty| {
+            self.expert_piece_rows
+                .iter()
+                .find(|&&(t, _)| t == ty)
+                .map(|&(_, tiles)| tiles[usize::from(rows > 16)])
+        };
+        if rows > 1 {
+            if let (Some(a), Some(b)) = (piece_rows(gate_up), piece_rows(down)) {
+                if a == b {
+                    return ExpertRoute::TensorCores { piece_rows: a };
+                }
+            }
+        }
+        ExpertRoute::Decode {
+            integer: [gate_up, down].map(|t| self.integer_formats.contains(&t)),
+        }
+    }
+
     /// Whether any of the model's formats takes the integer path (and the
     /// decode kernel needs its 8-bit scratch).
     pub fn any_integer(&self) -> bool {
@@ -148,6 +198,7 @@ mod tests {
         Routes {
             integer_formats: vec![GgmlType::Q4K],
             tensor_core_formats: vec![GgmlType::Q4K, GgmlType::Q8_0],
+            expert_piece_rows: vec![(GgmlType::Q4K, [16, 32]), (GgmlType::Q8_0, [16, 32])],
             has_cublas,
             prefill_in_f16: true,
         }
@@ -178,6 +229,31 @@ mod tests {
         assert_eq!(
             routes(false).route(GgmlType::Q4K, 512),
             ProductRoute::TensorCores
+        );
+    }
+
+    #[test]
+    fn batches_of_experts_take_tensor_cores_where_every_format_has_them() {
+        let r = routes(true);
+        assert_eq!(
+            r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, 1),
+            ExpertRoute::Decode {
+                integer: [true, false]
+            }
+        );
+        assert_eq!(
+            r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, 2),
+            ExpertRoute::TensorCores { piece_rows: 16 }
+        );
+        assert_eq!(
+            r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, 17),
+            ExpertRoute::TensorCores { piece_rows: 32 }
+        );
+        assert_eq!(
+            r.expert_route(GgmlType::Q4K, GgmlType::Q6K, 512),
+            ExpertRoute::Decode {
+                integer: [true, false]
+            }
         );
     }
 

@@ -1,0 +1,211 @@
+// A mixture of experts' routing and the sums of its experts' outputs. The
+// expert products themselves are gemv.cu's and mmq.cu's kernels, told by
+// M40Experts (ops.cuh) to take their weights per work piece.
+//
+// A step's n_rows × n_used (row, slot) pairs are sorted by expert, so that
+// each chosen expert's weights are read once per piece of up to
+// `piece_rows` rows rather than once per row: every row an expert takes is
+// a row of its pieces. The routing stays on the device (no copy to the
+// host between the router and the experts), which is what lets a decode
+// step with experts be recorded once and replayed as a CUDA graph: the
+// grids are sized for the most pieces any routing can make (pieces past
+// the routing's own have count 0 and return at once).
+//
+// Within an expert, the order of its rows follows atomic increments, so it
+// may change from run to run; no result depends on it, as every product
+// kernel computes each of its rows on its own.
+
+#define M40_MOE_THREADS 256
+// Most experts a model may have, and most experts a row may use.
+#define M40_MOE_MAX_EXPERTS 1024
+#define M40_MOE_MAX_USED 32
+
+// The smallest sum of a row's chosen probabilities its weights are divided
+// by (the CPU backend's and llama.cpp's clamp, 2^-14).
+#define M40_MOE_MIN_WEIGHT_SUM (1.0f / 16384.0f)
+
+#define M40_MOE_WARPS (M40_MOE_THREADS / 32)
+// Experts per lane of a row's warp.
+#define M40_MOE_PER_LANE (M40_MOE_MAX_EXPERTS / 32)
+
+// One block does it all: a step has at most a few thousand (row, slot)
+// pairs, and the pieces need every expert's count. Latency, not work, is
+// what a decode step's routing costs, so every value stays in registers
+// where it can and the loops have no serial chains through memory.
+//   1. per row (a warp each, lane i taking experts i, i + 32, ...): the
+//      softmax of its router logits, its n_used most probable experts (ties
+//      to the lower index, as backend::fused::route), their probabilities
+//      renormalized to sum to 1;
+//   2. per expert (warp 0, lane i taking a run of experts): the first
+//      sorted row and the pieces of at most piece_rows rows, from
+//      exclusive scans of the counts;
+//   3. per (row, slot): its sorted row, and the sorted row's source row.
+__global__ void __launch_bounds__(M40_MOE_THREADS)
+    moe_route_kernel(const float *__restrict__ logits, int n_rows, int n_expert, int n_used, int piece_rows,
+                     float *__restrict__ slot_weight, int *__restrict__ slot_row, int *__restrict__ sorted_source,
+                     M40ExpertWork *__restrict__ work, int n_work) {
+    __shared__ int count[M40_MOE_MAX_EXPERTS], next[M40_MOE_MAX_EXPERTS];
+    __shared__ int n_pieces;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+
+    for (int r = warp; r < n_rows; r += M40_MOE_WARPS) {
+        const float *l = logits + size_t(r) * n_expert;
+        float p[M40_MOE_PER_LANE];
+        float max = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < M40_MOE_PER_LANE; j++) {
+            const int e = lane + 32 * j;
+            p[j] = e < n_expert ? l[e] : -INFINITY;
+            max = fmaxf(max, p[j]);
+        }
+        max = m40_warp_max(max);
+        double sum = 0.0;
+#pragma unroll
+        for (int j = 0; j < M40_MOE_PER_LANE; j++) {
+            p[j] = lane + 32 * j < n_expert ? expf(p[j] - max) : -1.0f;
+            if (lane + 32 * j < n_expert) sum += double(p[j]);
+        }
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        const float inv = float(1.0 / sum);
+#pragma unroll
+        for (int j = 0; j < M40_MOE_PER_LANE; j++)
+            if (lane + 32 * j < n_expert) p[j] *= inv;
+        // Lane s keeps the s-th choice.
+        int mine = 0;
+        float mine_p = 0.0f, chosen_sum = 0.0f;
+        for (int s = 0; s < n_used; s++) {
+            // The lane's best, then the warp's: the highest probability,
+            // the lower index among equals; a chosen expert's is -1.
+            float best_p = -1.0f;
+            int best = n_expert;
+#pragma unroll
+            for (int j = 0; j < M40_MOE_PER_LANE; j++)
+                if (p[j] > best_p) {
+                    best_p = p[j];
+                    best = lane + 32 * j;
+                }
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1) {
+                const float other_p = __shfl_xor_sync(0xffffffffu, best_p, offset);
+                const int other = __shfl_xor_sync(0xffffffffu, best, offset);
+                if (other_p > best_p || (other_p == best_p && other < best)) {
+                    best_p = other_p;
+                    best = other;
+                }
+            }
+            if (best >= n_expert) {
+                // NaN logits rank no expert: take the lowest not taken.
+                int free = n_expert;
+#pragma unroll
+                for (int j = 0; j < M40_MOE_PER_LANE; j++)
+                    if (p[j] != -1.0f && lane + 32 * j < n_expert) free = min(free, lane + 32 * j);
+#pragma unroll
+                for (int offset = 16; offset > 0; offset >>= 1)
+                    free = min(free, __shfl_xor_sync(0xffffffffu, free, offset));
+                best = free;
+                best_p = 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < M40_MOE_PER_LANE; j++)
+                if (lane + 32 * j == best) p[j] = -1.0f;
+            if (lane == s) {
+                mine = best;
+                mine_p = best_p;
+            }
+            chosen_sum += best_p;
+        }
+        chosen_sum = fmaxf(chosen_sum, M40_MOE_MIN_WEIGHT_SUM);
+        if (lane < n_used) {
+            slot_weight[r * n_used + lane] = mine_p / chosen_sum;
+            slot_row[r * n_used + lane] = mine;  // the expert, until step 3
+            atomicAdd(&count[mine], 1);
+        }
+    }
+    __syncthreads();
+
+    if (warp == 0) {
+        // Lane i's run of experts, its rows and pieces, then exclusive
+        // scans of both across the warp.
+        const int per_lane = (n_expert + 31) / 32, first_e = lane * per_lane;
+        const int last_e = min(n_expert, first_e + per_lane);
+        int rows = 0, pieces = 0;
+        for (int e = first_e; e < last_e; e++) {
+            rows += count[e];
+            pieces += (count[e] + piece_rows - 1) / piece_rows;
+        }
+        int row_offset = rows, piece = pieces;
+#pragma unroll
+        for (int offset = 1; offset < 32; offset <<= 1) {
+            const int r = __shfl_up_sync(0xffffffffu, row_offset, offset);
+            const int q = __shfl_up_sync(0xffffffffu, piece, offset);
+            if (lane >= offset) {
+                row_offset += r;
+                piece += q;
+            }
+        }
+        row_offset -= rows;
+        piece -= pieces;
+        if (lane == 31) n_pieces = piece + pieces;
+        for (int e = first_e; e < last_e; e++) {
+            next[e] = row_offset;
+            for (int start = 0; start < count[e]; start += piece_rows, piece++)
+                if (piece < n_work) work[piece] = {e, row_offset + start, min(piece_rows, count[e] - start)};
+            row_offset += count[e];
+        }
+    }
+    __syncthreads();
+    for (int i = n_pieces + threadIdx.x; i < n_work; i += blockDim.x) work[i] = {0, 0, 0};
+    for (int i = threadIdx.x; i < n_rows * n_used; i += blockDim.x) {
+        const int sorted = atomicAdd(&next[slot_row[i]], 1);
+        slot_row[i] = sorted;
+        sorted_source[sorted] = i / n_used;
+    }
+}
+
+// Routes n_rows rows by their router logits (n_rows × n_expert) to n_used
+// experts each: slot_weight and slot_row (n_rows × n_used) get each
+// (row, slot)'s weight and sorted row, sorted_source (n_rows × n_used) the
+// source row of each sorted row, and work its n_work pieces. n_work must
+// be at least m40_moe_pieces(n_rows, n_expert, n_used, piece_rows).
+M40_EXPORT cudaError_t m40_moe_route(const float *logits, int n_rows, int n_expert, int n_used, int piece_rows,
+                                     float *slot_weight, int *slot_row, int *sorted_source, M40ExpertWork *work,
+                                     int n_work, cudaStream_t stream) {
+    if (n_rows < 1 || n_expert < 1 || n_expert > M40_MOE_MAX_EXPERTS || n_used < 1 || n_used > n_expert ||
+        n_used > M40_MOE_MAX_USED || piece_rows < 1 || n_work < 1)
+        return cudaErrorInvalidValue;
+    moe_route_kernel<<<1, M40_MOE_THREADS, 0, stream>>>(logits, n_rows, n_expert, n_used, piece_rows, slot_weight,
+                                                         slot_row, sorted_source, work, n_work);
+    return m40_launch_status();
+}
+
+// The most work pieces a routing of n_rows rows can make: each expert used
+// makes ⌈its rows / piece_rows⌉ ≤ 1 + (its rows − 1) / piece_rows.
+M40_EXPORT int m40_moe_pieces(int n_rows, int n_expert, int n_used, int piece_rows) {
+    const long slots = long(n_rows) * n_used, used = slots < n_expert ? slots : n_expert;
+    return int(used + (slots - used) / piece_rows);
+}
+
+// x[r] (+)= Σ_s slot_weight[r, s] · y[slot_row[r, s]], in slot order, for
+// rows of `width`.
+__global__ void moe_combine_kernel(float *__restrict__ x, const float *__restrict__ y,
+                                   const float *__restrict__ slot_weight, const int *__restrict__ slot_row,
+                                   int n_rows, int n_used, int width, int accumulate) {
+    const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= size_t(n_rows) * width) return;
+    const size_t r = i / width, c = i % width;
+    float sum = 0.0f;
+    for (int s = 0; s < n_used; s++)
+        sum += slot_weight[r * n_used + s] * y[size_t(slot_row[r * n_used + s]) * width + c];
+    x[i] = accumulate ? x[i] + sum : sum;
+}
+
+M40_EXPORT cudaError_t m40_moe_combine(float *x, const float *y, const float *slot_weight, const int *slot_row,
+                                       int n_rows, int n_used, int width, int accumulate, cudaStream_t stream) {
+    if (n_rows < 1 || n_used < 1 || width < 1) return cudaErrorInvalidValue;
+    moe_combine_kernel<<<m40_blocks(size_t(n_rows) * width, 256), 256, 0, stream>>>(x, y, slot_weight, slot_row,
+                                                                                     n_rows, n_used, width, accumulate);
+    return m40_launch_status();
+}

@@ -1,0 +1,543 @@
+//! The mixture-of-experts feed-forward block on the GPU, with its routing
+//! on the device (cuda/moe.cu): the router's logits (a product like any
+//! other), `m40_moe_route` (each row's experts and weights, the rows sorted
+//! by expert into work pieces), each expert product as one launch over the
+//! pieces (`ExpertView`: the decode kernel, or the tensor cores for more
+//! rows than a decode launch takes), and the weighted sum of each row's
+//! expert outputs into the residual. No value comes back to the host, so a
+//! decode step with experts is recorded and replayed like any other.
+
+use std::ffi::c_int;
+
+use super::kernels::*;
+use super::memory::Arena;
+use super::route::{ExpertRoute, ProductRoute};
+use super::runtime::check;
+use super::{dim, Backend, CudaBackend, DeviceBuffer, Experts, Glu, Norm, Product, Scratch, State};
+use super::{Weight, GEMV_MAX_X};
+use crate::error::{Error, Result};
+use crate::quant::GgmlType;
+
+/// The routing of one step's rows, in device memory.
+struct Routing {
+    /// Each (row, slot)'s weight and sorted row (rows × n_used).
+    slot_weight: *mut f32,
+    slot_row: *mut c_int,
+    /// Each sorted row's source row.
+    sorted_source: *mut c_int,
+    work: *mut ExpertWork,
+    n_work: c_int,
+}
+
+/// One expert product: the matrices (expert 0's parts of the stacked
+/// tensors) and how the launch finds the others.
+struct ExpertProduct<'a> {
+    matrices: &'a [(Weight, *mut f32)],
+    epilogue: GemvEpilogue,
+    /// Bytes from one expert's matrix to the next.
+    expert_bytes: usize,
+}
+
+impl CudaBackend {
+    /// x += post_norm(Σ w_e · expert_e(norm(x))): `Backend::norm_moe_ffn_residual`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn moe_ffn_residual(
+        &self,
+        x: &mut DeviceBuffer,
+        norm: Norm,
+        rows: usize,
+        ex: &Experts,
+        glu: Glu,
+        post_norm: Option<Norm>,
+        scratch: Scratch<DeviceBuffer>,
+    ) -> Result<()> {
+        let (d, k, n_expert) = (ex.router.cols, ex.n_used, ex.n_expert);
+        let [gate, up, down] = ex.expert(0);
+        let ff = gate.rows;
+        assert!(
+            gate.cols == d && up.cols == d && up.rows == ff && down.cols == ff && down.rows == d,
+            "expert shapes"
+        );
+        assert!(x.len() >= rows * d && scratch.normed.len() >= rows * d);
+        if rows == 0 {
+            return Ok(());
+        }
+        let n_slots = rows * k;
+
+        // The router's logits: a product of h = norm(x) on its own route.
+        // One session's products normalize its row themselves; a batch's
+        // rows are normalized once, here, for the router and every expert
+        // product to read (each expert would otherwise normalize again
+        // the few rows it takes).
+        let mut logits = self.buffer(rows * n_expert)?;
+        let router_route = self.route(&ex.router, rows);
+        if rows == 1 {
+            let mut router = [Product {
+                w: &ex.router,
+                bias: None,
+                out: &mut logits,
+            }];
+            self.norm_matmuls(x, norm, rows, scratch.normed, &mut router)?;
+        } else {
+            let mut state = self.lock();
+            // SAFETY: x and normed hold rows × d values (checked above),
+            // logits rows × n_expert.
+            unsafe {
+                self.rms_norm_into(
+                    &state,
+                    x.as_ptr(),
+                    norm.weight,
+                    norm.eps,
+                    rows,
+                    scratch.normed.as_mut_ptr(),
+                )?;
+                match (router_route, &state.cublas) {
+                    // The choice of experts is discrete: TF32's rounding of
+                    // the router's inputs would flip near-ties the FP32
+                    // products of the CPU and of one session decide.
+                    (ProductRoute::Cublas { .. }, Some(cublas))
+                        if ex.router.ty == GgmlType::F32 =>
+                    {
+                        cublas.gemm_xwt_fp32(
+                            self.weights.matrix(&ex.router).cast(),
+                            n_expert,
+                            d,
+                            scratch.normed.as_ptr(),
+                            rows,
+                            logits.as_mut_ptr(),
+                            n_expert,
+                        )?
+                    }
+                    _ => self.product(
+                        &mut state,
+                        router_route,
+                        &ex.router,
+                        scratch.normed.as_ptr(),
+                        rows,
+                        logits.as_mut_ptr(),
+                    )?,
+                }
+            }
+        }
+        let h = scratch.normed.as_ptr();
+
+        let route = self.routes.expert_route(gate.ty, down.ty, rows);
+        let piece_rows = match route {
+            ExpertRoute::TensorCores { piece_rows } => piece_rows,
+            ExpertRoute::Decode { .. } => GEMV_MAX_X,
+        };
+        let n_rows = dim(rows, "a row count")?;
+        let (e, used, piece) = (
+            dim(n_expert, "an expert count")?,
+            dim(k, "an experts-used count")?,
+            dim(piece_rows, "a piece size")?,
+        );
+        // SAFETY: host arithmetic.
+        let n_work = unsafe { m40_moe_pieces(n_rows, e, used, piece) };
+        if !(1..=65_535).contains(&n_work) {
+            return Err(Error::unsupported(format!(
+                "{rows} rows routed to {k} of {n_expert} experts make {n_work} work pieces; the CUDA kernels take 1 to 65535"
+            )));
+        }
+        let widest = d.max(ff);
+        let tensor_cores = matches!(route, ExpertRoute::TensorCores { .. });
+        let integer = match route {
+            ExpertRoute::Decode { integer } => integer,
+            ExpertRoute::TensorCores { .. } => [false; 2],
+        };
+        // Every piece of scratch the block needs, in one allocation that
+        // lives until the step's kernels have been enqueued (the stream
+        // orders any reuse; a recorded step keeps it).
+        let mut pieces = vec![
+            n_slots * 4,          // slot weights
+            n_slots * 4,          // slot rows
+            n_slots * 4,          // sorted sources
+            n_work as usize * 12, // work pieces
+            n_slots * d * 4,      // the sorted input rows, then the outputs
+            n_slots * ff * 4,     // the gated activations
+        ];
+        if tensor_cores {
+            pieces.extend([n_slots * ff * 4, n_slots * widest * 2, n_slots * 4]);
+        }
+        if integer.contains(&true) {
+            pieces.push(q8_bytes(widest, n_slots));
+        }
+        if !tensor_cores && gate.ty != up.ty {
+            pieces.push(n_slots * ff * 4);
+        }
+        let mut arena = Arena::default();
+        arena.begin(&self.allocator, Arena::footprint(&pieces))?;
+        let routing = Routing {
+            slot_weight: arena.take::<f32>(n_slots),
+            slot_row: arena.take::<c_int>(n_slots),
+            sorted_source: arena.take::<c_int>(n_slots),
+            work: arena.take::<ExpertWork>(n_work as usize),
+            n_work,
+        };
+        let (sorted, act) = (
+            arena.take::<f32>(n_slots * d),
+            arena.take::<f32>(n_slots * ff),
+        );
+
+        let state = self.lock();
+        let st = &*state;
+        let stream = st.stream.raw();
+        // SAFETY: logits holds rows × n_expert values; the routing's arrays
+        // were sized above (n_work pieces, as m40_moe_pieces requires).
+        check(
+            unsafe {
+                m40_moe_route(
+                    logits.as_ptr(),
+                    n_rows,
+                    e,
+                    used,
+                    piece,
+                    routing.slot_weight,
+                    routing.slot_row,
+                    routing.sorted_source,
+                    routing.work,
+                    n_work,
+                    stream,
+                )
+            },
+            || "expert routing".to_string(),
+        )?;
+        if tensor_cores {
+            let up_out = arena.take::<f32>(n_slots * ff);
+            let x_f16 = arena.take::<u16>(n_slots * widest);
+            let x_scales = arena.take::<f32>(n_slots);
+            // SAFETY: every pointer was sized above for n_slots rows.
+            unsafe {
+                self.gather_sorted(st, h, d, &routing, n_slots, sorted)?;
+                self.to_f16(st, sorted, None, n_slots, d, x_f16, x_scales)?;
+                self.experts_on_tensor_cores(
+                    st, &gate, x_f16, x_scales, piece_rows, &routing, act,
+                )?;
+                self.experts_on_tensor_cores(
+                    st, &up, x_f16, x_scales, piece_rows, &routing, up_out,
+                )?;
+                check(
+                    m40_glu(glu_id(glu), act, up_out, n_slots * ff, act, stream),
+                    || "expert activations".to_string(),
+                )?;
+                self.to_f16(st, act, None, n_slots, ff, x_f16, x_scales)?;
+                self.experts_on_tensor_cores(
+                    st, &down, x_f16, x_scales, piece_rows, &routing, sorted,
+                )?;
+            }
+        } else {
+            let q8 = if integer.contains(&true) {
+                arena.take::<i8>(q8_bytes(widest, n_slots))
+            } else {
+                std::ptr::null_mut()
+            };
+            // One session's pieces all read its one row, which they
+            // normalize themselves; a batch's normalized rows are gathered
+            // into expert order first.
+            let (input, x_rows, x_shared, fused_norm) = if rows == 1 {
+                let norm_weights = self.weights.vector(norm.weight)?;
+                (x.as_ptr(), 1, true, Some((norm_weights, norm.eps)))
+            } else {
+                // SAFETY: h holds rows × d values, sorted n_slots × d.
+                unsafe { self.gather_sorted(st, h, d, &routing, n_slots, sorted)? };
+                (sorted.cast_const(), n_slots, false, None)
+            };
+            let q8_gate_up = if integer[0] { q8 } else { std::ptr::null_mut() };
+            if gate.ty == up.ty {
+                let product = ExpertProduct {
+                    matrices: &[(gate, act), (up, act)],
+                    epilogue: match glu {
+                        Glu::Swiglu => GemvEpilogue::GluSilu,
+                        Glu::Geglu => GemvEpilogue::GluGelu,
+                    },
+                    expert_bytes: gate.n_bytes,
+                };
+                // SAFETY: input holds x_rows × d values, act n_slots × ff.
+                unsafe {
+                    self.experts_on_decode_kernel(
+                        st, &product, input, rows, x_rows, x_shared, fused_norm, q8_gate_up,
+                        &routing,
+                    )?
+                };
+            } else {
+                let up_out = arena.take::<f32>(n_slots * ff);
+                for (w, out) in [(gate, act), (up, up_out)] {
+                    let product = ExpertProduct {
+                        matrices: &[(w, out)],
+                        epilogue: GemvEpilogue::Store,
+                        expert_bytes: w.n_bytes,
+                    };
+                    let q8 =
+                        if self.routes.route(w.ty, 1) == (ProductRoute::Decode { integer: true }) {
+                            q8
+                        } else {
+                            std::ptr::null_mut()
+                        };
+                    // SAFETY: as above, out n_slots × ff.
+                    unsafe {
+                        self.experts_on_decode_kernel(
+                            st, &product, input, rows, x_rows, x_shared, fused_norm, q8, &routing,
+                        )?
+                    };
+                }
+                // SAFETY: act and up_out hold n_slots × ff values.
+                check(
+                    unsafe { m40_glu(glu_id(glu), act, up_out, n_slots * ff, act, stream) },
+                    || "expert activations".to_string(),
+                )?;
+            }
+            let product = ExpertProduct {
+                matrices: &[(down, sorted)],
+                epilogue: GemvEpilogue::Store,
+                expert_bytes: down.n_bytes,
+            };
+            let q8_down = if integer[1] { q8 } else { std::ptr::null_mut() };
+            // SAFETY: act holds n_slots × ff values, sorted n_slots × d.
+            unsafe {
+                self.experts_on_decode_kernel(
+                    st, &product, act, rows, n_slots, false, None, q8_down, &routing,
+                )?
+            };
+        }
+
+        let width = dim(d, "a row width")?;
+        match post_norm {
+            None => {
+                // SAFETY: x holds rows × d values, sorted n_slots × d, the
+                // routing's arrays rows × k.
+                check(
+                    unsafe {
+                        m40_moe_combine(
+                            x.as_mut_ptr(),
+                            sorted,
+                            routing.slot_weight,
+                            routing.slot_row,
+                            n_rows,
+                            used,
+                            width,
+                            1,
+                            stream,
+                        )
+                    },
+                    || "expert outputs into the residual".to_string(),
+                )
+            }
+            Some(post) => {
+                let mixed = scratch.normed.as_mut_ptr();
+                // SAFETY: as above; normed holds rows × d values.
+                unsafe {
+                    check(
+                        m40_moe_combine(
+                            mixed,
+                            sorted,
+                            routing.slot_weight,
+                            routing.slot_row,
+                            n_rows,
+                            used,
+                            width,
+                            0,
+                            stream,
+                        ),
+                        || "expert outputs".to_string(),
+                    )?;
+                    check(
+                        m40_norm_add(
+                            x.as_mut_ptr(),
+                            mixed,
+                            self.weights.vector(post.weight)?,
+                            width,
+                            n_rows,
+                            post.eps,
+                            stream,
+                        ),
+                        || "normalized residual add".to_string(),
+                    )
+                }
+            }
+        }
+    }
+
+    /// sorted[i] = x[sorted_source[i]] for the step's n_slots sorted rows.
+    ///
+    /// # Safety
+    /// x holds every source row (`width` values each), sorted n_slots rows.
+    unsafe fn gather_sorted(
+        &self,
+        st: &State,
+        x: *const f32,
+        width: usize,
+        routing: &Routing,
+        n_slots: usize,
+        sorted: *mut f32,
+    ) -> Result<()> {
+        check(
+            // SAFETY: as the caller promises; the sources come from routing.
+            unsafe {
+                m40_gather_rows(
+                    x,
+                    dim(width, "a row width")?,
+                    routing.sorted_source,
+                    dim(n_slots, "a row count")?,
+                    sorted,
+                    st.stream.raw(),
+                )
+            },
+            || "rows into expert order".to_string(),
+        )
+    }
+
+    /// Rows of x (normalized first where `norm` is given) to f16 for the
+    /// tensor cores.
+    ///
+    /// # Safety
+    /// x holds n_rows × cols values, x_f16 and x_scales room for them.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn to_f16(
+        &self,
+        st: &State,
+        x: *const f32,
+        norm: Option<(*const f32, f32)>,
+        n_rows: usize,
+        cols: usize,
+        x_f16: *mut u16,
+        x_scales: *mut f32,
+    ) -> Result<()> {
+        check(
+            // SAFETY: as the caller promises.
+            unsafe {
+                m40_mmq_activations(
+                    c_int::from(self.overlap_launches),
+                    x,
+                    norm.map_or(std::ptr::null(), |n| n.0),
+                    norm.map_or(0.0, |n| n.1),
+                    dim(n_rows, "a row count")?,
+                    dim(cols, "a row width")?,
+                    x_f16,
+                    x_scales,
+                    st.stream.raw(),
+                )
+            },
+            || "expert rows to f16 for tensor cores".to_string(),
+        )
+    }
+
+    /// One expert product on the tensor cores: the sorted rows (as f16)
+    /// times each piece's expert's matrix `w` (expert 0's part), into `out`.
+    ///
+    /// # Safety
+    /// x_f16 and x_scales hold the sorted rows' conversion, out the sorted
+    /// rows of w.rows values; the routing's pieces were written for
+    /// `piece_rows`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn experts_on_tensor_cores(
+        &self,
+        st: &State,
+        w: &Weight,
+        x_f16: *const u16,
+        x_scales: *const f32,
+        piece_rows: usize,
+        routing: &Routing,
+        out: *mut f32,
+    ) -> Result<()> {
+        let launch = MmqLaunch {
+            w: self.weights.matrix(w),
+            rows: dim(w.rows, "a matrix height")?,
+            cols: dim(w.cols, "a matrix width")?,
+            x_f16,
+            x_scales,
+            n_x: dim(piece_rows, "a piece size")?,
+            bias: std::ptr::null(),
+            y: out,
+            accumulate: 0,
+            splits: 1,
+            partials: std::ptr::null_mut(),
+            overlap: c_int::from(self.overlap_launches),
+            experts: ExpertView {
+                work: routing.work,
+                expert_bytes: w.n_bytes as i64,
+                n_work: routing.n_work,
+                x_shared: 0,
+                x_rows: 0,
+                unused: 0,
+            },
+        };
+        // SAFETY: as the caller promises; the struct is read before the
+        // call returns.
+        check(
+            unsafe { m40_mmq(w.ty.id() as c_int, &launch, st.stream.raw()) },
+            || format!("{} experts on tensor cores", w.ty.name()),
+        )
+    }
+
+    /// One expert product on the decode kernel: x's rows (each piece's own,
+    /// or row 0 for all where `x_shared`) times each piece's expert's
+    /// matrices, through `product.epilogue`. `rows`: the step's rows (one
+    /// session's pieces take the one-row kernel). `q8`: the 8-bit scratch
+    /// where the format takes the integer path, else null.
+    ///
+    /// # Safety
+    /// x holds x_rows rows of the matrices' width; each output holds the
+    /// step's sorted rows; q8, when not null, q8_bytes(width, x_rows) bytes.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn experts_on_decode_kernel(
+        &self,
+        st: &State,
+        product: &ExpertProduct,
+        x: *const f32,
+        rows: usize,
+        x_rows: usize,
+        x_shared: bool,
+        norm: Option<(*const f32, f32)>,
+        q8: *mut i8,
+        routing: &Routing,
+    ) -> Result<()> {
+        let (like, _) = product.matrices[0];
+        let mut m = [GemvMatrix::NONE; 3];
+        for (slot, &(w, out)) in m.iter_mut().zip(product.matrices) {
+            *slot = self.gemv_matrix(&w, None, out)?;
+        }
+        let launch = GemvLaunch {
+            m,
+            n_matrices: product.matrices.len() as c_int,
+            cols: dim(like.cols, "a matrix width")?,
+            x,
+            n_x: if rows == 1 { 1 } else { GEMV_MAX_X as c_int },
+            epilogue: product.epilogue,
+            norm: norm.map_or(std::ptr::null(), |n| n.0),
+            eps: norm.map_or(0.0, |n| n.1),
+            sm_count: self.info.multiprocessors as c_int,
+            x_q8: q8,
+            x_quantized: 0,
+            overlap: c_int::from(self.overlap_launches),
+            attention: AttentionInputs::NONE,
+            experts: ExpertView {
+                work: routing.work,
+                expert_bytes: product.expert_bytes as i64,
+                n_work: routing.n_work,
+                x_shared: c_int::from(x_shared),
+                x_rows: dim(x_rows, "a row count")?,
+                unused: 0,
+            },
+        };
+        // SAFETY: as the caller promises; the struct is read before the
+        // call returns.
+        check(
+            unsafe {
+                m40_gemv(
+                    like.ty.id() as c_int,
+                    &launch,
+                    self.gemv_rows_per_warp,
+                    st.stream.raw(),
+                )
+            },
+            || format!("{} experts × vectors", like.ty.name()),
+        )
+    }
+}
+
+fn glu_id(glu: Glu) -> c_int {
+    match glu {
+        Glu::Swiglu => GLU_SILU,
+        Glu::Geglu => GLU_GELU_TANH,
+    }
+}
