@@ -301,60 +301,48 @@ impl CudaBackend {
         }
 
         let width = dim(d, "a row width")?;
-        match post_norm {
-            None => {
-                // SAFETY: x holds rows × d values, sorted n_slots × d, the
-                // routing's arrays rows × k.
-                check(
-                    unsafe {
-                        m40_moe_combine(
-                            x.as_mut_ptr(),
-                            sorted,
-                            routing.slot_weight,
-                            routing.slot_row,
-                            n_rows,
-                            used,
-                            width,
-                            1,
-                            stream,
-                        )
-                    },
-                    || "expert outputs into the residual".to_string(),
+        // The weighted sum into the residual, or, where a norm follows the
+        // block, into scratch first.
+        let (out, accumulate) = match post_norm {
+            None => (x.as_mut_ptr(), 1),
+            Some(_) => (scratch.normed.as_mut_ptr(), 0),
+        };
+        // SAFETY: out holds rows × d values (x, or normed, which held h),
+        // sorted n_slots × d, the routing's arrays rows × k.
+        check(
+            unsafe {
+                m40_moe_combine(
+                    out,
+                    sorted,
+                    routing.slot_weight,
+                    routing.slot_row,
+                    n_rows,
+                    used,
+                    width,
+                    accumulate,
+                    stream,
                 )
-            }
-            Some(post) => {
-                let mixed = scratch.normed.as_mut_ptr();
-                // SAFETY: as above; normed holds rows × d values.
-                unsafe {
-                    check(
-                        m40_moe_combine(
-                            mixed,
-                            sorted,
-                            routing.slot_weight,
-                            routing.slot_row,
-                            n_rows,
-                            used,
-                            width,
-                            0,
-                            stream,
-                        ),
-                        || "expert outputs".to_string(),
-                    )?;
-                    check(
-                        m40_norm_add(
-                            x.as_mut_ptr(),
-                            mixed,
-                            self.weights.vector(post.weight)?,
-                            width,
-                            n_rows,
-                            post.eps,
-                            stream,
-                        ),
-                        || "normalized residual add".to_string(),
-                    )
-                }
-            }
-        }
+            },
+            || "expert outputs".to_string(),
+        )?;
+        let Some(post) = post_norm else {
+            return Ok(());
+        };
+        // SAFETY: x and out hold rows × d values.
+        check(
+            unsafe {
+                m40_norm_add(
+                    x.as_mut_ptr(),
+                    out,
+                    self.weights.vector(post.weight)?,
+                    width,
+                    n_rows,
+                    post.eps,
+                    stream,
+                )
+            },
+            || "normalized residual add".to_string(),
+        )
     }
 
     /// sorted[i] = x[sorted_source[i]] for the step's n_slots sorted rows.
