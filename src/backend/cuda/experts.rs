@@ -2,8 +2,9 @@
 //! on the device (cuda/moe.cu): the router's logits (a product like any
 //! other), `m40_moe_route` (each row's experts and weights, the rows sorted
 //! by expert into work pieces), each expert product as one launch over the
-//! pieces (`ExpertView`: the decode kernel, or the tensor cores for more
-//! rows than a decode launch takes), and the weighted sum of each row's
+//! pieces (`ExpertView`: the decode kernel for one session, the tensor
+//! cores for batches and prompts where the GPU and the formats have them,
+//! else the decode kernel in pieces of 8 rows), and the weighted sum of each row's
 //! expert outputs into the residual. No value comes back to the host, so a
 //! decode step with experts is recorded and replayed like any other.
 
