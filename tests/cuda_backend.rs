@@ -71,15 +71,7 @@ fn synth(arch: &str, ty: &str) -> PathBuf {
 /// As `synth`, of a given preset, vocabulary and (when given) layer count.
 fn synth_shaped(arch: &str, ty: &str, preset: &str, n_vocab: u32, layers: Option<u32>) -> PathBuf {
     let layers_tag = layers.map_or(String::new(), |n| format!("-{n}l"));
-    let path = common::scratch_path(&format!(
-        "cuda-{arch}-{ty}-{preset}-{n_vocab}{layers_tag}.gguf"
-    ));
-    if path.exists() {
-        return path;
-    }
-    // Written under a name of its own, then renamed: tests running in
-    // parallel may ask for the same model.
-    let partial = path.with_extension(format!("{:?}.partial", std::thread::current().id()));
+    let name = format!("cuda-{arch}-{ty}-{preset}-{n_vocab}{layers_tag}.gguf");
     let mut args: Vec<String> = ["--arch", arch, "--preset", preset, "--type", ty]
         .map(String::from)
         .into();
@@ -87,9 +79,7 @@ fn synth_shaped(arch: &str, ty: &str, preset: &str, n_vocab: u32, layers: Option
     if let Some(n) = layers {
         args.extend(["--layers".to_string(), n.to_string()]);
     }
-    common::synth_model(&args, &partial);
-    std::fs::rename(&partial, &path).unwrap();
-    path
+    synth_once(&name, &args)
 }
 
 /// Both backends over one file.
@@ -1047,11 +1037,6 @@ fn tokens(n: usize, seed: u64) -> Vec<u32> {
     common::random_tokens(n, seed, N_VOCAB)
 }
 
-/// Checks the GPU's logits against the CPU's; returns the error.
-fn compare_logits(what: &str, gpu: &[f32], cpu: &[f32]) -> f64 {
-    compare_logits_within(what, gpu, cpu, LOGIT_BOUND)
-}
-
 /// The bound of GPU-vs-CPU logit errors, as a fraction of the logit scale.
 const LOGIT_BOUND: f64 = 0.015;
 /// The bound of the median logit error of a mixture of experts' prompts
@@ -1072,6 +1057,8 @@ const LOGIT_BOUND: f64 = 0.015;
 /// (run with M40_TEST_DEVICE=0).
 const MOE_MEDIAN_BOUND: f64 = 0.03;
 
+/// Checks the GPU's logits against the CPU's within `bound` (and the same
+/// top-1 where the CPU's margin is clear); returns the error.
 fn compare_logits_within(what: &str, gpu: &[f32], cpu: &[f32], bound: f64) -> f64 {
     let err = relative_error(gpu, cpu);
     assert!(
@@ -1193,14 +1180,24 @@ fn batched_decode_across_sessions_matches_single_cpu_sessions() {
         return;
     }
     let path = synth("llama", "q4_k");
-    let (cpu_model, gpu_model) = (load(&path, -1), load(&path, 0));
+    // Twelve sessions: more rows than one decode launch takes, so that the
+    // step's products run on tensor cores where the GPU has them (sm_80+).
+    let errors = batched_step_errors(&path, 12, "llama q4_k", LOGIT_BOUND);
+    let worst = errors.iter().fold(0f64, |m, &e| m.max(e));
+    println!("batched decode, largest logit error: {:.3}%", worst * 100.0);
+}
+
+/// `n` sessions' prompts (of different lengths) decoded one by one, then one
+/// step of all of them together with `m40_decode_batch` on the GPU, each
+/// session's logits against the same session's on the CPU decoding alone;
+/// the error of each, every one within `bound`.
+fn batched_step_errors(path: &Path, n: usize, what: &str, bound: f64) -> Vec<f64> {
+    let (cpu_model, gpu_model) = (load(path, -1), load(path, 0));
     let params = SessionParams {
         n_ctx: 256,
         n_batch: 32,
     };
-    // Twelve sessions: more rows than one decode launch takes, so that the
-    // step's products run on tensor cores where the GPU has them (sm_80+).
-    let prompts: Vec<Vec<u32>> = (0..12)
+    let prompts: Vec<Vec<u32>> = (0..n)
         .map(|i| tokens(5 + 7 * (i % 4), i as u64 + 1))
         .collect();
     let mut gpu_sessions: Vec<Session> = prompts
@@ -1211,30 +1208,29 @@ fn batched_decode_across_sessions_matches_single_cpu_sessions() {
             s
         })
         .collect();
-    let next: Vec<u32> = (0..12).map(|i| 10 + 10 * i).collect();
+    let next: Vec<u32> = (0..n as u32).map(|i| 10 + 10 * i).collect();
     Session::decode_batch(&mut gpu_sessions.iter_mut().collect::<Vec<_>>(), &next).unwrap();
-    let mut worst = 0f64;
-    for (i, p) in prompts.iter().enumerate() {
-        let mut cpu = Session::new(Arc::clone(&cpu_model), params).unwrap();
-        cpu.decode(p).unwrap();
-        cpu.decode(&next[i..i + 1]).unwrap();
-        worst = worst.max(compare_logits(
-            &format!("session {i}"),
-            gpu_sessions[i].logits().unwrap(),
-            cpu.logits().unwrap(),
-        ));
-    }
-    println!("batched decode, largest logit error: {:.3}%", worst * 100.0);
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut cpu = Session::new(Arc::clone(&cpu_model), params).unwrap();
+            cpu.decode(p).unwrap();
+            cpu.decode(&next[i..i + 1]).unwrap();
+            compare_logits_within(
+                &format!("{what}: session {i} of {n}"),
+                gpu_sessions[i].logits().unwrap(),
+                cpu.logits().unwrap(),
+                bound,
+            )
+        })
+        .collect()
 }
 
-/// A tiny mixture-of-experts model: `qwen3moe`, or Mixtral-style `llama`
-/// with `experts` experts (2 used per row).
+/// A tiny mixture-of-experts model: `qwen3moe` (8 experts), or
+/// Mixtral-style `llama` with `experts` experts (2 used per row).
 fn synth_moe(arch: &str, ty: &str, experts: u32) -> PathBuf {
-    let path = common::scratch_path(&format!("cuda-moe-{arch}-{ty}-{experts}.gguf"));
-    if path.exists() {
-        return path;
-    }
-    let partial = path.with_extension(format!("{:?}.partial", std::thread::current().id()));
+    let name = format!("cuda-moe-{arch}-{ty}-{experts}.gguf");
     let mut args: Vec<String> = ["--arch", arch, "--preset", "tiny", "--type", ty]
         .map(String::from)
         .into();
@@ -1243,7 +1239,20 @@ fn synth_moe(arch: &str, ty: &str, experts: u32) -> PathBuf {
         args.extend(["--experts".to_string(), experts.to_string()]);
         args.extend(["--experts-used".to_string(), "2".to_string()]);
     }
-    common::synth_model(&args, &partial);
+    synth_once(&name, &args)
+}
+
+/// The model tools/synth_gguf.py writes for `args`, written once into the
+/// scratch folder as `name`.
+fn synth_once(name: &str, args: &[String]) -> PathBuf {
+    let path = common::scratch_path(name);
+    if path.exists() {
+        return path;
+    }
+    // Written under a name of its own, then renamed: tests running in
+    // parallel may ask for the same model.
+    let partial = path.with_extension(format!("{:?}.partial", std::thread::current().id()));
+    common::synth_model(args, &partial);
     std::fs::rename(&partial, &path).unwrap();
     path
 }
@@ -1281,36 +1290,8 @@ fn mixtures_of_experts_match_the_cpu_in_prompts_decode_and_batches() {
         for (len, chunk, extra) in [(40, 16, 3), (20, 8, 1), (230, 200, 1)] {
             errors.push(forward_error_within(&path, len, chunk, extra, &what, bound));
         }
-        let (cpu_model, gpu_model) = (load(&path, -1), load(&path, 0));
-        let params = SessionParams {
-            n_ctx: 256,
-            n_batch: 32,
-        };
-        for n in [3usize, 12] {
-            let prompts: Vec<Vec<u32>> = (0..n)
-                .map(|i| tokens(4 + 5 * (i % 3), i as u64 + 7))
-                .collect();
-            let mut gpu_sessions: Vec<Session> = prompts
-                .iter()
-                .map(|p| {
-                    let mut s = Session::new(Arc::clone(&gpu_model), params).unwrap();
-                    s.decode(p).unwrap();
-                    s
-                })
-                .collect();
-            let next: Vec<u32> = (0..n as u32).map(|i| 11 + 13 * i).collect();
-            Session::decode_batch(&mut gpu_sessions.iter_mut().collect::<Vec<_>>(), &next).unwrap();
-            for (i, p) in prompts.iter().enumerate() {
-                let mut cpu = Session::new(Arc::clone(&cpu_model), params).unwrap();
-                cpu.decode(p).unwrap();
-                cpu.decode(&next[i..i + 1]).unwrap();
-                errors.push(compare_logits_within(
-                    &format!("{what}: session {i} of {n}"),
-                    gpu_sessions[i].logits().unwrap(),
-                    cpu.logits().unwrap(),
-                    bound,
-                ));
-            }
+        for n in [3, 12] {
+            errors.extend(batched_step_errors(&path, n, &what, bound));
         }
         errors.sort_by(f64::total_cmp);
         let median = errors[errors.len() / 2];
