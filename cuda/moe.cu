@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
         chosen_sum = fmaxf(chosen_sum, M40_MOE_MIN_WEIGHT_SUM);
         if (lane < n_used) {
             slot_weight[r * n_used + lane] = mine_p / chosen_sum;
-            slot_row[r * n_used + lane] = mine;  // the expert, until step 3
+            slot_row[r * n_used + lane] = mine;  // the expert, until its sorted row replaces it below
             atomicAdd(&count[mine], 1);
         }
     }

@@ -218,7 +218,7 @@ impl CudaBackend {
                     st, &up, x_f16, x_scales, piece_rows, &routing, up_out,
                 )?;
                 check(
-                    m40_glu(glu_id(glu), act, up_out, n_slots * ff, act, stream),
+                    m40_glu(glu_activation(glu), act, up_out, n_slots * ff, act, stream),
                     || "expert activations".to_string(),
                 )?;
                 self.to_f16(st, act, None, n_slots, ff, x_f16, x_scales)?;
@@ -247,10 +247,7 @@ impl CudaBackend {
             if gate.ty == up.ty {
                 let product = ExpertProduct {
                     matrices: &[(gate, act), (up, act)],
-                    epilogue: match glu {
-                        Glu::Swiglu => GemvEpilogue::GluSilu,
-                        Glu::Geglu => GemvEpilogue::GluGelu,
-                    },
+                    epilogue: GemvEpilogue::gated(glu),
                     expert_bytes: gate.n_bytes,
                 };
                 // SAFETY: input holds x_rows × d values, act n_slots × ff.
@@ -283,7 +280,7 @@ impl CudaBackend {
                 }
                 // SAFETY: act and up_out hold n_slots × ff values.
                 check(
-                    unsafe { m40_glu(glu_id(glu), act, up_out, n_slots * ff, act, stream) },
+                    unsafe { m40_glu(glu_activation(glu), act, up_out, n_slots * ff, act, stream) },
                     || "expert activations".to_string(),
                 )?;
             }
@@ -508,25 +505,7 @@ impl CudaBackend {
                 unused: 0,
             },
         };
-        // SAFETY: as the caller promises; the struct is read before the
-        // call returns.
-        check(
-            unsafe {
-                m40_gemv(
-                    like.ty.id() as c_int,
-                    &launch,
-                    self.gemv_rows_per_warp,
-                    st.stream.raw(),
-                )
-            },
-            || format!("{} experts × vectors", like.ty.name()),
-        )
-    }
-}
-
-fn glu_id(glu: Glu) -> c_int {
-    match glu {
-        Glu::Swiglu => GLU_SILU,
-        Glu::Geglu => GLU_GELU_TANH,
+        // SAFETY: as the caller promises.
+        unsafe { self.launch_gemv(st, like.ty, &launch, "experts × vectors") }
     }
 }

@@ -5,6 +5,7 @@
 use std::ffi::c_int;
 
 use super::runtime::Stream;
+use crate::backend::Glu;
 
 /// One batch row for the KV-cache kernels (`M40Row` in cuda/ops.cuh).
 #[repr(C)]
@@ -231,6 +232,24 @@ pub const ATTENTION_MAX_HEAD_DIM: usize = 256;
 /// The activation of `m40_glu`.
 pub const GLU_SILU: c_int = 0;
 pub const GLU_GELU_TANH: c_int = 1;
+
+/// `m40_glu`'s activation for `glu`.
+pub fn glu_activation(glu: Glu) -> c_int {
+    match glu {
+        Glu::Swiglu => GLU_SILU,
+        Glu::Geglu => GLU_GELU_TANH,
+    }
+}
+
+impl GemvEpilogue {
+    /// The gated-activation epilogue for `glu`.
+    pub fn gated(glu: Glu) -> GemvEpilogue {
+        match glu {
+            Glu::Swiglu => GemvEpilogue::GluSilu,
+            Glu::Geglu => GemvEpilogue::GluGelu,
+        }
+    }
+}
 
 extern "C" {
     pub fn m40_gemv(

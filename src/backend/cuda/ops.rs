@@ -283,10 +283,7 @@ impl Backend for CudaBackend {
         out: &mut DeviceBuffer,
     ) -> Result<()> {
         let state = self.lock();
-        let act = match glu {
-            Glu::Swiglu => GLU_SILU,
-            Glu::Geglu => GLU_GELU_TANH,
-        };
+        let act = glu_activation(glu);
         // SAFETY: all three hold len values.
         unsafe {
             check(
@@ -594,10 +591,7 @@ impl Backend for CudaBackend {
         assert!(out.len() >= rows * gate.rows && gate.cols == width);
         assert!(x.len() >= rows * width);
         let state = self.lock();
-        let epilogue = match ffn.glu {
-            Glu::Swiglu => GemvEpilogue::GluSilu,
-            Glu::Geglu => GemvEpilogue::GluGelu,
-        };
+        let epilogue = GemvEpilogue::gated(ffn.glu);
         let matrices = [
             self.gemv_matrix(gate, None, out.as_mut_ptr())?,
             self.gemv_matrix(up, None, out.as_mut_ptr())?,

@@ -436,21 +436,37 @@ impl CudaBackend {
                 },
                 experts: ExpertView::NONE,
             };
-            // SAFETY: the launch names live device memory (see above); the
-            // struct is read before the call returns.
-            check(
-                unsafe {
-                    m40_gemv(
-                        like.ty.id() as c_int,
-                        &launch,
-                        self.gemv_rows_per_warp,
-                        st.stream.raw(),
-                    )
-                },
-                || format!("{} matrix × vector", like.ty.name()),
-            )?;
+            // SAFETY: the launch names live device memory (see above).
+            unsafe { self.launch_gemv(st, like.ty, &launch, "matrix × vector")? };
         }
         Ok(())
+    }
+
+    /// One `m40_gemv` launch of matrices of type `ty`; `what` names the
+    /// product in an error.
+    ///
+    /// # Safety
+    /// The launch names live device memory of the sizes it states.
+    pub(super) unsafe fn launch_gemv(
+        &self,
+        st: &State,
+        ty: GgmlType,
+        launch: &GemvLaunch,
+        what: &str,
+    ) -> Result<()> {
+        // SAFETY: as the caller promises; the struct is read before the
+        // call returns.
+        check(
+            unsafe {
+                m40_gemv(
+                    ty.id() as c_int,
+                    launch,
+                    self.gemv_rows_per_warp,
+                    st.stream.raw(),
+                )
+            },
+            || format!("{} {what}", ty.name()),
+        )
     }
 
     /// norm(x) times each product on the decode route (`routes`, one per
