@@ -14,6 +14,13 @@
 // Within an expert, the order of its rows follows atomic increments, so it
 // may change from run to run; no result depends on it, as every product
 // kernel computes each of its rows on its own.
+//
+// One session's routing launch also quantizes its row for the gate and up
+// products' integer path (blocks past the first; the routing takes block
+// 0): the two depend only on the router's launch, and as one launch they
+// spend one launch boundary, not two, of a decode step's ~7 per expert block.
+#include "ops.cuh"
+#include "q8.cuh"
 
 #define M40_MOE_THREADS 256
 // Most experts a model may have, and most experts a row may use.
@@ -25,8 +32,7 @@
 #define M40_MOE_MIN_WEIGHT_SUM (1.0f / 16384.0f)
 
 #define M40_MOE_WARPS (M40_MOE_THREADS / 32)
-// Experts per lane of a row's warp.
-#define M40_MOE_PER_LANE (M40_MOE_MAX_EXPERTS / 32)
+static_assert(M40_MOE_THREADS == M40_NORM_THREADS, "the routing launch's blocks also quantize rows (q8.cuh)");
 
 // One block does it all: a step has at most a few thousand (row, slot)
 // pairs, and the pieces need every expert's count. Latency, not work, is
@@ -40,10 +46,31 @@
 //      sorted row and the pieces of at most piece_rows rows, from
 //      exclusive scans of the counts;
 //   3. per (row, slot): its sorted row, and the sorted row's source row.
+// Rows the routing launch quantizes (n_x rows of x, normalized with `norm`
+// where given, into q8), or q8 null.
+struct M40MoeQuantize {
+    const float *x;
+    const float *norm;
+    float eps;
+    int cols, n_x;
+    int8_t *q8;
+};
+
+// PER_LANE: experts per lane of a row's warp, the fewest that hold the
+// model's (a row's selection is a chain of n_used warp-wide rounds over
+// them, and in a one-session step that chain is the kernel's time).
+template <int PER_LANE>
 __global__ void __launch_bounds__(M40_MOE_THREADS)
     moe_route_kernel(const float *__restrict__ logits, int n_rows, int n_expert, int n_used, int piece_rows,
                      float *__restrict__ slot_weight, int *__restrict__ slot_row, int *__restrict__ sorted_source,
-                     M40ExpertWork *__restrict__ work, int n_work) {
+                     M40ExpertWork *__restrict__ work, int n_work, M40MoeQuantize quantize) {
+    m40_wait_for_prior_kernels();
+    if (blockIdx.x > 0) {
+        const int parts = (quantize.cols + M40_NORM_THREADS - 1) / M40_NORM_THREADS, b = blockIdx.x - 1;
+        m40_quantize_q8_part(quantize.x, quantize.norm, quantize.eps, quantize.cols, quantize.n_x, quantize.q8,
+                             b / parts, b % parts);
+        return;
+    }
     __shared__ int count[M40_MOE_MAX_EXPERTS], next[M40_MOE_MAX_EXPERTS];
     __shared__ int n_pieces;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -52,10 +79,10 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
 
     for (int r = warp; r < n_rows; r += M40_MOE_WARPS) {
         const float *l = logits + size_t(r) * n_expert;
-        float p[M40_MOE_PER_LANE];
+        float p[PER_LANE];
         float max = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < M40_MOE_PER_LANE; j++) {
+        for (int j = 0; j < PER_LANE; j++) {
             const int e = lane + 32 * j;
             p[j] = e < n_expert ? l[e] : -INFINITY;
             max = fmaxf(max, p[j]);
@@ -63,7 +90,7 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
         max = m40_warp_max(max);
         double sum = 0.0;
 #pragma unroll
-        for (int j = 0; j < M40_MOE_PER_LANE; j++) {
+        for (int j = 0; j < PER_LANE; j++) {
             p[j] = lane + 32 * j < n_expert ? expf(p[j] - max) : -1.0f;
             if (lane + 32 * j < n_expert) sum += double(p[j]);
         }
@@ -71,7 +98,7 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
         for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
         const float inv = float(1.0 / sum);
 #pragma unroll
-        for (int j = 0; j < M40_MOE_PER_LANE; j++)
+        for (int j = 0; j < PER_LANE; j++)
             if (lane + 32 * j < n_expert) p[j] *= inv;
         // Lane s keeps the s-th choice.
         int mine = 0;
@@ -82,7 +109,7 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
             float best_p = -1.0f;
             int best = n_expert;
 #pragma unroll
-            for (int j = 0; j < M40_MOE_PER_LANE; j++)
+            for (int j = 0; j < PER_LANE; j++)
                 if (p[j] > best_p) {
                     best_p = p[j];
                     best = lane + 32 * j;
@@ -100,7 +127,7 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
                 // NaN logits rank no expert: take the lowest not taken.
                 int free = n_expert;
 #pragma unroll
-                for (int j = 0; j < M40_MOE_PER_LANE; j++)
+                for (int j = 0; j < PER_LANE; j++)
                     if (p[j] != -1.0f && lane + 32 * j < n_expert) free = min(free, lane + 32 * j);
 #pragma unroll
                 for (int offset = 16; offset > 0; offset >>= 1)
@@ -109,7 +136,7 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
                 best_p = 0.0f;
             }
 #pragma unroll
-            for (int j = 0; j < M40_MOE_PER_LANE; j++)
+            for (int j = 0; j < PER_LANE; j++)
                 if (lane + 32 * j == best) p[j] = -1.0f;
             if (lane == s) {
                 mine = best;
@@ -169,15 +196,31 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
 // experts each: slot_weight and slot_row (n_rows × n_used) get each
 // (row, slot)'s weight and sorted row, sorted_source (n_rows × n_used) the
 // source row of each sorted row, and work its n_work pieces. n_work must
-// be at least m40_moe_pieces(n_rows, n_expert, n_used, piece_rows).
-M40_EXPORT cudaError_t m40_moe_route(const float *logits, int n_rows, int n_expert, int n_used, int piece_rows,
-                                     float *slot_weight, int *slot_row, int *sorted_source, M40ExpertWork *work,
-                                     int n_work, cudaStream_t stream) {
+// be at least m40_moe_pieces(n_rows, n_expert, n_used, piece_rows). Where
+// x_q8 is not null the launch also quantizes x's x_rows rows of `cols`
+// (normalized with `norm` and eps where norm is given) into x_q8, as the
+// integer products read them (q8.cuh). overlap: see m40_launch.
+M40_EXPORT cudaError_t m40_moe_route(int overlap, const float *logits, int n_rows, int n_expert, int n_used,
+                                     int piece_rows, float *slot_weight, int *slot_row, int *sorted_source,
+                                     M40ExpertWork *work, int n_work, const float *x, const float *norm, float eps,
+                                     int cols, int x_rows, int8_t *x_q8, cudaStream_t stream) {
     if (n_rows < 1 || n_expert < 1 || n_expert > M40_MOE_MAX_EXPERTS || n_used < 1 || n_used > n_expert ||
         n_used > M40_MOE_MAX_USED || piece_rows < 1 || n_work < 1)
         return cudaErrorInvalidValue;
-    moe_route_kernel<<<1, M40_MOE_THREADS, 0, stream>>>(logits, n_rows, n_expert, n_used, piece_rows, slot_weight,
-                                                         slot_row, sorted_source, work, n_work);
+    if (x_q8 && (!x || cols < 32 || cols % 32 != 0 || x_rows < 1 || x_rows > 65535))
+        return cudaErrorInvalidValue;
+    const M40MoeQuantize quantize = {x, norm, eps, cols, x_rows, x_q8};
+    const unsigned quantize_blocks = x_q8 ? unsigned(x_rows) * m40_blocks(size_t(cols), M40_NORM_THREADS) : 0;
+    const auto launch = [&](auto kernel) {
+        m40_launch(overlap, kernel, dim3(1 + quantize_blocks), M40_MOE_THREADS, stream, logits, n_rows, n_expert,
+                   n_used, piece_rows, slot_weight, slot_row, sorted_source, work, n_work, quantize);
+    };
+    if (n_expert <= 32) launch(moe_route_kernel<1>);
+    else if (n_expert <= 64) launch(moe_route_kernel<2>);
+    else if (n_expert <= 128) launch(moe_route_kernel<4>);
+    else if (n_expert <= 256) launch(moe_route_kernel<8>);
+    else if (n_expert <= 512) launch(moe_route_kernel<16>);
+    else launch(moe_route_kernel<32>);
     return m40_launch_status();
 }
 

@@ -25,20 +25,18 @@ __device__ __forceinline__ M40Q8Row m40_q8_row(const int8_t *q8, int cols, int n
 // Eight codes from an 8-byte-aligned position of a row.
 __device__ __forceinline__ int2 m40_q8_words2(const int8_t *q) { return __ldg(reinterpret_cast<const int2 *>(q)); }
 
-// Activation row blockIdx.y of x (RMS-normalized with `norm` first, when
-// given) into q8, a warp per block of 32: M40_NORM_THREADS values per CUDA
-// block, so that a row is spread over the GPU rather than walked by one
-// block (each block computes the row's rms itself; the row is read from L2).
-// The rounding is the CPU's: d = amax / 127, codes to nearest, ties to even.
-__global__ void __launch_bounds__(M40_NORM_THREADS)
-    quantize_q8_kernel(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols, int n_x,
-                       int8_t *q8) {
-    m40_wait_for_prior_kernels();
-    m40_allow_next_kernel();
-    const int t = blockIdx.y, lane = threadIdx.x % 32;
+// Values part · M40_NORM_THREADS.. of activation row t of x (RMS-normalized
+// with `norm` first, when given) into q8, a warp per block of 32: a CUDA
+// block takes M40_NORM_THREADS values, so that a row is spread over the GPU
+// rather than walked by one block (each block computes the row's rms
+// itself; the row is read from L2). The rounding is the CPU's: d = amax /
+// 127, codes to nearest, ties to even. Every thread of the block calls it.
+__device__ void m40_quantize_q8_part(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
+                                     int n_x, int8_t *q8, int t, int part) {
+    const int lane = threadIdx.x % 32;
     const float *row = x + size_t(t) * cols;
     const float scale = norm ? m40_inverse_rms(row, cols, eps) : 1.0f;
-    const int i = blockIdx.x * M40_NORM_THREADS + threadIdx.x;
+    const int i = part * M40_NORM_THREADS + threadIdx.x;
     if (i >= cols) return;  // whole warps: cols is a multiple of 32
     const float v = norm ? row[i] * scale * norm[i] : row[i];
     const float d = m40_warp_max(fabsf(v)) / 127.0f;
@@ -51,6 +49,14 @@ __global__ void __launch_bounds__(M40_NORM_THREADS)
     if (lane == 0) m40_q8_scales(q8, cols, n_x, t)[i / 32] = make_float2(d, d * float(sum));
 }
 
+// Activation row blockIdx.y, values blockIdx.x · M40_NORM_THREADS.., into q8.
+__global__ void __launch_bounds__(M40_NORM_THREADS)
+    quantize_q8_kernel(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols, int n_x,
+                       int8_t *q8) {
+    m40_wait_for_prior_kernels();
+    m40_allow_next_kernel();
+    m40_quantize_q8_part(x, norm, eps, cols, n_x, q8, blockIdx.y, blockIdx.x);
+}
 
 // Quantizes n_x rows of x (normalized first where `norm` is given) into q8.
 static void m40_quantize_q8(bool overlap, const float *x, const float *norm, float eps, int cols, int n_x,

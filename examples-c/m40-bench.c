@@ -3,7 +3,7 @@
  * reported like llama.cpp's llama-bench so the two read side by side.
  *
  *   m40-bench -m MODEL [-d DEVICE] [-t THREADS] [-p 512] [-n 128] [-r 5]
- *             [-b 1,8,32] [--json]
+ *             [-b 1,8,32] [--n-batch N] [--json]
  *
  *   pp N   tokens/s processing an N-token prompt in one m40_decode
  *   tg N   tokens/s generating N tokens, one m40_decode each
@@ -15,7 +15,10 @@
  * library's device-to-device copy that m40_model_describe reports; on the
  * CPU, a multi-threaded copy here), and each generation row shows the
  * fraction of that roofline it reached:
- * (weight bytes read per step) × steps/s ÷ bandwidth.
+ * (weight bytes read per step) × steps/s ÷ bandwidth. On a GPU the header
+ * also shows the most device memory the runs held at once (weights, KV
+ * caches, scratch): `-p 16384 -n 0 -r 1 --n-batch 512` says whether a
+ * 16k-token session with the default prompt chunk fits a card.
  */
 #define _GNU_SOURCE
 #include "m40llm.h"
@@ -162,10 +165,11 @@ static void stats(const double *v, int n, double *mean, double *sd) {
 
 /* ---- the tests ---- */
 
-static double run_pp(m40_model *model, int n_vocab, int n_prompt) {
+/* n_batch: the session's prompt chunk (0: the whole prompt in one pass). */
+static double run_pp(m40_model *model, int n_vocab, int n_prompt, int n_batch) {
     m40_session_params sp = m40_session_default_params();
     sp.n_ctx = (uint32_t)n_prompt;
-    sp.n_batch = (uint32_t)n_prompt;
+    sp.n_batch = (uint32_t)(n_batch > 0 ? n_batch : n_prompt);
     m40_session *s = NULL;
     if (m40_session_new(model, &sp, &s) != M40_OK) die("session");
     m40_token *tokens = malloc(sizeof(m40_token) * (size_t)n_prompt);
@@ -205,8 +209,11 @@ static double run_tg(m40_model *model, int n_vocab, int n_gen, int batch) {
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: m40-bench -m MODEL [-d DEVICE] [-t THREADS] [-p 512] [-n 128] [-r 5] [-b 1,8,32] [--json]\n"
+            "usage: m40-bench -m MODEL [-d DEVICE] [-t THREADS] [-p 512] [-n 128] [-r 5] [-b 1,8,32]\n"
+            "                 [--n-batch N] [--json]\n"
             "  -p N      prompt tokens for the pp test (0: skip)\n"
+            "  --n-batch N  the pp test's prompt chunk, as a session's n_batch (default: the\n"
+            "            whole prompt in one pass)\n"
             "  -n N      generated tokens for the tg tests (0: skip)\n"
             "  -r N      repetitions after one warm-up\n"
             "  -b LIST   sessions stepped together with m40_decode_batch, e.g. 1,8,32\n"
@@ -218,7 +225,7 @@ static void usage(void) {
 int main(int argc, char **argv) {
     const char *path = NULL;
     m40_model_params mp = m40_model_default_params();
-    int n_prompt = 512, n_gen = 128, reps = 5, json = 0;
+    int n_prompt = 512, n_gen = 128, reps = 5, json = 0, n_batch = 0;
     int batches[16] = {1}, n_batches = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -230,6 +237,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "-p") == 0) n_prompt = atoi(v);
         else if (strcmp(a, "-n") == 0) n_gen = atoi(v);
         else if (strcmp(a, "-r") == 0) reps = atoi(v);
+        else if (strcmp(a, "--n-batch") == 0) n_batch = atoi(v);
         else if (strcmp(a, "-b") == 0) {
             n_batches = 0;
             for (char *tok = strtok((char *)v, ","); tok && n_batches < 16; tok = strtok(NULL, ","))
@@ -237,7 +245,7 @@ int main(int argc, char **argv) {
         } else usage();
         i++;
     }
-    if (!path || reps < 1 || n_prompt < 0 || n_gen < 0) usage();
+    if (!path || reps < 1 || n_prompt < 0 || n_gen < 0 || n_batch < 0) usage();
     for (int b = 0; b < n_batches; b++)
         if (batches[b] < 1) usage();
 
@@ -267,8 +275,8 @@ int main(int argc, char **argv) {
     int n_results = 0;
     double *samples = malloc(sizeof(double) * (size_t)reps);
     if (n_prompt > 0) {
-        run_pp(model, n_vocab, n_prompt); /* warm-up */
-        for (int r = 0; r < reps; r++) samples[r] = run_pp(model, n_vocab, n_prompt);
+        run_pp(model, n_vocab, n_prompt, n_batch); /* warm-up */
+        for (int r = 0; r < reps; r++) samples[r] = run_pp(model, n_vocab, n_prompt, n_batch);
         struct result *res = &results[n_results++];
         snprintf(res->test, sizeof res->test, "pp%d", n_prompt);
         res->n_prompt = n_prompt, res->n_gen = 0, res->batch = 1, res->roofline = -1;
@@ -289,6 +297,20 @@ int main(int argc, char **argv) {
     struct rusage usage_now;
     getrusage(RUSAGE_SELF, &usage_now);
     long long peak_rss = (long long)usage_now.ru_maxrss * 1024;
+    /* On a GPU, the device memory the runs needed at most (weights, KV
+       caches and scratch together), read after them: the figure that says
+       whether a model and a context fit a card. */
+    long long device_peak = -1, device_total = -1;
+    for (size_t cap = len + 256;; cap *= 2) {
+        char *after = malloc(cap);
+        enum m40_status status = m40_model_describe(model, after, cap, NULL);
+        if (status == M40_OK) {
+            device_peak = json_int(after, "peak");
+            device_total = json_int(after, "total");
+        }
+        free(after);
+        if (status != M40_ERR_BUFFER_TOO_SMALL) break;
+    }
 
     if (json) {
         printf("[\n");
@@ -300,16 +322,20 @@ int main(int argc, char **argv) {
                    "\"backend\": \"%s\", \"device\": \"%s\", \"threads\": %lld, \"test\": \"%s\", "
                    "\"n_prompt\": %d, \"n_gen\": %d, \"batch\": %d, \"repetitions\": %d, "
                    "\"avg_ts\": %.3f, \"stddev_ts\": %.3f, \"weight_bytes_per_token\": %lld, "
-                   "\"bandwidth_gbps\": %.2f, \"roofline\": %s, \"peak_rss_bytes\": %lld}%s\n",
+                   "\"bandwidth_gbps\": %.2f, \"roofline\": %s, \"peak_rss_bytes\": %lld, "
+                   "\"device_memory_peak_bytes\": %lld}%s\n",
                    name, arch, file_size, params, backend, device, threads, r->test, r->n_prompt, r->n_gen,
-                   r->batch, reps, r->mean, r->stddev, per_token, bandwidth, roof, peak_rss,
+                   r->batch, reps, r->mean, r->stddev, per_token, bandwidth, roof, peak_rss, device_peak,
                    i + 1 < n_results ? "," : "");
         }
         printf("]\n");
     } else {
         printf("device: %s; memory bandwidth (%s): %.1f GB/s; weights read per generated token: "
-               "%.1f MiB; peak RSS: %.1f MiB\n\n",
+               "%.1f MiB; peak RSS: %.1f MiB\n",
                device, bandwidth_kind, bandwidth, per_token / 1048576.0, peak_rss / 1048576.0);
+        if (device_peak >= 0)
+            printf("device memory: peak %.1f MiB of %.1f MiB\n", device_peak / 1048576.0, device_total / 1048576.0);
+        printf("\n");
         printf("| model | size | params | backend | threads | test | t/s | roofline |\n");
         printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
         for (int i = 0; i < n_results; i++) {

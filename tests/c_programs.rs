@@ -20,7 +20,21 @@ fn m40_bench_reports_prompt_generation_and_batched_rows_as_json() {
         .arg("-m")
         .arg(&model)
         .args([
-            "-d", "-1", "-t", "2", "-p", "32", "-n", "8", "-r", "2", "-b", "1,4", "--json",
+            "-d",
+            "-1",
+            "-t",
+            "2",
+            "-p",
+            "32",
+            "-n",
+            "8",
+            "-r",
+            "2",
+            "-b",
+            "1,4",
+            "--n-batch",
+            "8",
+            "--json",
         ])
         .output()
         .unwrap();
@@ -60,6 +74,8 @@ fn m40_bench_reports_prompt_generation_and_batched_rows_as_json() {
             assert_eq!(roofline, "null");
         }
         assert!(field(row, "peak_rss_bytes").parse::<u64>().unwrap() > 0);
+        // Device memory is a GPU's figure: -1 on the CPU.
+        assert_eq!(field(row, "device_memory_peak_bytes"), "-1");
     }
     // The default output is a markdown table with the same rows.
     let table = Command::new(&bench)

@@ -2,10 +2,11 @@
 //! on the device (cuda/moe.cu): the router's logits (a product like any
 //! other), `m40_moe_route` (each row's experts and weights, the rows sorted
 //! by expert into work pieces), each expert product as one launch over the
-//! pieces (`ExpertView`: the decode kernel for one session, the tensor
-//! cores for batches and prompts where the GPU and the formats have them,
-//! else the decode kernel in pieces of 8 rows), and the weighted sum of each row's
-//! expert outputs into the residual. No value comes back to the host, so a
+//! pieces (`ExpertView`; `ExpertRoute` says which kernel: the one-row
+//! decode kernel for one session and small batches, the tensor cores for
+//! larger batches and prompts where the GPU and the formats have them, else
+//! the decode kernel in pieces of 8 rows), and the weighted sum of each
+//! row's expert outputs into the residual. No value comes back to the host, so a
 //! decode step with experts is recorded and replayed like any other.
 
 use std::ffi::c_int;
@@ -125,7 +126,7 @@ impl CudaBackend {
         let route = self.routes.expert_route(gate.ty, down.ty, rows);
         let piece_rows = match route {
             ExpertRoute::TensorCores { piece_rows } => piece_rows,
-            ExpertRoute::Decode { .. } => GEMV_MAX_X,
+            ExpertRoute::Decode { piece_rows, .. } => piece_rows,
         };
         let n_rows = dim(rows, "a row count")?;
         let (e, used, piece) = (
@@ -143,7 +144,7 @@ impl CudaBackend {
         let widest = d.max(ff);
         let tensor_cores = matches!(route, ExpertRoute::TensorCores { .. });
         let integer = match route {
-            ExpertRoute::Decode { integer } => integer,
+            ExpertRoute::Decode { integer, .. } => integer,
             ExpertRoute::TensorCores { .. } => [false; 2],
         };
         // Every piece of scratch the block needs, in one allocation that
@@ -179,15 +180,27 @@ impl CudaBackend {
             arena.take::<f32>(n_slots * d),
             arena.take::<f32>(n_slots * ff),
         );
+        let q8 = if integer.contains(&true) {
+            arena.take::<i8>(q8_bytes(widest, n_slots))
+        } else {
+            std::ptr::null_mut()
+        };
+        // One session's row, normalized and quantized by the routing launch
+        // for the gate and up products (one launch, gate and up together).
+        let quantized_by_route = rows == 1 && integer[0] && gate.ty == up.ty;
+        let norm_weights = self.weights.vector(norm.weight)?;
 
         let state = self.lock();
         let st = &*state;
         let stream = st.stream.raw();
         // SAFETY: logits holds rows × n_expert values; the routing's arrays
-        // were sized above (n_work pieces, as m40_moe_pieces requires).
+        // were sized above (n_work pieces, as m40_moe_pieces requires); x
+        // holds one row of d values and q8 q8_bytes(d, 1) bytes or more
+        // where the launch quantizes.
         check(
             unsafe {
                 m40_moe_route(
+                    c_int::from(self.overlap_launches),
                     logits.as_ptr(),
                     n_rows,
                     e,
@@ -198,6 +211,16 @@ impl CudaBackend {
                     routing.sorted_source,
                     routing.work,
                     n_work,
+                    x.as_ptr(),
+                    norm_weights,
+                    norm.eps,
+                    dim(d, "a row width")?,
+                    1,
+                    if quantized_by_route {
+                        q8
+                    } else {
+                        std::ptr::null_mut()
+                    },
                     stream,
                 )
             },
@@ -227,16 +250,10 @@ impl CudaBackend {
                 )?;
             }
         } else {
-            let q8 = if integer.contains(&true) {
-                arena.take::<i8>(q8_bytes(widest, n_slots))
-            } else {
-                std::ptr::null_mut()
-            };
             // One session's pieces all read its one row, which they
             // normalize themselves; a batch's normalized rows are gathered
             // into expert order first.
             let (input, x_rows, x_shared, fused_norm) = if rows == 1 {
-                let norm_weights = self.weights.vector(norm.weight)?;
                 (x.as_ptr(), 1, true, Some((norm_weights, norm.eps)))
             } else {
                 // SAFETY: h holds rows × d values, sorted n_slots × d.
@@ -253,7 +270,15 @@ impl CudaBackend {
                 // SAFETY: input holds x_rows × d values, act n_slots × ff.
                 unsafe {
                     self.experts_on_decode_kernel(
-                        st, &product, input, rows, x_rows, x_shared, fused_norm, q8_gate_up,
+                        st,
+                        &product,
+                        input,
+                        piece_rows,
+                        x_rows,
+                        x_shared,
+                        fused_norm,
+                        q8_gate_up,
+                        quantized_by_route,
                         &routing,
                     )?
                 };
@@ -274,7 +299,8 @@ impl CudaBackend {
                     // SAFETY: as above, out n_slots × ff.
                     unsafe {
                         self.experts_on_decode_kernel(
-                            st, &product, input, rows, x_rows, x_shared, fused_norm, q8, &routing,
+                            st, &product, input, piece_rows, x_rows, x_shared, fused_norm, q8,
+                            false, &routing,
                         )?
                     };
                 }
@@ -293,7 +319,7 @@ impl CudaBackend {
             // SAFETY: act holds n_slots × ff values, sorted n_slots × d.
             unsafe {
                 self.experts_on_decode_kernel(
-                    st, &product, act, rows, n_slots, false, None, q8_down, &routing,
+                    st, &product, act, piece_rows, n_slots, false, None, q8_down, false, &routing,
                 )?
             };
         }
@@ -457,9 +483,10 @@ impl CudaBackend {
 
     /// One expert product on the decode kernel: x's rows (each piece's own,
     /// or row 0 for all where `x_shared`) times each piece's expert's
-    /// matrices, through `product.epilogue`. `rows`: the step's rows (one
-    /// session's pieces take the one-row kernel). `q8`: the 8-bit scratch
-    /// where the format takes the integer path, else null.
+    /// matrices, through `product.epilogue`. `piece_rows`: the routing's
+    /// most rows a piece (pieces of one row take the one-row kernel). `q8`:
+    /// the 8-bit scratch where the format takes the integer path, else
+    /// null; `quantized`: it already holds x (the routing launch's work).
     ///
     /// # Safety
     /// x holds x_rows rows of the matrices' width; each output holds the
@@ -470,11 +497,12 @@ impl CudaBackend {
         st: &State,
         product: &ExpertProduct,
         x: *const f32,
-        rows: usize,
+        piece_rows: usize,
         x_rows: usize,
         x_shared: bool,
         norm: Option<(*const f32, f32)>,
         q8: *mut i8,
+        quantized: bool,
         routing: &Routing,
     ) -> Result<()> {
         let (like, _) = product.matrices[0];
@@ -487,13 +515,17 @@ impl CudaBackend {
             n_matrices: product.matrices.len() as c_int,
             cols: dim(like.cols, "a matrix width")?,
             x,
-            n_x: if rows == 1 { 1 } else { GEMV_MAX_X as c_int },
+            n_x: if piece_rows == 1 {
+                1
+            } else {
+                GEMV_MAX_X as c_int
+            },
             epilogue: product.epilogue,
             norm: norm.map_or(std::ptr::null(), |n| n.0),
             eps: norm.map_or(0.0, |n| n.1),
             sm_count: self.info.multiprocessors as c_int,
             x_q8: q8,
-            x_quantized: 0,
+            x_quantized: c_int::from(quantized),
             overlap: c_int::from(self.overlap_launches),
             attention: AttentionInputs::NONE,
             experts: ExpertView {

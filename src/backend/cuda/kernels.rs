@@ -301,8 +301,12 @@ extern "C" {
     /// `n_used` experts each: `slot_weight`, `slot_row` (`n_rows × n_used`:
     /// each (row, slot)'s weight and sorted row), `sorted_source` (the
     /// source row of each sorted row) and `n_work` work pieces of at most
-    /// `piece_rows` rows (at least `m40_moe_pieces` of them).
+    /// `piece_rows` rows (at least `m40_moe_pieces` of them). Where `x_q8`
+    /// is not null the launch also quantizes `x_rows` rows of `x` (`cols`
+    /// wide, normalized first where `norm` is not null) into it for the
+    /// integer path, as `m40_gemv` would.
     pub fn m40_moe_route(
+        overlap: c_int,
         logits: *const f32,
         n_rows: c_int,
         n_expert: c_int,
@@ -313,6 +317,12 @@ extern "C" {
         sorted_source: *mut c_int,
         work: *mut ExpertWork,
         n_work: c_int,
+        x: *const f32,
+        norm: *const f32,
+        eps: f32,
+        cols: c_int,
+        x_rows: c_int,
+        x_q8: *mut i8,
         stream: Stream,
     ) -> c_int;
     /// The most work pieces a routing of this shape makes (host arithmetic).

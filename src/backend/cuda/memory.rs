@@ -47,15 +47,21 @@ pub struct DeviceAllocator {
 
 /// Blocks are rounded up to a class so that nearby sizes share blocks: a
 /// multiple of 512 bytes below 1 MiB, else a multiple of an eighth of the
-/// size's power of two (at most 12.5% unused).
+/// largest power of two not above the size (at most 12.5% unused).
 fn size_class(bytes: usize) -> usize {
     const SMALL: usize = 1 << 20;
     let bytes = bytes.max(1);
     if bytes < SMALL {
-        return bytes.div_ceil(512) * 512;
+        return exact_class(bytes);
     }
-    let step = bytes.next_power_of_two() / 8;
+    let step = (1usize << (usize::BITS - 1 - bytes.leading_zeros())) / 8;
     bytes.div_ceil(step) * step
+}
+
+/// The class of a block no other size is to share: the size in whole
+/// 512-byte units.
+fn exact_class(bytes: usize) -> usize {
+    bytes.max(1).div_ceil(512) * 512
 }
 
 impl DeviceAllocator {
@@ -81,10 +87,26 @@ impl DeviceAllocator {
 
     /// `len` values of T, uninitialized.
     pub fn alloc<T: Copy>(self: &Arc<Self>, len: usize) -> Result<DevicePtr<T>> {
+        self.alloc_in(len, size_class)
+    }
+
+    /// `len` values of T, uninitialized, in a block of their own size: for
+    /// memory held as long as the model (its weights), where a size
+    /// class's rounding would only waste device memory (up to an eighth:
+    /// 2 GiB of a 16 GiB model).
+    pub fn alloc_exact<T: Copy>(self: &Arc<Self>, len: usize) -> Result<DevicePtr<T>> {
+        self.alloc_in(len, exact_class)
+    }
+
+    fn alloc_in<T: Copy>(
+        self: &Arc<Self>,
+        len: usize,
+        class_of: fn(usize) -> usize,
+    ) -> Result<DevicePtr<T>> {
         let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
             crate::error::Error::out_of_memory(format!("{len} values do not fit in memory"))
         })?;
-        let class = size_class(bytes);
+        let class = class_of(bytes);
         let cached = {
             let mut pool = self.pool();
             let hit = pool.free.get_mut(&class).and_then(Vec::pop);
@@ -312,6 +334,8 @@ mod tests {
             1 << 20,
             3 << 20,
             1_000_000_007,
+            (1 << 30) + 1,
+            (16 << 30) + (40 << 20),
         ] {
             let class = size_class(bytes);
             assert!(class >= bytes);
@@ -319,5 +343,11 @@ mod tests {
         }
         // Nearby sizes share a class, which is what makes the cache hit.
         assert_eq!(size_class(5 << 20), size_class((5 << 20) - 1000));
+    }
+
+    #[test]
+    fn exact_classes_round_only_to_512_bytes() {
+        assert_eq!(exact_class(0), 512);
+        assert_eq!(exact_class((16 << 30) + 1), (16 << 30) + 512);
     }
 }

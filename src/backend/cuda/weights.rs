@@ -61,7 +61,7 @@ impl DeviceWeights {
         allocator: &Arc<DeviceAllocator>,
         stream: &OwnedStream,
     ) -> Result<DeviceWeights> {
-        let mut weights = allocator.alloc::<u8>(data.len() + WEIGHT_TAIL)?;
+        let mut weights = allocator.alloc_exact::<u8>(data.len() + WEIGHT_TAIL)?;
         upload(data, &mut weights)?;
         let mut vectors = HashMap::new();
         for t in file.tensors() {
