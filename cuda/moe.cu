@@ -18,7 +18,7 @@
 // One session's routing launch also quantizes its row for the gate and up
 // products' integer path (blocks past the first; the routing takes block
 // 0): the two depend only on the router's launch, and as one launch they
-// spend one launch boundary, not two, of a decode step's ~7 per expert block.
+// cost one launch boundary rather than two.
 #include "ops.cuh"
 #include "q8.cuh"
 
@@ -34,7 +34,17 @@
 #define M40_MOE_WARPS (M40_MOE_THREADS / 32)
 static_assert(M40_MOE_THREADS == M40_NORM_THREADS, "the routing launch's blocks also quantize rows (q8.cuh)");
 
-// One block does it all: a step has at most a few thousand (row, slot)
+// Rows the routing launch quantizes (n_x rows of x, normalized with `norm`
+// where given, into q8), or q8 null.
+struct M40MoeQuantize {
+    const float *x;
+    const float *norm;
+    float eps;
+    int cols, n_x;
+    int8_t *q8;
+};
+
+// One block does the routing: a step has at most a few thousand (row, slot)
 // pairs, and the pieces need every expert's count. Latency, not work, is
 // what a decode step's routing costs, so every value stays in registers
 // where it can and the loops have no serial chains through memory.
@@ -46,16 +56,8 @@ static_assert(M40_MOE_THREADS == M40_NORM_THREADS, "the routing launch's blocks 
 //      sorted row and the pieces of at most piece_rows rows, from
 //      exclusive scans of the counts;
 //   3. per (row, slot): its sorted row, and the sorted row's source row.
-// Rows the routing launch quantizes (n_x rows of x, normalized with `norm`
-// where given, into q8), or q8 null.
-struct M40MoeQuantize {
-    const float *x;
-    const float *norm;
-    float eps;
-    int cols, n_x;
-    int8_t *q8;
-};
-
+// The launch's other blocks, if any, quantize rows (M40MoeQuantize).
+//
 // PER_LANE: experts per lane of a row's warp, the fewest that hold the
 // model's (a row's selection is a chain of n_used warp-wide rounds over
 // them, and in a one-session step that chain is the kernel's time).
