@@ -1258,10 +1258,12 @@ fn synth_once(name: &str, args: &[String]) -> PathBuf {
 }
 
 /// Mixtures of experts, every path of their routed products: prompts in
-/// chunks of 200, 16 and 8 rows and batches of 3 and 12 sessions (tensor
-/// cores where the GPU and the format have them, in pieces of up to 16 or
-/// 32 rows per expert; else the decode kernel in pieces of 8, rows gathered
-/// in expert order), and single tokens (every piece reading the one row).
+/// chunks of 200, 16 and 8 rows and batches of 12 sessions (tensor cores
+/// where the GPU and the format have them, in pieces of up to 16 or 32 rows
+/// per expert; else the decode kernel in pieces of 8, rows gathered in
+/// expert order), batches of 3 (where tensor cores would take them, the
+/// one-row kernel, a piece per row and expert), and single tokens (every
+/// piece reading the one row).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn mixtures_of_experts_match_the_cpu_in_prompts_decode_and_batches() {
