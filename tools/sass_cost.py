@@ -60,8 +60,8 @@ FORMATS = {
     13: ("q5_k", 256, 176, 16, 16, False),
     14: ("q6_k", 256, 210, 16, 16, False),
 }
-# The issue budget per weight (lane-instructions, all overheads included)
-# that keeps each format memory-bound on the M40 (docs/cuda.md).
+# The instructions a weight may cost (lane-instructions, all overheads
+# included) for each format to stay memory-bound on the M40 (docs/cuda.md).
 TARGETS = {"q4_0": 6, "q4_1": 7, "q5_0": 7, "q5_1": 7, "q4_k": 7, "q5_k": 7, "q6_k": 8, "q8_0": 9, "f16": 4}
 # Rounds of the staged inner loop per iteration (`#pragma unroll 2`) and
 # units per lane per iteration of the direct loop (UNROLL), as in gemv.cu.
@@ -70,7 +70,9 @@ ROWS = 2  # weight rows per warp of the M40's one-session kernel (m40_single_row
 # llama-7b's matrices (rows, columns) of one layer, for the row overhead.
 LLAMA_7B = [(4096, 4096)] * 4 + [(11008, 4096)] * 2 + [(4096, 11008)]
 
-HALF_RATE = re.compile(r"^(SHL|SHR|ISETP|FSETP|PSETP|ISCADD|BFE|BFI|IMNMX|FMNMX|FCMP|ICMP|SEL|FLO|POPC|LEA)$")
+# Shifts (LEA and ISCADD shift too), compares, min/max and bit fields at 64 per SM per clock.
+HALF_RATE = re.compile(r"^(SHL|SHR|ISETP|FSETP|PSETP|ISCADD|LEA|BFE|BFI|IMNMX|FMNMX|FCMP|ICMP)$")
+# Conversions, shuffles, special functions, bit counts at 32.
 QUARTER_RATE = re.compile(r"^(I2F|F2I|F2F|I2I|SHFL|MUFU|POPC|FLO)$")
 MEMORY = re.compile(r"^(LDG|LDS|LD|LDC|STG|STS|ST|LDL|STL|TEX|TLD|ATOM|RED|ATOMS)$")
 CONTROL = re.compile(r"^(BRA|SSY|SYNC|PBK|BRK|PCNT|CONT|EXIT|CAL|RET|BAR|NOP|DEPBAR|MEMBAR|JCAL)$")
