@@ -1245,15 +1245,19 @@ fn synth_moe(arch: &str, ty: &str, experts: u32) -> PathBuf {
 /// The model tools/synth_gguf.py writes for `args`, written once into the
 /// scratch folder as `name`.
 fn synth_once(name: &str, args: &[String]) -> PathBuf {
+    written_once(name, |partial| common::synth_model(args, partial))
+}
+
+/// The scratch file `name`, written by `write` unless it exists: under a
+/// name of its own first, then renamed, as tests running in parallel may
+/// ask for the same file.
+fn written_once(name: &str, write: impl FnOnce(&std::path::Path)) -> PathBuf {
     let path = common::scratch_path(name);
-    if path.exists() {
-        return path;
+    if !path.exists() {
+        let partial = path.with_extension(format!("{:?}.partial", std::thread::current().id()));
+        write(&partial);
+        std::fs::rename(&partial, &path).unwrap();
     }
-    // Written under a name of its own, then renamed: tests running in
-    // parallel may ask for the same model.
-    let partial = path.with_extension(format!("{:?}.partial", std::thread::current().id()));
-    common::synth_model(args, &partial);
-    std::fs::rename(&partial, &path).unwrap();
     path
 }
 
@@ -1322,10 +1326,13 @@ fn mixtures_of_experts_match_the_cpu_in_prompts_decode_and_batches() {
 /// pointed at Q6_K data (from the Q6_K file, same seed and shapes) appended
 /// after its data.
 fn synth_mixed_q4_k_q6_k() -> PathBuf {
-    let path = common::scratch_path("cuda-llama-q4_k-v-q6_k-tiny.gguf");
-    if path.exists() {
-        return path;
-    }
+    written_once("cuda-llama-q4_k-v-q6_k-tiny.gguf", |partial| {
+        std::fs::write(partial, mixed_q4_k_q6_k_bytes()).unwrap()
+    })
+}
+
+/// The bytes of `synth_mixed_q4_k_q6_k`'s model.
+fn mixed_q4_k_q6_k_bytes() -> Vec<u8> {
     let (base_path, v_path) = (synth("llama", "q4_k"), synth("llama", "q6_k"));
     let (base, v_file) = (open_mapped(&base_path), open_mapped(&v_path));
     let mut bytes = std::fs::read(&base_path).unwrap();
@@ -1353,10 +1360,7 @@ fn synth_mixed_q4_k_q6_k() -> PathBuf {
         bytes[type_at..type_at + 4].copy_from_slice(&GgmlType::Q6K.id().to_le_bytes());
         bytes[type_at + 4..type_at + 12].copy_from_slice(&offset.to_le_bytes());
     }
-    let partial = path.with_extension(format!("{:?}.partial", std::thread::current().id()));
-    std::fs::write(&partial, bytes).unwrap();
-    std::fs::rename(&partial, &path).unwrap();
-    path
+    bytes
 }
 
 #[test]
