@@ -30,7 +30,7 @@
 // models without per-head norms rotate their RoPE pairs and store keys and
 // values in the KV cache (attention's inputs) in theirs.
 #include "ops.cuh"
-#include "q8.cuh"
+#include "prepare.cuh"
 
 #define M40_GEMV_MAX_X 8
 #define M40_GEMV_WARPS 4
@@ -61,11 +61,12 @@ struct M40Gemv {
     float eps;
     // Multiprocessors of the device (the grid fills them).
     int sm_count;
-    // Scratch for x quantized to 8 bits (n_x · cols · 5/4 bytes, see
-    // M40Q8Row): the integer path for the formats that have one; null for
-    // the FP32 path.
+    // Scratch for x prepared (m40_prepared_bytes, prepare.cuh): 8-bit codes
+    // for the integer path on GPUs with dp4a, scaled values for the scaled
+    // path on the M40, for the formats that have them; null for the FP32
+    // path.
     int8_t *x_q8;
-    // x_q8 already holds x (normalized and quantized by the launch of the
+    // x_q8 already holds x (normalized and prepared by the launch of the
     // same step's previous product).
     int x_quantized;
     // Overlap the stream's previous kernel (see m40_launch).
@@ -306,11 +307,12 @@ template <> struct Gemv<M40_Q6_K> {
 // the CPU backend quantizes them (src/quant/q8.rs), and each weight costs a
 // fraction of an instruction instead of a decode and an FMA; the activations
 // a warp reads shrink from 4 bytes per value (plus the norm's weights) to
-// 1.25. The M40 has no dp4a and keeps the FP32 path above.
+// 1.25. The M40 has no dp4a and takes the scaled path below.
 
 // dp4a on sm_61+. The host launches the integer kernels only where they were
-// compiled for sm_61+ (m40_gemv_integer_path); the byte-by-byte form keeps
-// their code correct on the older targets they are also compiled for.
+// compiled for sm_61+ (m40_gemv_prepared_path), and their bodies are
+// compiled only there (gemv_kernel); the byte-by-byte form only keeps the
+// code compiling for the older targets.
 __device__ __forceinline__ int m40_dp4a(int a, int b, int c) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
     return __dp4a(a, b, c);
@@ -423,6 +425,41 @@ template <> struct GemvQ8<M40_Q8_0> {
     }
 };
 
+// The codes of a 32-weight unit of the K formats with high bits, a byte
+// each (the integer and scaled paths' units are the same): Q5_K unit u (of
+// 8), quant bytes 16u..16u+15 with their fifth bits at bit 4, words 0..3
+// sub-block 2c's values 16h.., 4..7 sub-block 2c + 1's (c = u / 2,
+// h = u % 2); Q6_K unit u, codes[2g + k] group g's values l + 4k.. of
+// 128h + 32g (h = u / 4, l = 8 (u % 4)): low nibbles from ql bytes
+// 64h + l (g even) or 64h + 32 + l (g odd), low (g < 2) or high half,
+// high bits from qh bytes 32h + l at bits 2g.
+__device__ __forceinline__ void m40_q5k_codes(const uint8_t *b, int u, uint32_t *codes) {
+    const int c = u / 2;
+    const uint4 q = *reinterpret_cast<const uint4 *>(b + 48 + 16 * u);
+    const uint4 h = *reinterpret_cast<const uint4 *>(b + 16 + 16 * (u % 2));
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w}, high_bits[4] = {h.x, h.y, h.z, h.w};
+    const auto fifth = [](uint32_t bits, int shift) { return ((bits >> shift) & 0x01010101u) << 4; };
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        codes[k] = (words[k] & 0x0F0F0F0Fu) | fifth(high_bits[k], 2 * c);
+        codes[4 + k] = ((words[k] >> 4) & 0x0F0F0F0Fu) | fifth(high_bits[k], 2 * c + 1);
+    }
+}
+
+__device__ __forceinline__ void m40_q6k_codes(const uint8_t *b, int u, uint32_t *codes) {
+    const int h = u / 4, l = 8 * (u % 4);
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const uint32_t ql0 = m40_u32_2(b + 64 * h + l + 4 * k), ql1 = m40_u32_2(b + 64 * h + 32 + l + 4 * k);
+        const uint32_t qh = m40_u32_2(b + 128 + 32 * h + l + 4 * k);
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const uint32_t low = ((g & 1 ? ql1 : ql0) >> (4 * (g >> 1))) & 0x0F0F0F0Fu;
+            codes[2 * g + k] = low | (((qh >> (2 * g)) & 0x03030303u) << 4);
+        }
+    }
+}
+
 // Q4_K / Q5_K: unit u (of 8) is quant bytes 16u..16u+15 of the 128: with
 // c = u / 2 and h = u % 2, the low nibbles are values 16h..16h+15 of
 // sub-block 2c and the high nibbles those of sub-block 2c + 1; each
@@ -482,16 +519,7 @@ template <> struct GemvQ8<M40_Q4_K> : GemvQ8K<M40_Q4_K> {
 template <> struct GemvQ8<M40_Q5_K> : GemvQ8K<M40_Q5_K> {
     static constexpr int BYTES = 176;
     __device__ static void weights(const uint8_t *b, int u, W &w) {
-        const int c = u / 2;
-        const uint4 q = *reinterpret_cast<const uint4 *>(b + 48 + 16 * u);
-        const uint4 h = *reinterpret_cast<const uint4 *>(b + 16 + 16 * (u % 2));
-        const uint32_t words[4] = {q.x, q.y, q.z, q.w}, high_bits[4] = {h.x, h.y, h.z, h.w};
-        const auto fifth = [](uint32_t bits, int shift) { return ((bits >> shift) & 0x01010101u) << 4; };
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            w.q[k] = int((words[k] & 0x0F0F0F0Fu) | fifth(high_bits[k], 2 * c));
-            w.q[4 + k] = int(((words[k] >> 4) & 0x0F0F0F0Fu) | fifth(high_bits[k], 2 * c + 1));
-        }
+        m40_q5k_codes(b, u, reinterpret_cast<uint32_t *>(w.q));
         scales(b, u, w);
     }
 };
@@ -516,16 +544,7 @@ template <> struct GemvQ8<M40_Q6_K> {
     };
     __device__ static void weights(const uint8_t *b, int u, W &w) {
         const int h = u / 4, l = 8 * (u % 4);
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const uint32_t ql0 = m40_u32_2(b + 64 * h + l + 4 * k), ql1 = m40_u32_2(b + 64 * h + 32 + l + 4 * k);
-            const uint32_t qh = m40_u32_2(b + 128 + 32 * h + l + 4 * k);
-#pragma unroll
-            for (int g = 0; g < 4; g++) {
-                const uint32_t low = ((g & 1 ? ql1 : ql0) >> (4 * (g >> 1))) & 0x0F0F0F0Fu;
-                w.q[g][k] = int(low | (((qh >> (2 * g)) & 0x03030303u) << 4));
-            }
-        }
+        m40_q6k_codes(b, u, reinterpret_cast<uint32_t *>(w.q));
 #pragma unroll
         for (int g = 0; g < 4; g++) w.scale[g] = int8_t(b[192 + 8 * h + 2 * g + l / 16]);
         w.d = m40_f16(b + 208);
@@ -554,6 +573,266 @@ template <> struct GemvQ8<M40_Q6_K> {
 // Whether G is one of the integer path's formats.
 template <class G> constexpr bool m40_integer = false;
 template <int T> constexpr bool m40_integer<GemvQ8<T>> = true;
+
+// ---- the scaled path (the M40's) ----
+// Where the GPU has no dp4a (sm_52–sm_60), the formats of the integer path
+// multiply in FP32 on activations scaled beforehand (scaled.cuh): each
+// weight's code is masked out of its quant word in place, a denormal, and
+// multiplied by its scaled activation, one LOP and one FFMA a weight; code
+// offsets and minimums come off per block through the rows' sums of 8
+// values. A unit is 32 weights as on the integer path (the same staged
+// chunks, lane i taking unit i); the activations are FP32, 4 bytes a value
+// (plus a sum per 8) through the read-only cache, each load serving the
+// warp's R rows. Same interface as GemvQ8: `weights` reads a unit's quant
+// words and scales (W), `activations` its scaled values and sums (X),
+// `dot` the unit's share of a row's dot product, times 2^−64.
+template <int TYPE> struct GemvScaled;
+
+// The 32 scaled activations of a block (or sub-block) and its four sums.
+struct M40Scaled32 {
+    float4 v[8];  // values 4k..4k+3 in v[k]
+    float sum;    // Σ of the 32 values, times 2^−64
+};
+
+__device__ __forceinline__ void m40_scaled32(M40ScaledRow x, int block, M40Scaled32 &a) {
+    const float4 *v = m40_scaled_block(x.x, block);
+#pragma unroll
+    for (int k = 0; k < 8; k++) a.v[k] = __ldg(v + 32 * k);
+    const float4 s = __ldg(reinterpret_cast<const float4 *>(x.sums) + block);
+    a.sum = (s.x + s.y) + (s.z + s.w);
+}
+
+// Q4_0 / Q4_1 / Q5_0 / Q5_1 (NibbleBlock, quant.cuh): a unit is a whole
+// block. Without fifth bits the nibbles are masked straight out of the
+// quant words (the high nibbles' sum comes out 16 times too large); with
+// them each word's codes are put together a byte each first.
+template <class L> struct GemvScaledNibbles {
+    static constexpr int VALUES = 32, BYTES = L::BYTES, UNITS = 1;
+    static constexpr bool DIRECT = false;
+    struct W {
+        uint32_t q[8];  // quant words 0..3; with fifth bits, the codes of values 4k.. then 16 + 4k..
+        float d, m;
+    };
+    using X = M40Scaled32;
+    __device__ static void weights(const uint8_t *b, int, W &w) {
+        L::quant_words(b, w.q);
+        if (L::FIFTH) {
+            const uint32_t fifth = L::fifth_bits(b);
+#pragma unroll
+            for (int k = 3; k >= 0; k--) {
+                w.q[4 + k] = L::word_codes(w.q[k], fifth, k, 1);
+                w.q[k] = L::word_codes(w.q[k], fifth, k, 0);
+            }
+        }
+        w.d = m40_f16(b);
+        w.m = L::MIN ? m40_f16(b + 2) : 0.0f;
+    }
+    __device__ static void activations(M40ScaledRow x, int block, int, X &a) { m40_scaled32(x, block, a); }
+    __device__ static float dot(const W &w, const X &a) {
+        float s = 0.0f;
+        if (L::FIFTH) {
+            float t = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                s = m40_scaled_bytes4(w.q[k], a.v[k], s);
+                t = m40_scaled_bytes4(w.q[4 + k], a.v[4 + k], t);
+            }
+            s += t;
+        } else {
+            float hi = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) m40_scaled_nibbles8(w.q[k], a.v[k], a.v[4 + k], s, hi);
+            s = fmaf(hi, 0.0625f, s);
+        }
+        if (L::MIN) return fmaf(w.d, s, w.m * a.sum);
+        return w.d * fmaf(-float(L::ZERO), a.sum, s);
+    }
+};
+
+template <> struct GemvScaled<M40_Q4_0> : GemvScaledNibbles<NibbleBlock<M40_Q4_0>> {};
+template <> struct GemvScaled<M40_Q4_1> : GemvScaledNibbles<NibbleBlock<M40_Q4_1>> {};
+template <> struct GemvScaled<M40_Q5_0> : GemvScaledNibbles<NibbleBlock<M40_Q5_0>> {};
+template <> struct GemvScaled<M40_Q5_1> : GemvScaledNibbles<NibbleBlock<M40_Q5_1>> {};
+
+// Q8_0: a unit is a whole block; flipping each byte's sign bit makes the
+// int8 q the code q + 128.
+template <> struct GemvScaled<M40_Q8_0> {
+    static constexpr int VALUES = 32, BYTES = 34, UNITS = 1;
+    static constexpr bool DIRECT = false;
+    struct W {
+        uint32_t q[8];
+        float d;
+    };
+    using X = M40Scaled32;
+    __device__ static void weights(const uint8_t *b, int, W &w) {
+        m40_words_2<8>(b + 2, w.q);
+#pragma unroll
+        for (int k = 0; k < 8; k++) w.q[k] ^= 0x80808080u;
+        w.d = m40_f16(b);
+    }
+    __device__ static void activations(M40ScaledRow x, int block, int, X &a) { m40_scaled32(x, block, a); }
+    __device__ static float dot(const W &w, const X &a) {
+        float s = 0.0f, t = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k += 2) {
+            s = m40_scaled_bytes4(w.q[k], a.v[k], s);
+            t = m40_scaled_bytes4(w.q[k + 1], a.v[k + 1], t);
+        }
+        return w.d * fmaf(-128.0f, a.sum, s + t);
+    }
+};
+
+// The 6-bit scales and minimums of sub-blocks 2c and 2c + 1 of a Q4_K or
+// Q5_K block, as d · scale and dmin · min (scale_high divided by 16 where
+// the high nibbles' sums come out 16 times too large). Branch-free: c
+// differs between a warp's lanes.
+__device__ __forceinline__ void m40_k_scales_pair(const uint8_t *b, int c, float high_factor, float &scale_low,
+                                                  float &min_low, float &scale_high, float &min_high) {
+    // Staged K blocks are 16-byte aligned (a row is whole 16-byte vectors).
+    const uint32_t *words = reinterpret_cast<const uint32_t *>(b);
+    const uint32_t dm = words[0], lo = words[1], mid = words[2], hi = words[3];
+    const bool first = c < 2;
+    const uint32_t scales = first ? lo & 0x3F3F3F3Fu : (hi & 0x0F0F0F0Fu) | ((lo >> 2) & 0x30303030u);
+    const uint32_t mins = first ? mid & 0x3F3F3F3Fu : ((hi >> 4) & 0x0F0F0F0Fu) | ((mid >> 2) & 0x30303030u);
+    const int k = 2 * (c & 1);
+    const float d = m40_half_bits(uint16_t(dm)), dmin = m40_half_bits(uint16_t(dm >> 16));
+    scale_low = d * (m40_byte_magic(scales, k) - M40_MAGIC_F);
+    scale_high = d * high_factor * (m40_byte_magic(scales, k + 1) - M40_MAGIC_F);
+    min_low = dmin * (m40_byte_magic(mins, k) - M40_MAGIC_F);
+    min_high = dmin * (m40_byte_magic(mins, k + 1) - M40_MAGIC_F);
+}
+
+// Q4_K / Q5_K: unit u (of 8) is quant bytes 16u..16u+15 of the 128 as on
+// the integer path (c = u / 2, h = u % 2): the low nibbles are values
+// 16h..16h+15 of sub-block 2c, the high nibbles those of 2c + 1.
+struct M40ScaledK {
+    float4 low[4], high[4];
+    float sum_low, sum_high;
+};
+
+__device__ __forceinline__ void m40_scaled_k(M40ScaledRow x, int block, int u, M40ScaledK &a) {
+    const int first = 256 * block + 64 * (u / 2) + 16 * (u % 2);
+    // Sub-block 2c + 1 is the tile's next block (2c is even).
+    const float4 *low = m40_scaled_block(x.x, first / 32) + 32 * 4 * (u % 2);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        a.low[k] = __ldg(low + 32 * k);
+        a.high[k] = __ldg(low + 32 * k + 1);
+    }
+    const float2 lo = __ldg(reinterpret_cast<const float2 *>(x.sums + first / 8));
+    const float2 hi = __ldg(reinterpret_cast<const float2 *>(x.sums + first / 8 + 4));
+    a.sum_low = lo.x + lo.y;
+    a.sum_high = hi.x + hi.y;
+}
+
+template <> struct GemvScaled<M40_Q4_K> {
+    static constexpr int VALUES = 256, BYTES = 144, UNITS = 8;
+    static constexpr bool DIRECT = false;
+    struct W {
+        uint4 q;
+        float scale_low, min_low, scale_high, min_high;
+    };
+    using X = M40ScaledK;
+    __device__ static void weights(const uint8_t *b, int u, W &w) {
+        w.q = *reinterpret_cast<const uint4 *>(b + 16 + 16 * u);
+        m40_k_scales_pair(b, u / 2, 0.0625f, w.scale_low, w.min_low, w.scale_high, w.min_high);
+    }
+    __device__ static void activations(M40ScaledRow x, int block, int u, X &a) { m40_scaled_k(x, block, u, a); }
+    __device__ static float dot(const W &w, const X &a) {
+        float lo = 0.0f, hi = 0.0f;
+        m40_scaled_nibbles8(w.q.x, a.low[0], a.high[0], lo, hi);
+        m40_scaled_nibbles8(w.q.y, a.low[1], a.high[1], lo, hi);
+        m40_scaled_nibbles8(w.q.z, a.low[2], a.high[2], lo, hi);
+        m40_scaled_nibbles8(w.q.w, a.low[3], a.high[3], lo, hi);
+        const float s = fmaf(w.scale_low, lo, w.scale_high * hi);
+        return s - fmaf(w.min_low, a.sum_low, w.min_high * a.sum_high);
+    }
+};
+
+template <> struct GemvScaled<M40_Q5_K> {
+    static constexpr int VALUES = 256, BYTES = 176, UNITS = 8;
+    static constexpr bool DIRECT = false;
+    struct W {
+        uint32_t q[8];  // codes of sub-block 2c's values, then 2c + 1's, a byte each
+        float scale_low, min_low, scale_high, min_high;
+    };
+    using X = M40ScaledK;
+    __device__ static void weights(const uint8_t *b, int u, W &w) {
+        m40_q5k_codes(b, u, w.q);
+        m40_k_scales_pair(b, u / 2, 1.0f, w.scale_low, w.min_low, w.scale_high, w.min_high);
+    }
+    __device__ static void activations(M40ScaledRow x, int block, int u, X &a) { m40_scaled_k(x, block, u, a); }
+    __device__ static float dot(const W &w, const X &a) {
+        float lo = 0.0f, hi = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            lo = m40_scaled_bytes4(w.q[k], a.low[k], lo);
+            hi = m40_scaled_bytes4(w.q[4 + k], a.high[k], hi);
+        }
+        const float s = fmaf(w.scale_low, lo, w.scale_high * hi);
+        return s - fmaf(w.min_low, a.sum_low, w.min_high * a.sum_high);
+    }
+};
+
+// Q6_K: unit u (of 8) as on the integer path: half h = u / 4, l = 8 (u % 4);
+// group g is values 128h + 32g + l + 0..7, its codes (q + 32, 6 bits) a byte
+// each, under its own 8-bit scale.
+template <> struct GemvScaled<M40_Q6_K> {
+    static constexpr int VALUES = 256, BYTES = 210, UNITS = 8;
+    static constexpr bool DIRECT = false;
+    struct W {
+        uint32_t q[4][2];
+        float scale[4];  // d · the group's scale
+    };
+    struct X {
+        float4 v[4][2];
+        float sum[4];  // 32 · Σ of the group's 8 values, times 2^−64
+    };
+    __device__ static void weights(const uint8_t *b, int u, W &w) {
+        const int h = u / 4, l = 8 * (u % 4);
+        m40_q6k_codes(b, u, &w.q[0][0]);
+        const float d = m40_f16(b + 208);
+        // The int8 scale s as a float: s ^ 0x80 is s + 128 in the mantissa of 2^23.
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const uint32_t s = b[192 + 8 * h + 2 * g + l / 16];
+            w.scale[g] = d * (__uint_as_float(s ^ (M40_MAGIC | 0x80u)) - (M40_MAGIC_F + 128.0f));
+        }
+    }
+    __device__ static void activations(M40ScaledRow x, int block, int u, X &a) {
+        const int first = 256 * block + 128 * (u / 4) + 8 * (u % 4);
+        // Group g's values are block first / 32 + g's, in the same tile.
+        const float4 *v = m40_scaled_block(x.x, first / 32) + 32 * 2 * (u % 4);
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            a.v[g][0] = __ldg(v + g);
+            a.v[g][1] = __ldg(v + g + 32);
+            a.sum[g] = 32.0f * __ldg(x.sums + (first + 32 * g) / 8);
+        }
+    }
+    __device__ static float dot(const W &w, const X &a) {
+        float s = 0.0f;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const float codes = m40_scaled_bytes4(w.q[g][1], a.v[g][1], m40_scaled_bytes4(w.q[g][0], a.v[g][0], 0.0f));
+            s = fmaf(w.scale[g], codes - a.sum[g], s);
+        }
+        return s;
+    }
+};
+
+// Whether G is one of the scaled path's formats, or either prepared path's.
+template <class G> constexpr bool m40_scaled = false;
+template <int T> constexpr bool m40_scaled<GemvScaled<T>> = true;
+template <class G> constexpr bool m40_prepared = m40_integer<G> || m40_scaled<G>;
+
+// Row t of the prepared activations as G reads them.
+template <class G> __device__ __forceinline__ auto m40_prepared_row(const int8_t *scratch, int cols, int n_x, int t) {
+    if constexpr (m40_integer<G>)
+        return m40_q8_row(scratch, cols, n_x, t);
+    else
+        return m40_scaled_row(scratch, cols, n_x, t);
+}
 
 // Whether the staged formats' weights are loaded as a stream (ld.global.cs:
 // evicted first from L1 and L2) rather than through L2 only
@@ -652,7 +931,7 @@ template <class G, int CHUNK_ROW_BYTES> __host__ __device__ constexpr int m40_ch
 // A template parameter rather than an argument: as an argument it made the
 // kernels that do not split slower (more registers, run-time column bounds).
 template <class G, int R, int NX, bool NORM, int CHUNK_ROW_BYTES, bool SPLIT>
-__global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
+__device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int cols = p.cols;
     int n_x = NX == 1 ? 1 : p.n_x;
@@ -724,7 +1003,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
     // read from `blocks[j]` (global memory or the staged chunk), times the
     // activations: loads first, then math.
     const auto step = [&](const uint8_t *const *blocks, int block, int u) {
-        if constexpr (m40_integer<G>) {
+        if constexpr (m40_prepared<G>) {
             typename G::W w[R];
 #pragma unroll
             for (int j = 0; j < R; j++) G::weights(blocks[j], u, w[j]);
@@ -732,7 +1011,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
             for (int t = 0; t < NX; t++) {
                 if (NX > 1 && t >= n_x) break;
                 typename G::X a;
-                G::activations(m40_q8_row(p.x_q8, cols, q8_rows, x_row0 + t), block, u, a);
+                G::activations(m40_prepared_row<G>(p.x_q8, cols, q8_rows, x_row0 + t), block, u, a);
 #pragma unroll
                 for (int j = 0; j < R; j++) acc[j][t] += G::dot(w[j], a);
             }
@@ -789,7 +1068,9 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
         for (int j = 0; j < R; j++)
 #pragma unroll
             for (int t = 0; t < NX; t++)
-                if (t < n_x) acc[j][t] = m40_warp_sum(acc[j][t]) * (NORM && !RMS_INLINE ? inv_rms[t] : 1.0f);
+                if (t < n_x)
+                    acc[j][t] = m40_warp_sum(acc[j][t]) * (NORM && !RMS_INLINE ? inv_rms[t] : 1.0f) *
+                                (m40_scaled<G> ? M40_SCALED_RESULT : 1.0f);
         if (RMS_INLINE && measuring) sum_squares = m40_warp_sum(sum_squares);
         if constexpr (SPLIT) {
             __shared__ float partial[M40_GEMV_WARPS][R][NX];
@@ -921,14 +1202,18 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
         const int n_chunks = (block_end - block_begin + CHUNK_BLOCKS - 1) / CHUNK_BLOCKS;
 
         uint4 next[R][CHUNK_VECTORS_PER_LANE];
+        // Offsets within a row are ints (a row is far below 2 GiB): 64-bit
+        // products and differences cost Maxwell a dozen instructions a chunk.
         const auto fetch = [&](const M40RowGroup<R> &g, int chunk) {
+            const int first_block = block_begin + chunk * CHUNK_BLOCKS;
+            const int offset = first_block * G::BYTES;
+            const int bytes = min(CHUNK_BLOCKS, block_end - first_block) * G::BYTES;
 #pragma unroll
             for (int j = 0; j < R; j++) {
-                const int first_block = block_begin + chunk * CHUNK_BLOCKS;
-                const uint8_t *start = g.w[j] + size_t(first_block) * G::BYTES;
-                const uint4 *aligned = reinterpret_cast<const uint4 *>(uintptr_t(start) & ~uintptr_t(15));
-                const int blocks = min(CHUNK_BLOCKS, block_end - first_block);
-                const int vectors = int((start + blocks * G::BYTES - reinterpret_cast<const uint8_t *>(aligned) + 15) / 16);
+                const uint8_t *start = g.w[j] + offset;
+                const int misalignment = int(uintptr_t(start) & 15);
+                const uint4 *aligned = reinterpret_cast<const uint4 *>(start - misalignment);
+                const int vectors = (misalignment + bytes + 15) >> 4;
 #pragma unroll
                 for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++) {
                     const int index = lane + 32 * k;
@@ -973,7 +1258,7 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
             const uint8_t *stage_base[R];
 #pragma unroll
             for (int j = 0; j < R; j++) {
-                const uint8_t *start = g.w[j] + size_t(first_block) * G::BYTES;
+                const uint8_t *start = g.w[j] + first_block * G::BYTES;
                 stage_base[j] = reinterpret_cast<const uint8_t *>(staged[warp][j]) + (uintptr_t(start) & 15);
             }
 #pragma unroll 2
@@ -998,6 +1283,16 @@ __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
             chunk = 0;
         }
     }
+}
+
+// The kernel, its body compiled only where the host may launch it: the
+// integer path's for code with dp4a (sm_61+), the scaled path's for code
+// without (sm_52–sm_60, the compute_52 PTX), every other path everywhere
+// (m40_gemv_prepared_path).
+template <class G, int R, int NX, bool NORM, int CHUNK_ROW_BYTES, bool SPLIT>
+__global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
+    if constexpr (m40_integer<G> ? M40_DP4A_CODE : m40_scaled<G> ? !M40_DP4A_CODE : true)
+        m40_gemv_body<G, R, NX, NORM, CHUNK_ROW_BYTES, SPLIT>(p);
 }
 
 // Resident blocks of a kernel per SM on the current device.
@@ -1052,7 +1347,7 @@ static void m40_gemv_launch(const M40Gemv &p, cudaStream_t stream) {
     const size_t resident = size_t(m40_gemv_blocks_per_sm<G, R, NX, NORM, CHUNK, false>()) * sms;
     // The batched kernels, short of registers already, and the integer
     // path are built without the split.
-    if constexpr (NX == 1 && !m40_integer<G>) {
+    if constexpr (NX == 1 && !m40_prepared<G>) {
         if (m40_gemv_split<G>(p, groups * slices, resident * M40_GEMV_WARPS)) {
             const size_t split_resident =
                 per_slice(size_t(m40_gemv_blocks_per_sm<G, R, NX, NORM, CHUNK, true>()) * sms);
@@ -1084,8 +1379,8 @@ constexpr int m40_chunk_row_bytes(int type) {
     return type == M40_Q4_0 || type == M40_Q4_1 || type == M40_Q5_0 || type == M40_Q5_1 ? 1152 : 576;
 }
 
-// The formats with an integer path (GemvQ8).
-constexpr bool m40_integer_format(int type) {
+// The formats with an integer path (GemvQ8) and a scaled path (GemvScaled).
+constexpr bool m40_prepared_format(int type) {
     return type == M40_Q4_0 || type == M40_Q4_1 || type == M40_Q5_0 || type == M40_Q5_1 || type == M40_Q8_0 ||
            type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K;
 }
@@ -1094,7 +1389,9 @@ constexpr bool m40_integer_format(int type) {
 // choice to the format, as measured on the H100 (gemv_bench, llama-7b
 // shapes): the integer Q6_K is faster at 4 rows for every product, the
 // other integer formats at 2. The FP32 path takes 2.
-template <class G, int TYPE> constexpr int m40_single_rows() { return m40_integer<G> && TYPE == M40_Q6_K ? 4 : 2; }
+template <class G, int TYPE> constexpr int m40_single_rows() {
+    return m40_scaled<G> || (m40_integer<G> && TYPE == M40_Q6_K) ? 4 : 2;
+}
 
 // The launch of kernel G for a batch (n_x > 1) or one session.
 template <class G, int TYPE, bool NORM>
@@ -1107,6 +1404,20 @@ static void m40_gemv_shapes(const M40Gemv &p, int rows_per_warp, cudaStream_t st
         m40_gemv_launch<G, 4, 1, NORM, CHUNK>(p, stream);
     else
         m40_gemv_launch<G, 2, 1, NORM, CHUNK>(p, stream);
+}
+
+// The virtual architecture (e.g. 52, 61, 90) of the code this build runs on
+// the current device: the SASS compiled for it, or 52 for the compute_52 PTX
+// the driver compiles for newer GPUs; 0 if the query fails.
+static int m40_code_version() {
+    return m40_per_device([](int) {
+        cudaFuncAttributes attributes;
+        if (cudaFuncGetAttributes(&attributes, prepare_activations_kernel) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        return attributes.ptxVersion;
+    });
 }
 
 // rows_per_warp (2 or 4): weight rows per warp of the one-session kernel
@@ -1152,11 +1463,15 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
     }
     return m40_with_format(type, [&](auto f) {
         constexpr int TYPE = FormatType<decltype(f)>::value;
-        if constexpr (m40_integer_format(TYPE)) {
+        if constexpr (m40_prepared_format(TYPE)) {
             if (p.x_q8) {
                 const int x_rows = p.experts.work ? p.experts.x_rows : p.n_x;
-                if (!p.x_quantized) m40_quantize_q8(p.overlap, p.x, p.norm, p.eps, p.cols, x_rows, p.x_q8, stream);
-                m40_gemv_shapes<GemvQ8<TYPE>, TYPE, false>(p, rows_per_warp, stream);
+                if (!p.x_quantized)
+                    m40_prepare_activations(p.overlap, p.x, p.norm, p.eps, p.cols, x_rows, p.x_q8, stream);
+                if (m40_code_version() >= 61)
+                    m40_gemv_shapes<GemvQ8<TYPE>, TYPE, false>(p, rows_per_warp, stream);
+                else
+                    m40_gemv_shapes<GemvScaled<TYPE>, TYPE, false>(p, rows_per_warp, stream);
                 return;
             }
         }
@@ -1167,22 +1482,16 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
     });
 }
 
-// The virtual architecture (e.g. 52, 61, 90) of the code this build runs on
-// the current device: the SASS compiled for it, or 52 for the compute_52 PTX
-// the driver compiles for newer GPUs; 0 if the query fails.
-static int m40_code_version() {
-    cudaFuncAttributes attributes;
-    if (cudaFuncGetAttributes(&attributes, quantize_q8_kernel) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return attributes.ptxVersion;
-}
+// Whether decode products of `type` prepare their activations in scratch
+// (given one): the format has the integer path, which this build's code
+// runs with dp4a on the current device (compiled for sm_61 or newer), or
+// the scaled path, which the code for older GPUs runs (sm_52–sm_60 SASS,
+// the compute_52 PTX).
+M40_EXPORT int m40_gemv_prepared_path(int type) { return m40_prepared_format(type) && m40_code_version() > 0; }
 
-// Whether decode products of `type` take the integer path (given a scratch):
-// the format has one, and this build's integer kernels run dp4a on the
-// current device (compiled for sm_61 or newer, not from the compute_52 PTX).
-M40_EXPORT int m40_gemv_integer_path(int type) { return m40_integer_format(type) && m40_code_version() >= 61; }
+// Whether the current device runs this build's dp4a code (sm_61+ SASS): the
+// prepared formats then take the integer path, else the scaled one.
+M40_EXPORT int m40_gemv_dp4a_code() { return m40_code_version() >= 61; }
 
 // Whether launches may overlap on the current device (m40_launch): this
 // build's kernels run its sm_90 code there (not the compute_52 PTX, whose

@@ -105,5 +105,10 @@ static_assert(M40_GEMV_STORE == 0 && M40_GEMV_ACCUMULATE == 1 && M40_GEMV_GLU_SI
 static_assert(M40_GEMV_MAX_X == 8, "M40_GEMV_MAX_X differs from src/backend/cuda/layout.rs");
 static_assert(M40_MAX_HEAD_DIM == 256, "M40_MAX_HEAD_DIM differs from src/backend/cuda/layout.rs");
 
+// The prepared activations' scratch (m40_scaled_bytes, scaled.cuh; prepared_bytes there)
+static_assert(m40_scaled_bytes(4096, 8) == 147456 && m40_scaled_bytes(11008, 1) == 50560 &&
+                  m40_scaled_bytes(2048, 3) == 27648,
+              "m40_scaled_bytes differs from prepared_bytes in src/backend/cuda/kernels.rs");
+
 #undef M40_FIELD
 #undef M40_SIZE

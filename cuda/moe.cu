@@ -15,12 +15,12 @@
 // may change from run to run; no result depends on it, as every product
 // kernel computes each of its rows on its own.
 //
-// One session's routing launch also quantizes its row for the gate and up
-// products' integer path (blocks past the first; the routing takes block
-// 0): the two depend only on the router's launch, and as one launch they
+// One session's routing launch also prepares its row for the gate and up
+// products (8-bit codes or scaled values, prepare.cuh; blocks past the
+// first, the routing taking block 0): the two depend only on the router's launch, and as one launch they
 // cost one launch boundary rather than two.
 #include "ops.cuh"
-#include "q8.cuh"
+#include "prepare.cuh"
 
 #define M40_MOE_THREADS 256
 // Most experts a model may have, and most experts a row may use.
@@ -32,9 +32,9 @@
 #define M40_MOE_MIN_WEIGHT_SUM (1.0f / 16384.0f)
 
 #define M40_MOE_WARPS (M40_MOE_THREADS / 32)
-static_assert(M40_MOE_THREADS == M40_NORM_THREADS, "the routing launch's blocks also quantize rows (q8.cuh)");
+static_assert(M40_MOE_THREADS == M40_NORM_THREADS, "the routing launch's blocks also prepare rows (prepare.cuh)");
 
-// Rows the routing launch quantizes (n_x rows of x, normalized with `norm`
+// Rows the routing launch prepares (n_x rows of x, normalized with `norm`
 // where given, into q8), or q8 null.
 struct M40MoeQuantize {
     const float *x;
@@ -56,7 +56,7 @@ struct M40MoeQuantize {
 //      sorted row and the pieces of at most piece_rows rows, from
 //      exclusive scans of the counts;
 //   3. per (row, slot): its sorted row, and the sorted row's source row.
-// The launch's other blocks, if any, quantize rows (M40MoeQuantize).
+// The launch's other blocks, if any, prepare rows (M40MoeQuantize).
 //
 // PER_LANE: experts per lane of a row's warp, the fewest that hold the
 // model's (a row's selection is a chain of n_used warp-wide rounds over
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
     m40_wait_for_prior_kernels();
     if (blockIdx.x > 0) {
         const int parts = (quantize.cols + M40_NORM_THREADS - 1) / M40_NORM_THREADS, b = blockIdx.x - 1;
-        m40_quantize_q8_part(quantize.x, quantize.norm, quantize.eps, quantize.cols, quantize.n_x, quantize.q8,
+        m40_prepare_part(quantize.x, quantize.norm, quantize.eps, quantize.cols, quantize.n_x, quantize.q8,
                              b / parts, b % parts);
         return;
     }
@@ -199,9 +199,9 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
 // (row, slot)'s weight and sorted row, sorted_source (n_rows × n_used) the
 // source row of each sorted row, and work its n_work pieces. n_work must
 // be at least m40_moe_pieces(n_rows, n_expert, n_used, piece_rows). Where
-// x_q8 is not null the launch also quantizes x's x_rows rows of `cols`
+// x_q8 is not null the launch also prepares x's x_rows rows of `cols`
 // (normalized with `norm` and eps where norm is given) into x_q8, as the
-// integer products read them (q8.cuh). overlap: see m40_launch.
+// decode products read them (prepare.cuh). overlap: see m40_launch.
 M40_EXPORT cudaError_t m40_moe_route(int overlap, const float *logits, int n_rows, int n_expert, int n_used,
                                      int piece_rows, float *slot_weight, int *slot_row, int *sorted_source,
                                      M40ExpertWork *work, int n_work, const float *x, const float *norm, float eps,

@@ -1,6 +1,6 @@
 // Activations quantized to 8 bits in blocks of 32, as the CPU backend
 // quantizes them (src/quant/q8.rs): the input of the integer products on
-// sm_61+ (gemv.cu's dp4a path).
+// sm_61+ (gemv.cu's dp4a path; prepare.cuh launches it).
 #pragma once
 
 #include "quant.cuh"
@@ -47,20 +47,4 @@ __device__ void m40_quantize_q8_part(const float *__restrict__ x, const float *_
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     if (lane == 0) m40_q8_scales(q8, cols, n_x, t)[i / 32] = make_float2(d, d * float(sum));
-}
-
-// Activation row blockIdx.y, values blockIdx.x · M40_NORM_THREADS.., into q8.
-__global__ void __launch_bounds__(M40_NORM_THREADS)
-    quantize_q8_kernel(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols, int n_x,
-                       int8_t *q8) {
-    m40_wait_for_prior_kernels();
-    m40_allow_next_kernel();
-    m40_quantize_q8_part(x, norm, eps, cols, n_x, q8, blockIdx.y, blockIdx.x);
-}
-
-// Quantizes n_x rows of x (normalized first where `norm` is given) into q8.
-static void m40_quantize_q8(bool overlap, const float *x, const float *norm, float eps, int cols, int n_x,
-                            int8_t *q8, cudaStream_t stream) {
-    const dim3 grid(m40_blocks(size_t(cols), M40_NORM_THREADS), unsigned(n_x));
-    m40_launch(overlap, quantize_q8_kernel, grid, M40_NORM_THREADS, stream, x, norm, eps, cols, n_x, q8);
 }

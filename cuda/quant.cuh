@@ -129,7 +129,7 @@ __device__ __forceinline__ uint32_t m40_spread4_to_bit4(uint32_t b) {
 // codes ZERO above the value they stand for (weight = d · (code − ZERO) + m).
 template <int BYTES_, int QS, int QH, bool MIN_, int ZERO_> struct NibbleLayout {
     static constexpr int VALUES = 32, BYTES = BYTES_, ZERO = ZERO_;
-    static constexpr bool MIN = MIN_;
+    static constexpr bool MIN = MIN_, FIFTH = QH >= 0;
     // The block's fifth bits, 0 without them.
     __device__ static uint32_t fifth_bits(const uint8_t *b) {
         return QH < 0 ? 0 : QH % 4 == 0 ? m40_u32_4(b + QH) : m40_u32_2(b + QH);

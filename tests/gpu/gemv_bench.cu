@@ -113,18 +113,19 @@ int main(int argc, char **argv) {
     uint16_t *x_f16;
     check(cudaMalloc(&x, max_x * widest * 4), "x");
     check(cudaMalloc(&y, 3 * max_x * widest * 4), "y");
-    check(cudaMalloc(&x_q8, max_x * widest * 2), "x_q8");
+    check(cudaMalloc(&x_q8, m40_prepared_bytes(int(widest), int(max_x))), "x_q8");
     check(cudaMalloc(&x_f16, max_x * widest * 2 + max_x * 4), "x_f16");
     check(cudaMemset(x_f16, 0, max_x * widest * 2 + max_x * 4), "x_f16");
     check(cudaMalloc(&partials, (tensor_cores ? 64 : 1) * max_x * widest * 4), "partial sums");
     check(cudaMemset(x, 0, max_x * widest * 4), "x");
-    fill_bytes<<<64, 256>>>(reinterpret_cast<uint8_t *>(x_q8), max_x * widest * 2, 9);
+    fill_bytes<<<64, 256>>>(reinterpret_cast<uint8_t *>(x_q8), m40_prepared_bytes(int(widest), int(max_x)), 9);
     cudaStream_t stream;
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
     cudaEvent_t start, stop;
     cudaEventCreate(&start);
     cudaEventCreate(&stop);
-    const bool integer = m40_gemv_integer_path(type), overlap = m40_launch_overlap();
+    const bool prepared = m40_gemv_prepared_path(type), overlap = m40_launch_overlap();
+    const bool dp4a = m40_gemv_dp4a_code();
 
     const auto product = [&](int s, int layer, bool quantized) {
         const Product &pr = products[s];
@@ -159,7 +160,7 @@ int main(int argc, char **argv) {
         p.n_x = n_x;
         p.epilogue = pr.epilogue;
         p.sm_count = sms;
-        p.x_q8 = integer ? x_q8 : nullptr;
+        p.x_q8 = prepared ? x_q8 : nullptr;
         p.x_quantized = quantized;
         p.overlap = overlap;
         check(m40_gemv(type, &p, rows_per_warp, stream), pr.name);
@@ -179,7 +180,7 @@ int main(int argc, char **argv) {
 
     printf("type %d, rows per warp %d (0: the format's choice), %d activation rows, %s path, launches %s, "
            "%d layers: %.1f MB per token\n",
-           type, rows_per_warp, n_x, tensor_cores ? "tensor-core" : integer ? "integer" : "FP32",
+           type, rows_per_warp, n_x, tensor_cores ? "tensor-core" : !prepared ? "FP32" : dp4a ? "integer" : "scaled",
            overlap ? "overlapping" : "in order", layers,
            token_bytes / 1e6);
     printf("%-9s %8s %10s %10s %8s\n", "product", "MB", "read (us)", "gemv (us)", "GB/s");
@@ -201,8 +202,8 @@ int main(int argc, char **argv) {
             product(4, 0, !quantize);
         });
         printf("a token's products%s: %.3f ms, %.0f GB/s\n",
-               !quantize || !integer ? "" : tensor_cores ? " with their f16 conversions" : " with their quantize launches", token_us / 1e3, token_bytes / token_us / 1e3);
-        if (!integer) break;
+               !quantize || !prepared ? "" : tensor_cores ? " with their f16 conversions" : " with their prepare launches", token_us / 1e3, token_bytes / token_us / 1e3);
+        if (!prepared) break;
     }
     return 0;
 }

@@ -7,7 +7,8 @@
 #   gemma_reference    the Gemma 3 270M reference test (run with M40_TEST_DEVICE=0)
 #   op_profile         per-operation times of a prompt and decode steps (benches/op_profile.rs)
 #   gemv_bench         the decode products alone against a plain read of their bytes
-#                      (tests/gpu/gemv_bench.cu, sm_90)
+#                      (tests/gpu/gemv_bench.cu, sm_90; ptx/gemv_bench: compute_52, the
+#                      M40's scaled path)
 #   libm40llm.so, m40-bench, tools/synth_gguf.py, tests/data/reference/, run.sh
 #   ptx/               libm40llm.so and m40-bench built with compute_52 PTX only
 # The folder is also packed into .devpack/device.tar.xz (the binaries are ~100 MB,
@@ -36,10 +37,12 @@ for dir in .device .device/ptx; do
 done
 ${NVCC:-nvcc} -std=c++17 -O3 -ccbin="${NVCC_CCBIN:-g++-11}" -gencode=arch=compute_90,code=sm_90 -Icuda \
   tests/gpu/gemv_bench.cu -o .device/gemv_bench
+${NVCC:-nvcc} -std=c++17 -O3 -ccbin="${NVCC_CCBIN:-g++-11}" -Wno-deprecated-gpu-targets \
+  -gencode=arch=compute_52,code=compute_52 -Icuda tests/gpu/gemv_bench.cu -o .device/ptx/gemv_bench
 cp tools/synth_gguf.py .device/tools/
 cp tests/data/reference/*.jsonl .device/tests/data/reference/
 cp tests/gpu/run.sh .device/
-strip .device/cuda_backend_fat .device/cuda_backend_ptx .device/gemma_reference .device/op_profile .device/gemv_bench .device/{,ptx/}libm40llm.so .device/{,ptx/}m40-bench
+strip .device/cuda_backend_fat .device/cuda_backend_ptx .device/gemma_reference .device/op_profile .device/{,ptx/}gemv_bench .device/{,ptx/}libm40llm.so .device/{,ptx/}m40-bench
 du -sh .device
 mkdir -p .devpack && tar -C .device -cf - . | xz -T0 -4 > .devpack/device.tar.xz
 du -sh .devpack/device.tar.xz

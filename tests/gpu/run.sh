@@ -8,7 +8,8 @@
 #   run.sh gemma   the Gemma 3 270M reference on CUDA device 0 ($M40_GEMMA_GGUF)
 #   run.sh gemv [7b|1b] [TYPE ...]
 #                  gemv_bench: each decode product of the model's shapes against a
-#                  plain read of its bytes, for GGUF type ids (default 2 12 8: Q4_0 Q4_K Q8_0)
+#                  plain read of its bytes, for GGUF type ids (default 2 12 8: Q4_0 Q4_K Q8_0);
+#                  BENCH_LIB=ptx: the compute_52 build (the M40's scaled path)
 #   run.sh profile [PRESET:TYPE ...]
 #                  per-operation times of a 512-token prompt and decode steps of
 #                  1 and 8 sessions (default llama-7b:q4_0)
@@ -56,7 +57,7 @@ gemv)
   shape=${1:-7b}
   shift
   for ty in ${*:-2 12 8}; do
-    "$here/gemv_bench" "$shape" "$ty" 2>&1 | tee -a "$out/gemv-$shape.log" || status=1
+    "$here/${BENCH_LIB:+$BENCH_LIB/}gemv_bench" "$shape" "$ty" 2>&1 | tee -a "$out/gemv-$shape.log" || status=1
   done
   ;;
 gemma)

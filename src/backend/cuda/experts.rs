@@ -143,8 +143,8 @@ impl CudaBackend {
         }
         let widest = d.max(ff);
         let tensor_cores = matches!(route, ExpertRoute::TensorCores { .. });
-        let integer = match route {
-            ExpertRoute::Decode { integer, .. } => integer,
+        let prepared = match route {
+            ExpertRoute::Decode { prepared, .. } => prepared,
             ExpertRoute::TensorCores { .. } => [false; 2],
         };
         // Every piece of scratch the block needs, in one allocation that
@@ -161,8 +161,8 @@ impl CudaBackend {
         if tensor_cores {
             pieces.extend([n_slots * ff * 4, n_slots * widest * 2, n_slots * 4]);
         }
-        if integer.contains(&true) {
-            pieces.push(q8_bytes(widest, n_slots));
+        if prepared.contains(&true) {
+            pieces.push(prepared_bytes(widest, n_slots));
         }
         if !tensor_cores && gate.ty != up.ty {
             pieces.push(n_slots * ff * 4);
@@ -180,14 +180,14 @@ impl CudaBackend {
             arena.take::<f32>(n_slots * d),
             arena.take::<f32>(n_slots * ff),
         );
-        let q8 = if integer.contains(&true) {
-            arena.take::<i8>(q8_bytes(widest, n_slots))
+        let q8 = if prepared.contains(&true) {
+            arena.take::<i8>(prepared_bytes(widest, n_slots))
         } else {
             std::ptr::null_mut()
         };
-        // One session's row, normalized and quantized by the routing launch
+        // One session's row, normalized and prepared by the routing launch
         // for the gate and up products (one launch, gate and up together).
-        let quantized_by_route = rows == 1 && integer[0] && gate.ty == up.ty;
+        let quantized_by_route = rows == 1 && prepared[0] && gate.ty == up.ty;
         let norm_weights = self.weights.vector(norm.weight)?;
 
         let state = self.lock();
@@ -195,8 +195,8 @@ impl CudaBackend {
         let stream = st.stream.raw();
         // SAFETY: logits holds rows × n_expert values; the routing's arrays
         // were sized above (n_work pieces, as m40_moe_pieces requires); x
-        // holds one row of d values and q8 q8_bytes(d, 1) bytes or more
-        // where the launch quantizes.
+        // holds one row of d values and q8 prepared_bytes(d, 1) bytes or more
+        // where the launch prepares it.
         check(
             unsafe {
                 m40_moe_route(
@@ -260,7 +260,11 @@ impl CudaBackend {
                 unsafe { self.gather_sorted(st, h, d, &routing, n_slots, sorted)? };
                 (sorted.cast_const(), n_slots, false, None)
             };
-            let q8_gate_up = if integer[0] { q8 } else { std::ptr::null_mut() };
+            let q8_gate_up = if prepared[0] {
+                q8
+            } else {
+                std::ptr::null_mut()
+            };
             if gate.ty == up.ty {
                 let product = ExpertProduct {
                     matrices: &[(gate, act), (up, act)],
@@ -290,12 +294,13 @@ impl CudaBackend {
                         epilogue: GemvEpilogue::Store,
                         expert_bytes: w.n_bytes,
                     };
-                    let q8 =
-                        if self.routes.route(w.ty, 1) == (ProductRoute::Decode { integer: true }) {
-                            q8
-                        } else {
-                            std::ptr::null_mut()
-                        };
+                    let q8 = if self.routes.route(w.ty, 1)
+                        == (ProductRoute::Decode { prepared: true })
+                    {
+                        q8
+                    } else {
+                        std::ptr::null_mut()
+                    };
                     // SAFETY: as above, out n_slots × ff.
                     unsafe {
                         self.experts_on_decode_kernel(
@@ -315,7 +320,11 @@ impl CudaBackend {
                 epilogue: GemvEpilogue::Store,
                 expert_bytes: down.n_bytes,
             };
-            let q8_down = if integer[1] { q8 } else { std::ptr::null_mut() };
+            let q8_down = if prepared[1] {
+                q8
+            } else {
+                std::ptr::null_mut()
+            };
             // SAFETY: act holds n_slots × ff values, sorted n_slots × d.
             unsafe {
                 self.experts_on_decode_kernel(
@@ -485,12 +494,12 @@ impl CudaBackend {
     /// or row 0 for all where `x_shared`) times each piece's expert's
     /// matrices, through `product.epilogue`. `piece_rows`: the routing's
     /// most rows a piece (pieces of one row take the one-row kernel). `q8`:
-    /// the 8-bit scratch where the format takes the integer path, else
+    /// the scratch where the format's launch prepares its activations, else
     /// null; `quantized`: it already holds x (the routing launch's work).
     ///
     /// # Safety
     /// x holds x_rows rows of the matrices' width; each output holds the
-    /// step's sorted rows; q8, when not null, q8_bytes(width, x_rows) bytes.
+    /// step's sorted rows; q8, when not null, prepared_bytes(width, x_rows) bytes.
     #[allow(clippy::too_many_arguments)]
     unsafe fn experts_on_decode_kernel(
         &self,

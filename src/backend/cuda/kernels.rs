@@ -86,10 +86,12 @@ pub struct GemvLaunch {
     pub eps: f32,
     /// Multiprocessors of the device (the grid fills them).
     pub sm_count: c_int,
-    /// Scratch of `q8_bytes(cols, n_x)` bytes for x quantized to 8 bits: the
-    /// integer (dp4a) path for the formats that have one; null for FP32.
+    /// Scratch of `prepared_bytes(cols, n_x)` bytes for x prepared by the
+    /// launch (`m40_gemv_prepared_path`: 8-bit codes for the integer path
+    /// where the device runs dp4a code, scaled values for the M40's scaled
+    /// path elsewhere); null for the FP32 path.
     pub x_q8: *mut i8,
-    /// 1: x_q8 already holds x, normalized and quantized by the previous
+    /// 1: x_q8 already holds x, normalized and prepared by the previous
     /// launch of the same fused step.
     pub x_quantized: c_int,
     /// 1: the kernels may start while the stream's previous kernel finishes
@@ -127,7 +129,7 @@ pub struct ExpertView {
     pub n_work: c_int,
     /// 1: every piece reads x's rows from row 0 (one session's decode).
     pub x_shared: c_int,
-    /// Rows of x (the integer path quantizes them all).
+    /// Rows of x (a prepared route prepares them all).
     pub x_rows: c_int,
     pub unused: c_int,
 }
@@ -143,11 +145,14 @@ impl ExpertView {
     };
 }
 
-/// Bytes of `n_x` activation rows of `cols` values quantized to 8 bits in
-/// blocks of 32 (codes, then a (d, d·Σcodes) pair of f32 per block; M40Q8Row
-/// in cuda/q8.cuh).
-pub fn q8_bytes(cols: usize, n_x: usize) -> usize {
-    n_x * cols / 32 * 40
+/// Bytes of scratch for `n_x` activation rows of `cols` values prepared
+/// for the decode kernel: the larger of its two layouts, the scaled values
+/// (an f32 a value, the row padded to whole tiles of 1024 values, and one
+/// f32 per 8 values; M40ScaledRow in cuda/scaled.cuh) over the 8-bit codes
+/// (a byte a value and two f32 per 32; M40Q8Row in cuda/q8.cuh). Mirrors
+/// `m40_scaled_bytes` in cuda/scaled.cuh.
+pub const fn prepared_bytes(cols: usize, n_x: usize) -> usize {
+    n_x * (cols.div_ceil(1024) * 1024 * 4 + cols / 2)
 }
 
 /// A `m40_mmq` launch (M40Mmq in cuda/mmq.cu): y (n_x × rows) = x · Wᵀ
@@ -258,9 +263,15 @@ extern "C" {
         rows_per_warp: c_int,
         stream: Stream,
     ) -> c_int;
-    /// 1 when decode products of type `ty` take the integer (dp4a) path on
-    /// the current device, given a scratch.
-    pub fn m40_gemv_integer_path(ty: c_int) -> c_int;
+    /// 1 when decode products of type `ty` prepare their activations in a
+    /// scratch on the current device (given one): 8-bit codes for the
+    /// integer path where the device runs this build's dp4a code (sm_61+
+    /// SASS), scaled values for the scaled path elsewhere (sm_52 SASS, the
+    /// compute_52 PTX).
+    pub fn m40_gemv_prepared_path(ty: c_int) -> c_int;
+    /// 1 when the current device runs this build's dp4a code (the integer
+    /// path rather than the scaled one).
+    pub fn m40_gemv_dp4a_code() -> c_int;
     /// 1 when launches may overlap the stream's previous kernel on the
     /// current device (programmatic dependent launch: sm_90+ code).
     pub fn m40_launch_overlap() -> c_int;
@@ -302,9 +313,9 @@ extern "C" {
     /// each (row, slot)'s weight and sorted row), `sorted_source` (the
     /// source row of each sorted row) and `n_work` work pieces of at most
     /// `piece_rows` rows (at least `m40_moe_pieces` of them). Where `x_q8`
-    /// is not null the launch also quantizes `x_rows` rows of `x` (`cols`
-    /// wide, normalized first where `norm` is not null) into it for the
-    /// integer path, as `m40_gemv` would.
+    /// is not null the launch also prepares `x_rows` rows of `x` (`cols`
+    /// wide, normalized first where `norm` is not null) into it, as
+    /// `m40_gemv` would.
     pub fn m40_moe_route(
         overlap: c_int,
         logits: *const f32,

@@ -8,8 +8,8 @@
 use std::mem::{align_of, offset_of, size_of};
 
 use super::kernels::{
-    AttentionInputs, DeviceRow, ExpertView, ExpertWork, GemvEpilogue, GemvLaunch, GemvMatrix,
-    MmqLaunch, ProjectionRole, ATTENTION_MAX_HEAD_DIM, GEMV_MAX_X,
+    prepared_bytes, AttentionInputs, DeviceRow, ExpertView, ExpertWork, GemvEpilogue, GemvLaunch,
+    GemvMatrix, MmqLaunch, ProjectionRole, ATTENTION_MAX_HEAD_DIM, GEMV_MAX_X,
 };
 
 /// Asserts, at compile time, a struct's size and alignment and then each
@@ -126,4 +126,12 @@ const _: () = assert!(GEMV_MAX_X == 8, "GEMV_MAX_X differs from cuda/layout.cuh"
 const _: () = assert!(
     ATTENTION_MAX_HEAD_DIM == 256,
     "ATTENTION_MAX_HEAD_DIM differs from cuda/layout.cuh"
+);
+
+// m40_scaled_bytes (cuda/scaled.cuh): the prepared activations' scratch
+const _: () = assert!(
+    prepared_bytes(4096, 8) == 147456
+        && prepared_bytes(11008, 1) == 50560
+        && prepared_bytes(2048, 3) == 27648,
+    "prepared_bytes differs from cuda/layout.cuh"
 );

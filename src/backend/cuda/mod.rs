@@ -48,7 +48,7 @@ use crate::json::JsonObject;
 use crate::quant::GgmlType;
 pub use graph::GraphStats;
 use graph::{Capture, DecodeGraphs};
-use kernels::{m40_launch_overlap, q8_bytes, GEMV_MAX_X};
+use kernels::{m40_launch_overlap, prepared_bytes, GEMV_MAX_X};
 use memory::Arena;
 pub use memory::{DeviceAllocator, DevicePtr, MemoryStats};
 pub use options::CudaOptions;
@@ -102,9 +102,9 @@ struct State {
     positions: RowTable,
     /// The row table of the rows the KV kernels were last given.
     cache_rows: RowTable,
-    /// Where the decode kernel quantizes its activation rows to 8 bits
-    /// (`q8_bytes` for GEMV_MAX_X rows of the widest matrix), when products
-    /// take the integer path.
+    /// Where the decode kernel prepares its activation rows (8-bit codes or
+    /// scaled values: `prepared_bytes` for GEMV_MAX_X rows of the widest
+    /// matrix), when products take a prepared route.
     activations_q8: Option<DevicePtr<i8>>,
     /// The step being recorded into a graph, if any: its kernels read the
     /// step's inputs from the graph's own input block.
@@ -143,12 +143,12 @@ impl CudaBackend {
             None
         };
         let routes = Routes::new(&file, &info, cublas.as_ref(), options.integer_products);
-        let activations_q8 = if routes.any_integer() {
+        let activations_q8 = if routes.any_prepared() {
             let widest = weights::matrices(&file)
                 .map(|t| t.dims[0] as usize)
                 .max()
                 .unwrap_or(0);
-            Some(allocator.alloc::<i8>(q8_bytes(widest, GEMV_MAX_X))?)
+            Some(allocator.alloc::<i8>(prepared_bytes(widest, GEMV_MAX_X))?)
         } else {
             None
         };
@@ -254,7 +254,7 @@ impl CudaBackend {
 
     /// Whether decode products of type `ty` run on 8-bit activations (dp4a).
     pub fn integer_products(&self, ty: GgmlType) -> bool {
-        self.routes.route(ty, 1) == ProductRoute::Decode { integer: true }
+        self.routes.dp4a() && self.routes.route(ty, 1) == ProductRoute::Decode { prepared: true }
     }
 
     /// Whether a product of `rows` activation rows with a matrix of type

@@ -13,12 +13,13 @@ pub struct CudaOptions {
     /// for Q6_K on the integer path, 2 otherwise). Tests set it to cover
     /// both.
     pub gemv_rows_per_warp: Option<u32>,
-    /// Decode products (up to 8 rows) of the quantized formats on 8-bit
-    /// activations with dp4a, on GPUs that have it (sm_61 and newer) and in
-    /// builds that carry code for them; false keeps them in FP32, the M40's
-    /// path (tests set it to run that path on newer GPUs). Products of 9–64
-    /// rows take the f16 tensor cores where the GPU has them (sm_80+)
-    /// either way.
+    /// Decode products (up to 8 rows) of the quantized formats with a
+    /// prepared path on activations prepared by a launch of their own: 8-bit
+    /// with dp4a where the device runs this build's sm_61+ code, scaled FP32
+    /// values with masked codes (the M40's path) where it runs sm_52 code or
+    /// the compute_52 PTX; false keeps them on the plain FP32 path (tests
+    /// set it to cover that path). Products of 9–64 rows take the f16
+    /// tensor cores where the GPU has them (sm_80+) either way.
     pub integer_products: bool,
     /// Decode kernels that start while the stream's previous kernel
     /// finishes (programmatic dependent launch), on GPUs that have it (sm_90

@@ -373,8 +373,8 @@ impl CudaBackend {
     /// The decode kernel: `matrices` (all of `like`'s type and width) times
     /// `n_x` rows of x, GEMV_MAX_X rows per launch, each launch normalizing
     /// its rows first when `norm` (weights, eps) is given. `input_quantized`:
-    /// the previous launch of the same step took the integer path with the
-    /// same x and norm, so the 8-bit scratch already holds them.
+    /// the previous launch of the same step prepared the same x and norm
+    /// (`ProductRoute::Decode`), so the scratch already holds them.
     /// `attention`: where matrices with a query, key or value role put their
     /// results (its row table has a row per x row), or `NONE`.
     ///
@@ -472,7 +472,7 @@ impl CudaBackend {
     /// norm(x) times each product on the decode route (`routes`, one per
     /// product, each `Decode`): the kernel normalizes x itself. Consecutive
     /// products of one format share a launch (Q, K and V usually do); on the
-    /// integer path x is quantized by the first launch only. With
+    /// prepared route x is prepared by the first launch only. With
     /// `attention`, the products are a layer's queries, keys and values, and
     /// their epilogue does the attention-input step: RoPE, then the keys and
     /// values into the caches (`attention` says where).
@@ -500,7 +500,7 @@ impl CudaBackend {
         let mut first = 0;
         while first < products.len() {
             let ty = products[first].w.ty;
-            let ProductRoute::Decode { integer } = routes[first] else {
+            let ProductRoute::Decode { prepared } = routes[first] else {
                 return Err(Error::internal(
                     "a decode launch of a product not routed there",
                 ));
@@ -529,11 +529,11 @@ impl CudaBackend {
                     &matrices[..n],
                     GemvEpilogue::Store,
                     fused_norm,
-                    quantized && integer,
+                    quantized && prepared,
                     attention.unwrap_or(&AttentionInputs::NONE),
                 )?
             };
-            quantized |= integer;
+            quantized |= prepared;
             first += n;
         }
         Ok(())

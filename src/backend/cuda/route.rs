@@ -8,7 +8,9 @@
 use std::ffi::c_int;
 
 use super::cublas::Cublas;
-use super::kernels::{m40_gemv_integer_path, m40_mmq_expert_rows, m40_mmq_prepare, GEMV_MAX_X};
+use super::kernels::{
+    m40_gemv_dp4a_code, m40_gemv_prepared_path, m40_mmq_expert_rows, m40_mmq_prepare, GEMV_MAX_X,
+};
 use super::runtime::DeviceInfo;
 use super::weights::matrices;
 use crate::gguf::GgufFile;
@@ -28,11 +30,13 @@ const TENSOR_CORE_MAX_ROWS: usize = 64;
 pub(super) enum ProductRoute {
     /// One launch of the decode kernel (`m40_gemv`) takes every row: at most
     /// GEMV_MAX_X, a decode batch. The kernel normalizes its rows itself, so
-    /// a fused step's norm goes into the launch. `integer`: the format has
-    /// the kernel's dp4a path and this GPU and build run it (and the host
-    /// did not turn it off), so the launch quantizes its rows to 8 bits
-    /// first, which the launches of one step's products share.
-    Decode { integer: bool },
+    /// a fused step's norm goes into the launch. `prepared`: the launch
+    /// prepares its rows in scratch first, which the launches of one
+    /// step's products share: the format has the kernel's integer path and
+    /// this GPU runs the build's dp4a code (8-bit codes), or the scaled
+    /// path that the M40's code runs (scaled values), and the host did not
+    /// turn them off.
+    Decode { prepared: bool },
     /// The decode kernel, GEMV_MAX_X rows a launch, on rows normalized
     /// beforehand: more rows than one launch takes, which neither the
     /// tensor cores (the format or GPU has no such kernel) nor cuBLAS
@@ -57,8 +61,9 @@ pub(super) enum ProductRoute {
 /// (see cuda/moe.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum ExpertRoute {
-    /// The decode kernel, pieces of at most `piece_rows` rows; `integer`
-    /// (for the gate and up products, then for down): on 8-bit activations.
+    /// The decode kernel, pieces of at most `piece_rows` rows; `prepared`
+    /// (for the gate and up products, then for down): on prepared
+    /// activations (as `ProductRoute::Decode`).
     /// `piece_rows` 1: the one-row kernel, a piece per (row, expert): one
     /// session, and batches of up to GEMV_MAX_X rows where the tensor cores
     /// would otherwise take them (their experts mostly have one row each,
@@ -69,7 +74,7 @@ pub(super) enum ExpertRoute {
     /// tensor cores take them (the M40), which reads an expert's weights
     /// once for its rows and decodes them once, the M40's scarce resource.
     Decode {
-        integer: [bool; 2],
+        prepared: [bool; 2],
         piece_rows: usize,
     },
     /// The tensor-core kernel, pieces of `piece_rows` rows (its tile):
@@ -83,9 +88,12 @@ pub(super) enum ExpertRoute {
 
 /// What the routes depend on, fixed when the backend is created.
 pub(super) struct Routes {
-    /// The model's matrix formats whose decode products take the integer
-    /// path (8-bit activations, dp4a).
-    integer_formats: Vec<GgmlType>,
+    /// The model's matrix formats whose decode products take a prepared
+    /// route (8-bit activations and dp4a, or the M40's scaled values).
+    prepared_formats: Vec<GgmlType>,
+    /// Whether the device runs this build's dp4a code (the prepared
+    /// formats take the integer path rather than the scaled one).
+    dp4a: bool,
     /// The model's matrix formats that have a tensor-core kernel on this
     /// device (`m40_mmq`), and the rows of its expert work pieces for
     /// batches of up to 16 rows and of more.
@@ -99,20 +107,20 @@ pub(super) struct Routes {
 
 impl Routes {
     /// The routes for the matrices of `file` on the current device, with
-    /// `cublas` where it was loaded; `integer_products`: whether the host
-    /// allows the integer path (`CudaOptions`). Prepares the tensor-core
+    /// `cublas` where it was loaded; `allow_prepared`: whether the host
+    /// allows the prepared routes (`CudaOptions::integer_products`). Prepares the tensor-core
     /// kernels of the model's formats.
     pub fn new(
         file: &GgufFile,
         info: &DeviceInfo,
         cublas: Option<&Cublas>,
-        integer_products: bool,
+        allow_prepared: bool,
     ) -> Routes {
-        let mut integer_formats = Vec::new();
-        if integer_products {
+        let mut prepared_formats = Vec::new();
+        if allow_prepared {
             for t in matrices(file) {
-                if !integer_formats.contains(&t.ggml_type) && integer_path(t.ggml_type) {
-                    integer_formats.push(t.ggml_type);
+                if !prepared_formats.contains(&t.ggml_type) && prepared_path(t.ggml_type) {
+                    prepared_formats.push(t.ggml_type);
                 }
             }
         }
@@ -135,7 +143,9 @@ impl Routes {
             .filter(|&(_, rows)| rows[0] > 0 && rows[1] > 0)
             .collect();
         Routes {
-            integer_formats,
+            prepared_formats,
+            // SAFETY: a query of the current device's kernel attributes.
+            dp4a: unsafe { m40_gemv_dp4a_code() } == 1,
             tensor_core_formats,
             expert_piece_rows,
             has_cublas: cublas.is_some(),
@@ -149,7 +159,7 @@ impl Routes {
     pub fn route(&self, ty: GgmlType, rows: usize) -> ProductRoute {
         if rows <= GEMV_MAX_X {
             return ProductRoute::Decode {
-                integer: self.integer_formats.contains(&ty),
+                prepared: self.prepared_formats.contains(&ty),
             };
         }
         if (rows <= TENSOR_CORE_MAX_ROWS || !self.has_cublas)
@@ -176,13 +186,13 @@ impl Routes {
                 .find(|&&(t, _)| t == ty)
                 .map(|&(_, tiles)| tiles[usize::from(rows > 16)])
         };
-        let integer = [gate_up, down].map(|t| self.integer_formats.contains(&t));
+        let prepared = [gate_up, down].map(|t| self.prepared_formats.contains(&t));
         if rows > 1 {
             if let (Some(a), Some(b)) = (piece_rows(gate_up), piece_rows(down)) {
                 if a == b {
                     if rows <= GEMV_MAX_X {
                         return ExpertRoute::Decode {
-                            integer,
+                            prepared,
                             piece_rows: 1,
                         };
                     }
@@ -191,23 +201,28 @@ impl Routes {
             }
         }
         ExpertRoute::Decode {
-            integer,
+            prepared,
             piece_rows: if rows == 1 { 1 } else { GEMV_MAX_X },
         }
     }
 
-    /// Whether any of the model's formats takes the integer path (and the
-    /// decode kernel needs its 8-bit scratch).
-    pub fn any_integer(&self) -> bool {
-        !self.integer_formats.is_empty()
+    /// Whether any of the model's formats takes a prepared route (and the
+    /// decode kernel needs its scratch).
+    pub fn any_prepared(&self) -> bool {
+        !self.prepared_formats.is_empty()
+    }
+
+    /// Whether the prepared routes run the integer (dp4a) path.
+    pub fn dp4a(&self) -> bool {
+        self.dp4a
     }
 }
 
-/// Whether the decode kernel has an integer path for `ty` that runs dp4a on
-/// the current device.
-fn integer_path(ty: GgmlType) -> bool {
+/// Whether the decode kernel prepares the activations of `ty`'s products
+/// on the current device (the integer or the scaled path).
+fn prepared_path(ty: GgmlType) -> bool {
     // SAFETY: a query of the current device's kernel attributes.
-    unsafe { m40_gemv_integer_path(ty.id() as c_int) == 1 }
+    unsafe { m40_gemv_prepared_path(ty.id() as c_int) == 1 }
 }
 
 #[cfg(test)]
@@ -216,7 +231,8 @@ mod tests {
 
     fn routes(has_cublas: bool) -> Routes {
         Routes {
-            integer_formats: vec![GgmlType::Q4K],
+            prepared_formats: vec![GgmlType::Q4K],
+            dp4a: true,
             tensor_core_formats: vec![GgmlType::Q4K, GgmlType::Q8_0],
             expert_piece_rows: vec![(GgmlType::Q4K, [16, 32]), (GgmlType::Q8_0, [16, 32])],
             has_cublas,
@@ -225,15 +241,15 @@ mod tests {
     }
 
     #[test]
-    fn decode_batches_take_one_decode_launch_integer_where_the_format_has_it() {
+    fn decode_batches_take_one_decode_launch_prepared_where_the_format_has_it() {
         let r = routes(true);
         assert_eq!(
             r.route(GgmlType::Q4K, 1),
-            ProductRoute::Decode { integer: true }
+            ProductRoute::Decode { prepared: true }
         );
         assert_eq!(
             r.route(GgmlType::Q8_0, 8),
-            ProductRoute::Decode { integer: false }
+            ProductRoute::Decode { prepared: false }
         );
     }
 
@@ -258,14 +274,14 @@ mod tests {
         assert_eq!(
             r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, 1),
             ExpertRoute::Decode {
-                integer: [true, false],
+                prepared: [true, false],
                 piece_rows: 1
             }
         );
         assert_eq!(
             r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, GEMV_MAX_X),
             ExpertRoute::Decode {
-                integer: [true, false],
+                prepared: [true, false],
                 piece_rows: 1
             }
         );
@@ -281,14 +297,14 @@ mod tests {
         assert_eq!(
             r.expert_route(GgmlType::Q4K, GgmlType::Q6K, 3),
             ExpertRoute::Decode {
-                integer: [true, false],
+                prepared: [true, false],
                 piece_rows: GEMV_MAX_X
             }
         );
         assert_eq!(
             r.expert_route(GgmlType::Q4K, GgmlType::Q6K, 512),
             ExpertRoute::Decode {
-                integer: [true, false],
+                prepared: [true, false],
                 piece_rows: GEMV_MAX_X
             }
         );

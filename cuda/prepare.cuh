@@ -1,0 +1,50 @@
+// The launch that prepares a decode product's activations in scratch before
+// its products read them (gemv.cu's M40Gemv::x_q8, moe.cu's routing launch):
+// on GPUs with dp4a (code compiled for sm_61 or newer) 8-bit codes for the
+// integer path (q8.cuh); on the M40 (sm_52 code, the compute_52 PTX
+// included) values scaled for the FP32 path's masked codes (scaled.cuh).
+// The host asks which of the two the device runs (m40_code_version, gemv.cu).
+#pragma once
+
+#include "q8.cuh"
+#include "scaled.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+#define M40_DP4A_CODE 1
+#else
+#define M40_DP4A_CODE 0
+#endif
+
+// Bytes of scratch for n_x prepared rows of cols values: the larger layout,
+// the scaled one (over 4.5 bytes a value; the codes take 1.25). Mirrors
+// `prepared_bytes` in src/backend/cuda/kernels.rs.
+static inline size_t m40_prepared_bytes(int cols, int n_x) { return m40_scaled_bytes(cols, n_x); }
+
+// Values part · M40_NORM_THREADS.. of activation row t of x (normalized with
+// `norm` first where given) into scratch, as this code's products read
+// them. Every thread of the block calls it.
+__device__ void m40_prepare_part(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
+                                 int n_x, int8_t *scratch, int t, int part) {
+#if M40_DP4A_CODE
+    m40_quantize_q8_part(x, norm, eps, cols, n_x, scratch, t, part);
+#else
+    m40_scale_part(x, norm, eps, cols, n_x, scratch, t, part);
+#endif
+}
+
+// Activation row blockIdx.y, values blockIdx.x · M40_NORM_THREADS.., into scratch.
+__global__ void __launch_bounds__(M40_NORM_THREADS)
+    prepare_activations_kernel(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
+                               int n_x, int8_t *scratch) {
+    m40_wait_for_prior_kernels();
+    m40_allow_next_kernel();
+    m40_prepare_part(x, norm, eps, cols, n_x, scratch, blockIdx.y, blockIdx.x);
+}
+
+// Prepares n_x rows of x (normalized first where `norm` is given) into scratch.
+static void m40_prepare_activations(bool overlap, const float *x, const float *norm, float eps, int cols, int n_x,
+                                    int8_t *scratch, cudaStream_t stream) {
+    const dim3 grid(m40_blocks(size_t(cols), M40_NORM_THREADS), unsigned(n_x));
+    m40_launch(overlap, prepare_activations_kernel, grid, M40_NORM_THREADS, stream, x, norm, eps, cols, n_x,
+               scratch);
+}

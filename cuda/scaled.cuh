@@ -1,0 +1,111 @@
+// Activations scaled for the M40's decode products (gemv.cu's GemvScaled):
+// the FP32 path's counterpart of q8.cuh's 8-bit codes, on GPUs without
+// dp4a (sm_52–sm_60).
+//
+// A weight's code q (a small non-negative integer) is taken out of its
+// quant word by a mask alone, q's bits left where they lie at bit p: with
+// the exponent bits zero, those are the bits of the float q · 2^(p − 149),
+// a denormal, exact. FFMA multiplies denormals at full rate (the library is
+// built without -ftz), so a weight costs one LOP and one FFMA: no shift, no
+// conversion and no bias subtraction per weight. Every format puts the code
+// of an even value at bit 0 or 4 and that of an odd value at bit 8 or 12 of
+// a 16-bit half of a word (the factor 16 of bits 4 and 12 goes into the
+// block's scale), so activation i is scaled by 2^(85 − 8·(i % 2)) and every
+// product x·q comes out as x·q · 2^−64 (M40_SCALED_RESULT undoes it). A
+// format's code offset (Q4_0's 8, Q8_0's 128, Q6_K's 32) and minimum come
+// off per block through the sums of 8 values each row carries, scaled by
+// 2^−64 as well. 2^85 keeps activations up to 2^42 in range, 2^−64 keeps
+// dot products down to 2^−62 normal.
+#pragma once
+
+#include "quant.cuh"
+
+#define M40_SCALED_EVEN 0x1p85f
+#define M40_SCALED_ODD 0x1p77f
+#define M40_SCALED_SUM 0x1p-64f
+#define M40_SCALED_RESULT 0x1p64f
+
+// A row's values lie in tiles of 32 blocks of 32 (1024 values, a row's last
+// tile padded): in a tile, block b's values 4k..4k+3 are the float4 at
+// 32k + b, so that the lanes of a warp, each taking a block (lane i block
+// i of a round, as the decode kernel deals them), read 512 consecutive
+// bytes with each 16-byte load rather than a 16-byte piece of 32 lines.
+// The sums lie in value order (sum j: values 8j..8j+7).
+#define M40_SCALED_TILE 1024
+
+__host__ __device__ constexpr int m40_scaled_padded(int cols) {
+    return (cols + M40_SCALED_TILE - 1) / M40_SCALED_TILE * M40_SCALED_TILE;
+}
+
+// n_x rows of cols scaled activations (m40_scaled_bytes): every row's tiled
+// values, then every row's sums of 8 values.
+struct M40ScaledRow {
+    const float *x;
+    const float *sums;
+};
+
+__host__ __device__ constexpr size_t m40_scaled_bytes(int cols, int n_x) {
+    return size_t(n_x) * (size_t(m40_scaled_padded(cols)) * 4 + size_t(cols) / 2);
+}
+
+__device__ __forceinline__ M40ScaledRow m40_scaled_row(const int8_t *scratch, int cols, int n_x, int t) {
+    const float *base = reinterpret_cast<const float *>(scratch);
+    const size_t padded = size_t(m40_scaled_padded(cols));
+    return {base + size_t(t) * padded, base + size_t(n_x) * padded + size_t(t) * (cols / 8)};
+}
+
+// Block `block`'s first four values: its values 4k.. are 32·k float4 further.
+__device__ __forceinline__ const float4 *m40_scaled_block(const float *x, int block) {
+    return reinterpret_cast<const float4 *>(x) + (block >> 5) * 256 + (block & 31);
+}
+
+// Values part · M40_NORM_THREADS.. of activation row t of x (RMS-normalized
+// with `norm` first, when given), scaled into `scratch` (the layout above;
+// a padded tile's tail is never written, nor read). Every thread of the
+// block calls it.
+__device__ void m40_scale_part(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
+                               int n_x, int8_t *scratch, int t, int part) {
+    const float *row = x + size_t(t) * cols;
+    const float scale = norm ? m40_inverse_rms(row, cols, eps) : 1.0f;
+    const int i = part * M40_NORM_THREADS + threadIdx.x;
+    if (i >= cols) return;  // whole warps: cols is a multiple of 32
+    const float v = norm ? row[i] * scale * norm[i] : row[i];
+    float *values = reinterpret_cast<float *>(scratch) + size_t(t) * m40_scaled_padded(cols);
+    const int block = i / 32;
+    values[4 * ((block >> 5) * 256 + (i / 4 % 8) * 32 + (block & 31)) + i % 4] =
+        v * (i % 2 ? M40_SCALED_ODD : M40_SCALED_EVEN);
+    float sum = v;
+#pragma unroll
+    for (int offset = 1; offset < 8; offset <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    float *sums = reinterpret_cast<float *>(scratch) + size_t(n_x) * m40_scaled_padded(cols) + size_t(t) * (cols / 8);
+    if (i % 8 == 0) sums[i / 8] = sum * M40_SCALED_SUM;
+}
+
+// The float whose bits are those of w under `mask` (a code in place: see above).
+__device__ __forceinline__ float m40_code(uint32_t w, uint32_t mask) { return __uint_as_float(w & mask); }
+
+// acc + Σ x[k] · code k, for the four byte codes of c (each below 2^8; x
+// the values' scaled activations): bytes 0 and 1 in place, 2 and 3 after one
+// shift, which keeps every code clear of the exponent.
+__device__ __forceinline__ float m40_scaled_bytes4(uint32_t c, float4 x, float acc) {
+    const uint32_t h = c >> 16;
+    acc = fmaf(x.x, m40_code(c, 0xFFu), acc);
+    acc = fmaf(x.y, m40_code(c, 0xFF00u), acc);
+    acc = fmaf(x.z, m40_code(h, 0xFFu), acc);
+    return fmaf(x.w, m40_code(h, 0xFF00u), acc);
+}
+
+// The nibbles of quant word w: its bytes' low nibbles (values `low`) into
+// lo, their high nibbles (values `high`) into hi, which comes out 16 times
+// the sum (codes at bits 4 and 12).
+__device__ __forceinline__ void m40_scaled_nibbles8(uint32_t w, float4 low, float4 high, float &lo, float &hi) {
+    const uint32_t h = w >> 16;
+    lo = fmaf(low.x, m40_code(w, 0x0Fu), lo);
+    lo = fmaf(low.y, m40_code(w, 0x0F00u), lo);
+    lo = fmaf(low.z, m40_code(h, 0x0Fu), lo);
+    lo = fmaf(low.w, m40_code(h, 0x0F00u), lo);
+    hi = fmaf(high.x, m40_code(w, 0xF0u), hi);
+    hi = fmaf(high.y, m40_code(w, 0xF000u), hi);
+    hi = fmaf(high.z, m40_code(h, 0xF0u), hi);
+    hi = fmaf(high.w, m40_code(h, 0xF000u), hi);
+}
