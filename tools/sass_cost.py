@@ -7,36 +7,40 @@ library's sm_52 SASS (no GPU needed: nvcc 11.8 builds it, cuobjdump reads it).
 
 On the M40 a one-session decode product is as often limited by instruction
 issue as by memory: it issues ~3.4 T lane-instructions/s and streams ~250
-GB/s, so a format whose weight costs more lane-instructions than
+GB/s, so a format whose weight costs more issue slots than
 3.4e12 / 250e9 x (its bytes per weight) is bound by issue, not memory. This
-prints, for each format's one-session FP32-path kernel (cuda/gemv.cu,
-`gemv_kernel<Gemv<T>, R, 1, NORM, CHUNK, false>`, R = 2 as the M40 launches
-it, with and without the RMSNorm prologue), the lane-instructions each
-weight costs:
+prints, for each format's one-session kernel as the M40 runs it (cuda/gemv.cu,
+rows a warp as m40_single_rows gives them), the lane-instructions each weight
+costs: the scaled path for the formats that have one
+(`gemv_kernel<GemvScaled<T>, 4, 1, false, CHUNK, false>`; its activations
+are normalized and scaled by a launch before it, a cost per weight of 1/rows
+of the product's: nothing), the FP32 path for the float formats
+(`gemv_kernel<Gemv<T>, 2, 1, NORM, CHUNK, false>`, with and without the
+RMSNorm on the way).
 
-  inner   the loop that multiplies weights (a chunk's rounds of units, or
-          a direct format's unrolled units): every instruction of its body
-          once per iteration, divided by the weights an iteration
-          multiplies. Exact where the body is straight-line; where a chunk
-          has at most two rounds (Q8_0, the K formats) the compiler unrolls
-          it whole, the chunk loop is this loop, and both sides of its
-          branches count (an upper bound);
-  chunk   the chunk loop's other instructions (staging, the next chunk's
-          loads, index arithmetic) per chunk, divided by a chunk's weights;
-  row     the row-group loop's other instructions (the sums' reduction,
-          the epilogue, the next group's setup) per row group, divided by
-          a row group's weights at llama-7b shapes (rows of 4096 and 11008
-          columns, weighted as a token reads them);
-  total   their sum.
+The count follows the path a warp takes through the kernel's control flow
+(SSY/SYNC and PBK/BRK regions resolved as Maxwell runs them), at llama-7b
+shapes (rows of 4096 and 11008 columns, weighted as a token reads them):
 
-`chunk` and `row` are upper bounds: every instruction in those loop bodies
-counts once per iteration, both sides of each branch included (the steady
-state takes one side). `inner` is exact. The inner loop's instructions are
-also given by class, with the issue cost the M40 pays for them (sm_52
-throughput per SM per clock: FP32 and integer add/logic 128; shifts,
-compares, min/max, bit fields 64, so 2 issue slots; conversions and
-shuffles 32, so 4; loads and stores count 1 and are listed apart, their
-limit being the load/store units).
+  chunk   one pass through the chunk loop that multiplies a full chunk
+          (every round of units; the round loop's passes where the rounds
+          are a loop of their own), stages it and loads the next chunk, with
+          no row finish: the pass with the most FFMAs, then the most weight
+          loads, then the fewest instructions. Divided by a chunk's weights.
+  row     what each row group adds: its last chunk takes instead the pass
+          through the row-group loop that reduces the sums (SHFL), runs the
+          epilogue and sets up the next group (the most FFMAs and weight
+          loads, then the fewest instructions: the cheapest epilogue).
+  total   chunk + row: every instruction a warp issues for its rows, per
+          weight, taking every chunk as full (the last chunk of a row is
+          often partial: an upper bound by that much).
+
+The total's instructions are also given by class, with the issue cost the
+M40 pays for them (sm_52 throughput per SM per clock: FP32 and integer
+add/logic 128; shifts, compares, min/max, bit fields 64, so 2 issue slots;
+conversions and shuffles 32, so 4; loads and stores count 1 and are listed
+apart, their limit being the load/store units). `target` is the issue cost
+each format is held to (docs/cuda.md, "The M40's instruction budget").
 """
 import json
 import os
@@ -44,21 +48,22 @@ import re
 import subprocess
 import sys
 
-# ggml type id: (name, values per block, bytes per block, FP32-path unit
-# values, units per block, direct). Mirrors the Gemv<T> specializations in
-# cuda/gemv.cu; check_tables() below compares it with the source.
+# ggml type id: (name, values per block, bytes per block, unit values,
+# units per block, direct, path). Mirrors the GemvScaled<T> (path "scaled")
+# and Gemv<T> ("fp32") specializations in cuda/gemv.cu; check_tables() below
+# compares it with the source.
 FORMATS = {
-    0: ("f32", 8, 32, 8, 1, True),
-    1: ("f16", 8, 16, 8, 1, True),
-    30: ("bf16", 8, 16, 8, 1, True),
-    2: ("q4_0", 32, 18, 8, 4, False),
-    3: ("q4_1", 32, 20, 8, 4, False),
-    6: ("q5_0", 32, 22, 8, 4, False),
-    7: ("q5_1", 32, 24, 8, 4, False),
-    8: ("q8_0", 32, 34, 8, 4, False),
-    12: ("q4_k", 256, 144, 16, 16, False),
-    13: ("q5_k", 256, 176, 16, 16, False),
-    14: ("q6_k", 256, 210, 16, 16, False),
+    0: ("f32", 8, 32, 8, 1, True, "fp32"),
+    1: ("f16", 8, 16, 8, 1, True, "fp32"),
+    30: ("bf16", 8, 16, 8, 1, True, "fp32"),
+    2: ("q4_0", 32, 18, 32, 1, False, "scaled"),
+    3: ("q4_1", 32, 20, 32, 1, False, "scaled"),
+    6: ("q5_0", 32, 22, 32, 1, False, "scaled"),
+    7: ("q5_1", 32, 24, 32, 1, False, "scaled"),
+    8: ("q8_0", 32, 34, 32, 1, False, "scaled"),
+    12: ("q4_k", 256, 144, 32, 8, False, "scaled"),
+    13: ("q5_k", 256, 176, 32, 8, False, "scaled"),
+    14: ("q6_k", 256, 210, 32, 8, False, "scaled"),
 }
 # The instructions a weight may cost (lane-instructions, all overheads
 # included) for each format to stay memory-bound on the M40 (docs/cuda.md).
@@ -66,7 +71,8 @@ TARGETS = {"q4_0": 6, "q4_1": 7, "q5_0": 7, "q5_1": 7, "q4_k": 7, "q5_k": 7, "q6
 # Rounds of the staged inner loop per iteration (`#pragma unroll 2`) and
 # units per lane per iteration of the direct loop (UNROLL), as in gemv.cu.
 STAGED_UNROLL, DIRECT_UNROLL = 2, 4
-ROWS = 2  # weight rows per warp of the M40's one-session kernel (m40_single_rows)
+# Weight rows per warp of the M40's one-session kernels, by path (m40_single_rows).
+ROWS = {"scaled": 4, "fp32": 2}
 # llama-7b's matrices (rows, columns) of one layer, for the row overhead.
 LLAMA_7B = [(4096, 4096)] * 4 + [(11008, 4096)] * 2 + [(4096, 11008)]
 
@@ -78,8 +84,9 @@ MEMORY = re.compile(r"^(LDG|LDS|LD|LDC|STG|STS|ST|LDL|STL|TEX|TLD|ATOM|RED|ATOMS
 CONTROL = re.compile(r"^(BRA|SSY|SYNC|PBK|BRK|PCNT|CONT|EXIT|CAL|RET|BAR|NOP|DEPBAR|MEMBAR|JCAL)$")
 
 
-def kernel_name(ty, rows, norm, chunk):
-    return f"_Z11gemv_kernelI4GemvILi{ty}EELi{rows}ELi1ELb{int(norm)}ELi{chunk}ELb0EEv7M40Gemv"
+def kernel_name(ty, path, rows, norm, chunk):
+    struct = "10GemvScaled" if path == "scaled" else "4Gemv"
+    return f"_Z11gemv_kernelI{struct}ILi{ty}EELi{rows}ELi1ELb{int(norm)}ELi{chunk}ELb0EEv7M40Gemv"
 
 
 def chunk_row_bytes(name):
@@ -150,68 +157,173 @@ def ffmas(body, rng):
     return sum(1 for i in inside(body, rng) if i[1] == "FFMA")
 
 
+def target(text):
+    m = re.search(r"\b(?:BRA|SSY|PBK|CAL)\s+(?:CC\.\w+,\s*)?0x([0-9a-f]+)", text)
+    return int(m.group(1), 16) if m else None
+
+
+def successors(body):
+    """Each instruction's possible successors (indices into body; len(body): the end),
+    with Maxwell's structured control flow: SYNC goes to the target of the innermost SSY
+    whose region holds it, BRK to that of the innermost PBK; a predicated instruction
+    may also fall through. A call (CAL) returns to the next instruction."""
+    index = {addr: i for i, (addr, _, _) in enumerate(body)}
+    regions = {"SSY": [], "PBK": []}
+    for addr, op, text in body:
+        if op in regions:
+            regions[op].append((addr, target(text)))
+    end = len(body)
+
+    def resolve(addr):
+        # The instruction at addr, or the next one after it.
+        if addr in index:
+            return index[addr]
+        later = [i for a, i in index.items() if a > addr]
+        return min(later) if later else end
+
+    def innermost(kind, addr):
+        holding = [(a, t) for a, t in regions[kind] if a < addr < t]
+        return resolve(max(holding)[1]) if holding else end
+
+    out = []
+    for i, (addr, op, text) in enumerate(body):
+        predicated = text.startswith("@") and not text.startswith("@PT")
+        conditional = predicated or "CC." in text
+        nxt = [i + 1] if i + 1 < end else [end]
+        if op == "BRA":
+            out.append([resolve(target(text))] + (nxt if conditional else []))
+        elif op == "SYNC":
+            out.append([innermost("SSY", addr)] + (nxt if predicated else []))
+        elif op == "BRK":
+            out.append([innermost("PBK", addr)] + (nxt if predicated else []))
+        elif op in ("EXIT", "RET"):
+            out.append([end] + (nxt if predicated else []))
+        else:
+            out.append(nxt)
+    return out
+
+
+def weight_load(text):
+    # Weights are read 16 bytes a load, through L2 only (.CG) or as a stream
+    # (no cache flag on sm_52); activations through the read-only cache (.CI).
+    op = text.split()[1 if text.startswith("@") else 0]
+    return op.startswith("LDG") and op.endswith(".128") and ".CI" not in op
+
+
+def best_path(body, succ, rng, finish):
+    """The instructions of one pass through loop `rng` (header to its back edge, the back
+    edges of the loops inside it not taken): the pass that multiplies the most weights
+    (FFMAs), then issues the most weight loads, then costs the fewest instructions; with
+    `finish` it must reduce a row group's sums (SHFL), without it must not."""
+    first = next(i for i, (a, _, _) in enumerate(body) if a >= rng[0])
+    last = next(i for i, (a, _, _) in enumerate(body) if a == rng[1])
+    best = {first: ((0, 0, 0, 0), None)}  # (has shuffle, FFMAs, weight loads, -count)
+    for i in range(first, last + 1):
+        if i not in best:
+            continue
+        score, _ = best[i]
+        _, op, text = body[i]
+        shuffle = score[0] or op == "SHFL"
+        if op == "SHFL" and not finish:
+            continue
+        score = (int(shuffle), score[1] + (op == "FFMA"), score[2] + weight_load(text), score[3] - 1)
+        if i == last:
+            best[i] = (score, best[i][1])
+            break
+        for j in succ[i]:
+            if j <= i or j > last:
+                continue  # inner back edges and ways out of the loop
+            if j not in best or best[j][0] < score:
+                best[j] = (score, i)
+    if last not in best or bool(best[last][0][0]) != finish:
+        raise SystemExit("no pass through the loop of the kind wanted")
+    path, i = [], last
+    while i is not None:
+        path.append(body[i])
+        i = best[i][1] if i != first else None
+    return path[::-1]
+
+
 def analyse(body, fmt):
-    name, values, block_bytes, unit, units, direct = fmt
+    """Lane-instructions per weight of a row group at llama-7b shapes, along the
+    steady path: every chunk but the last takes the pass through the chunk loop that
+    multiplies a full chunk and loads the next, the last the pass through the row
+    group's finish (its reduction, epilogue and the next group's setup)."""
+    name, values, block_bytes, unit, units, direct, path = fmt
+    rows = ROWS[path]
+    succ = successors(body)
     found = loops(body)
-    # The loop that multiplies weights: of the loops holding FFMAs that hold
-    # no such loop themselves (a direct format's unrolled loop has a
-    # remainder loop beside it), the one with the most.
+    shuffles = lambda r: any(op == "SHFL" for _, op, _ in inside(body, r))
+    loads = lambda r: any(weight_load(t) for _, _, t in inside(body, r))
     multiplying = [r for r in found if ffmas(body, r) >= 8]
-    innermost = [r for r in multiplying if not any(o != r and r[0] <= o[0] and o[1] <= r[1] for o in multiplying)]
-    if not innermost:
+    if not multiplying:
         raise SystemExit(f"{name}: no multiplying loop found in the kernel")
-    inner = max(innermost, key=lambda r: ffmas(body, r))
-    enclosing = sorted((r for r in found if r[0] <= inner[0] and inner[1] <= r[1] and r != inner),
-                       key=lambda r: r[1] - r[0])
-    inner_instrs = inside(body, inner)
-    row_cols = sum(r * c for r, c in LLAMA_7B) / sum(r for r, _ in LLAMA_7B)  # a row's weights, as read
-    chunk_weights = chunk_blocks(units, block_bytes, chunk_row_bytes(name)) * values * ROWS
-    chunk_instrs = 0
-    if direct:
-        inner_weights = DIRECT_UNROLL * 32 * unit * ROWS
-        loops_out = enclosing[:1]
-    elif len(enclosing) >= 2:
-        # A chunk of several rounds: the round loop (unrolled by 2) inside
-        # the chunk loop inside the row-group loop.
-        inner_weights = STAGED_UNROLL * 32 * unit * ROWS
-        chunk_instrs = len(inside(body, enclosing[0])) - len(inner_instrs)
-        loops_out = enclosing[1:2]
-    else:
-        # A chunk of at most two rounds is unrolled whole: the chunk loop
-        # is the inner loop (and its branches count in full).
-        inner_weights = chunk_weights
-        loops_out = enclosing[:1]
-    if not loops_out:
+    # The chunk loop: of the multiplying loops that load weights and hold no such
+    # loop, the one that multiplies most (a direct format's unrolled loop, not the
+    # remainder loop beside it); the round loop, if any, the multiplying loop inside
+    # it that loads none; the row-group loop, the innermost around the chunk loop
+    # that reduces the sums.
+    loading = [r for r in multiplying if loads(r)]
+    innermost = [r for r in loading if not any(o != r and r[0] <= o[0] and o[1] <= r[1] for o in loading)]
+    chunk_loop = max(innermost, key=lambda r: ffmas(body, r))
+    round_loops = [r for r in multiplying if r != chunk_loop and chunk_loop[0] <= r[0] and r[1] <= chunk_loop[1]
+                   and not loads(r)]
+    group_loop = min((r for r in found if r[0] <= chunk_loop[0] and chunk_loop[1] <= r[1] and shuffles(r)),
+                     key=lambda r: r[1] - r[0], default=None)
+    if group_loop is None:
         raise SystemExit(f"{name}: no row-group loop around the multiplying loop")
-    below = enclosing[0] if chunk_instrs else inner
-    group_instrs = len(inside(body, loops_out[0])) - len(inside(body, below))
-    result = {
-        "inner": 32 * len(inner_instrs) / inner_weights,
-        "inner_exact": direct or len(enclosing) >= 2,
-        "chunk": 32 * chunk_instrs / chunk_weights,
-        "row": 32 * group_instrs / (ROWS * row_cols),
+    if direct:
+        chunk_values = DIRECT_UNROLL * 32 * unit
+        round_passes = 1
+    else:
+        chunk_values = chunk_blocks(units, block_bytes, chunk_row_bytes(name)) * values
+        rounds = chunk_values // values * units // 32
+        round_passes = -(-rounds // STAGED_UNROLL) if round_loops else 1
+    round_path = best_path(body, succ, round_loops[0], False) if round_loops else []
+    steady = best_path(body, succ, chunk_loop, False) + round_path * (round_passes - 1)
+    finish = best_path(body, succ, group_loop, True) + round_path * (round_passes - 1)
+    instrs = weights = 0
+    counted = []
+    for r, c in LLAMA_7B:
+        chunks = -(-c // chunk_values)
+        groups = r / rows
+        instrs += groups * (len(steady) * (chunks - 1) + len(finish))
+        weights += r * c
+        counted.append((groups * (chunks - 1), groups))
+    steady_groups = sum(a for a, _ in counted)
+    finish_groups = sum(b for _, b in counted)
+    by_class = {k: 32 * (v * steady_groups + classes(finish)[k] * finish_groups) / weights
+                for k, v in classes(steady).items()}
+    return {
+        "chunk": 32 * len(steady) / (rows * chunk_values),
+        "row": 32 * instrs / weights - 32 * len(steady) / (rows * chunk_values),
+        "total": 32 * instrs / weights,
+        "classes_per_weight": by_class,
     }
-    result["total"] = result["inner"] + result["chunk"] + result["row"]
-    result["inner_classes_per_weight"] = {k: 32 * v / inner_weights for k, v in classes(inner_instrs).items()}
-    return result
 
 
 def check_tables(source):
     """The table above against cuda/gemv.cu's specializations."""
     half = re.search(r"struct GemvHalf \{\s*static constexpr int VALUES = (\d+), BYTES = (\d+), "
                      r"UNIT = (\d+), UNITS = (\d+)", source)
-    k = re.search(r"struct GemvK \{\s*static constexpr int VALUES = (\d+), UNIT = (\d+), UNITS = (\d+)", source)
-    for name, values, block_bytes, unit, units, _ in FORMATS.values():
-        if name in ("f16", "bf16"):
+    nibbles = re.search(r"struct GemvScaledNibbles \{\s*static constexpr int VALUES = (\d+), BYTES = L::BYTES, "
+                        r"UNITS = (\d+)", source)
+    quant = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cuda", "quant.cuh")).read()
+    for name, values, block_bytes, unit, units, _, path in FORMATS.values():
+        upper = name.upper()
+        if path == "fp32" and name in ("f16", "bf16"):
             got = tuple(int(g) for g in half.groups()) if half else None
-        elif name in ("q4_k", "q5_k"):
-            b = re.search(rf"struct Gemv<M40_{name.upper()}> : GemvK<M40_{name.upper()}> \{{\s*"
-                          r"static constexpr int BYTES = (\d+)", source)
-            got = (int(k.group(1)), int(b.group(1)), int(k.group(2)), int(k.group(3))) if k and b else None
-        else:
-            m = re.search(rf"struct Gemv<M40_{name.upper()}> \{{\s*static constexpr int VALUES = (\d+), "
+        elif path == "fp32":
+            m = re.search(rf"struct Gemv<M40_{upper}> \{{\s*static constexpr int VALUES = (\d+), "
                           r"BYTES = (\d+), UNIT = (\d+), UNITS = (\d+)", source)
             got = tuple(int(g) for g in m.groups()) if m else None
+        elif re.search(rf"struct GemvScaled<M40_{upper}> : GemvScaledNibbles", source):
+            b = re.search(rf"struct NibbleBlock<M40_{upper}> : NibbleLayout<(\d+),", quant)
+            got = (int(nibbles.group(1)), int(b.group(1)), 32, int(nibbles.group(2))) if nibbles and b else None
+        else:
+            m = re.search(rf"struct GemvScaled<M40_{upper}> \{{\s*static constexpr int VALUES = (\d+), "
+                          r"BYTES = (\d+), UNITS = (\d+)", source)
+            got = (int(m.group(1)), int(m.group(2)), 32, int(m.group(3))) if m else None
         if got != (values, block_bytes, unit, units):
             raise SystemExit(f"tools/sass_cost.py's table for {name} {(values, block_bytes, unit, units)} "
                              f"differs from cuda/gemv.cu {got}")
@@ -231,31 +343,32 @@ def main():
     funcs = functions(sass)
     rows = []
     for ty, fmt in FORMATS.items():
-        name = fmt[0]
-        for norm in (False, True):
-            kernel = kernel_name(ty, ROWS, norm, chunk_row_bytes(name))
+        name, path = fmt[0], fmt[6]
+        for norm in (False, True) if path == "fp32" else (False,):
+            kernel = kernel_name(ty, path, ROWS[path], norm, chunk_row_bytes(name))
             if kernel not in funcs:
                 continue
             r = analyse(funcs[kernel], fmt)
-            r.update(format=name, norm=norm, target=TARGETS.get(name))
+            r.update(format=name, path=path, norm=norm, target=TARGETS.get(name))
             rows.append(r)
     if not rows:
         raise SystemExit(f"no sm_52 decode kernels in {args[0]} (build with M40_CUDA_ARCHS including 52)")
     if "--json" in sys.argv:
         print(json.dumps(rows, indent=1))
         return
-    print("Lane-instructions per weight of the sm_52 one-session decode kernels (FP32 path, 2 rows a warp).")
-    print("inner: the multiplying loop, exact; where a chunk is unrolled whole (Q8_0, K formats) the loop is")
-    print("the chunk loop and its value (marked <=) counts both sides of its branches. chunk, row: upper")
-    print("bounds, every instruction of the loop once. total <= inner + chunk + row. By class: the inner")
-    print("loop's instructions per weight; issue cost counts half-rate classes twice, quarter-rate 4 times.\n")
-    print("| format | norm | inner | chunk <= | row <= | total <= | target | fp32 | int/logic | half-rate "
+    print("Lane-instructions per weight of the sm_52 one-session decode kernels (rows a warp: scaled 4, fp32 2),")
+    print("at llama-7b shapes, along the steady path: chunk = one pass through a full chunk (its rounds, its")
+    print("staging and the next chunk's loads); row = what each row group adds (the last chunk's pass through")
+    print("the sums' reduction, the epilogue and the next group's setup); total = their sum. By class: the")
+    print("total's instructions; issue cost counts half-rate classes twice, quarter-rate 4 times; target: the")
+    print("issue cost each format is held to.\n")
+    print("| format | path | norm | chunk | row | total | target | fp32 | int/logic | half-rate "
           "| quarter-rate | memory | control | issue cost |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        c = r["inner_classes_per_weight"]
-        inner = f"{r['inner']:.2f}" if r["inner_exact"] else f"<= {r['inner']:.2f}"
-        print(f"| {r['format']} | {'yes' if r['norm'] else 'no'} | {inner} | {r['chunk']:.2f} | {r['row']:.2f} "
+        c = r["classes_per_weight"]
+        norm = "prepared" if r["path"] == "scaled" else "yes" if r["norm"] else "no"
+        print(f"| {r['format']} | {r['path']} | {norm} | {r['chunk']:.2f} | {r['row']:.2f} "
               f"| {r['total']:.2f} | {r['target'] or ''} | {c['fp32']:.2f} | {c['int/logic']:.2f} "
               f"| {c['half-rate']:.2f} | {c['quarter-rate']:.2f} | {c['memory']:.2f} | {c['control']:.2f} "
               f"| {c['issue cost']:.2f} |")
