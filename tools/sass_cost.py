@@ -10,7 +10,7 @@ issue as by memory: it issues ~3.4 T lane-instructions/s and streams ~250
 GB/s, so a format whose weight costs more issue slots than
 3.4e12 / 250e9 x (its bytes per weight) is bound by issue, not memory. This
 prints, for each format's one-session kernel as the M40 runs it (cuda/gemv.cu,
-rows a warp as m40_single_rows gives them), the lane-instructions each weight
+rows a warp as the M40 takes them: 4 on the scaled path), the lane-instructions each weight
 costs: the scaled path for the formats that have one
 (`gemv_kernel<GemvScaled<T>, 4, 1, false, CHUNK, false>`; its activations
 are normalized and scaled by a launch before it, a cost per weight of 1/rows
@@ -71,7 +71,7 @@ TARGETS = {"q4_0": 6, "q4_1": 7, "q5_0": 7, "q5_1": 7, "q4_k": 7, "q5_k": 7, "q6
 # Rounds of the staged inner loop per iteration (`#pragma unroll 2`) and
 # units per lane per iteration of the direct loop (UNROLL), as in gemv.cu.
 STAGED_UNROLL, DIRECT_UNROLL = 2, 4
-# Weight rows per warp of the M40's one-session kernels, by path (m40_single_rows).
+# Weight rows per warp of the M40's one-session kernels, by path (m40_single_rows, m40_scaled_rows).
 ROWS = {"scaled": 4, "fp32": 2}
 # llama-7b's matrices (rows, columns) of one layer, for the row overhead.
 LLAMA_7B = [(4096, 4096)] * 4 + [(11008, 4096)] * 2 + [(4096, 11008)]
