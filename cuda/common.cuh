@@ -151,6 +151,20 @@ __device__ float m40_inverse_rms(const float *g, int group, float eps) {
     return 1.0f / sqrtf(m40_block_sum(sum) / float(group) + eps);
 }
 
+// Value i = part · M40_NORM_THREADS + threadIdx.x of activation row t of x,
+// RMS-normalized with `norm` first where given, into v; false past the
+// row's end. Every thread of the block calls it (the row's 1/rms is the
+// block's sum): the decode products' prepare launches (q8.cuh, scaled.cuh).
+__device__ bool m40_row_value(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
+                              int t, int part, int &i, float &v) {
+    const float *row = x + size_t(t) * cols;
+    const float scale = norm ? m40_inverse_rms(row, cols, eps) : 1.0f;
+    i = part * M40_NORM_THREADS + threadIdx.x;
+    if (i >= cols) return false;
+    v = norm ? row[i] * scale * norm[i] : row[i];
+    return true;
+}
+
 // The gate activation of SwiGLU (SiLU) or GeGLU (tanh-GELU, written as
 // x / (1 + e^{−2y}), as the CPU backend computes it).
 __device__ __forceinline__ float m40_activation(bool gelu, float g) {

@@ -704,74 +704,83 @@ __device__ __forceinline__ void m40_k_scales_pair(const uint8_t *b, int c, float
 
 // Q4_K / Q5_K: unit u (of 8) is quant bytes 16u..16u+15 of the 128 as on
 // the integer path (c = u / 2, h = u % 2): the low nibbles are values
-// 16h..16h+15 of sub-block 2c, the high nibbles those of 2c + 1.
-struct M40ScaledK {
-    float4 low[4], high[4];
-    float sum_low, sum_high;
-};
-
-__device__ __forceinline__ void m40_scaled_k(M40ScaledRow x, int block, int u, M40ScaledK &a) {
-    const int first = 256 * block + 64 * (u / 2) + 16 * (u % 2);
-    // Sub-block 2c + 1 is the tile's next block (2c is even).
-    const float4 *low = m40_scaled_block(x.x, first / 32) + 32 * 4 * (u % 2);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        a.low[k] = __ldg(low + 32 * k);
-        a.high[k] = __ldg(low + 32 * k + 1);
-    }
-    const float2 lo = __ldg(reinterpret_cast<const float2 *>(x.sums + first / 8));
-    const float2 hi = __ldg(reinterpret_cast<const float2 *>(x.sums + first / 8 + 4));
-    a.sum_low = lo.x + lo.y;
-    a.sum_high = hi.x + hi.y;
-}
-
-template <> struct GemvScaled<M40_Q4_K> {
-    static constexpr int VALUES = 256, BYTES = 144, UNITS = 8;
+// 16h..16h+15 of sub-block 2c, the high nibbles those of 2c + 1. A format
+// sums the unit's low and high codes times their activations (`codes`);
+// the scales and minimums are the same for both.
+template <class K> struct GemvScaledK {
+    static constexpr int VALUES = 256, UNITS = 8;
     static constexpr bool DIRECT = false;
     struct W {
-        uint4 q;
+        typename K::Codes q;
         float scale_low, min_low, scale_high, min_high;
     };
-    using X = M40ScaledK;
-    __device__ static void weights(const uint8_t *b, int u, W &w) {
-        w.q = *reinterpret_cast<const uint4 *>(b + 16 + 16 * u);
-        m40_k_scales_pair(b, u / 2, 0.0625f, w.scale_low, w.min_low, w.scale_high, w.min_high);
-    }
-    __device__ static void activations(M40ScaledRow x, int block, int u, X &a) { m40_scaled_k(x, block, u, a); }
-    __device__ static float dot(const W &w, const X &a) {
-        float lo = 0.0f, hi = 0.0f;
-        m40_scaled_nibbles8(w.q.x, a.low[0], a.high[0], lo, hi);
-        m40_scaled_nibbles8(w.q.y, a.low[1], a.high[1], lo, hi);
-        m40_scaled_nibbles8(w.q.z, a.low[2], a.high[2], lo, hi);
-        m40_scaled_nibbles8(w.q.w, a.low[3], a.high[3], lo, hi);
-        const float s = fmaf(w.scale_low, lo, w.scale_high * hi);
-        return s - fmaf(w.min_low, a.sum_low, w.min_high * a.sum_high);
-    }
-};
-
-template <> struct GemvScaled<M40_Q5_K> {
-    static constexpr int VALUES = 256, BYTES = 176, UNITS = 8;
-    static constexpr bool DIRECT = false;
-    struct W {
-        uint32_t q[8];  // codes of sub-block 2c's values, then 2c + 1's, a byte each
-        float scale_low, min_low, scale_high, min_high;
+    struct X {
+        float4 low[4], high[4];
+        float sum_low, sum_high;
     };
-    using X = M40ScaledK;
     __device__ static void weights(const uint8_t *b, int u, W &w) {
-        m40_q5k_codes(b, u, w.q);
-        m40_k_scales_pair(b, u / 2, 1.0f, w.scale_low, w.min_low, w.scale_high, w.min_high);
+        K::codes(b, u, w.q);
+        m40_k_scales_pair(b, u / 2, K::HIGH_FACTOR, w.scale_low, w.min_low, w.scale_high, w.min_high);
     }
-    __device__ static void activations(M40ScaledRow x, int block, int u, X &a) { m40_scaled_k(x, block, u, a); }
-    __device__ static float dot(const W &w, const X &a) {
-        float lo = 0.0f, hi = 0.0f;
+    __device__ static void activations(M40ScaledRow x, int block, int u, X &a) {
+        const int first = 256 * block + 64 * (u / 2) + 16 * (u % 2);
+        // Sub-block 2c + 1 is the tile's next block (2c is even).
+        const float4 *low = m40_scaled_block(x.x, first / 32) + 32 * 4 * (u % 2);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            lo = m40_scaled_bytes4(w.q[k], a.low[k], lo);
-            hi = m40_scaled_bytes4(w.q[4 + k], a.high[k], hi);
+            a.low[k] = __ldg(low + 32 * k);
+            a.high[k] = __ldg(low + 32 * k + 1);
         }
+        const float2 lo = __ldg(reinterpret_cast<const float2 *>(x.sums + first / 8));
+        const float2 hi = __ldg(reinterpret_cast<const float2 *>(x.sums + first / 8 + 4));
+        a.sum_low = lo.x + lo.y;
+        a.sum_high = hi.x + hi.y;
+    }
+    __device__ static float dot(const W &w, const X &a) {
+        float lo = 0.0f, hi = 0.0f;
+        K::multiply(w.q, a, lo, hi);
         const float s = fmaf(w.scale_low, lo, w.scale_high * hi);
         return s - fmaf(w.min_low, a.sum_low, w.min_high * a.sum_high);
     }
+};
+
+// Q4_K: the quant words as they are, nibbles masked straight out (the high
+// nibbles' sum 16 times too large, taken out of their scale).
+struct M40ScaledQ4K {
+    using Codes = uint4;
+    static constexpr float HIGH_FACTOR = 0.0625f;
+    __device__ static void codes(const uint8_t *b, int u, uint4 &q) {
+        q = *reinterpret_cast<const uint4 *>(b + 16 + 16 * u);
+    }
+    template <class X> __device__ static void multiply(const uint4 &q, const X &a, float &lo, float &hi) {
+        m40_scaled_nibbles8(q.x, a.low[0], a.high[0], lo, hi);
+        m40_scaled_nibbles8(q.y, a.low[1], a.high[1], lo, hi);
+        m40_scaled_nibbles8(q.z, a.low[2], a.high[2], lo, hi);
+        m40_scaled_nibbles8(q.w, a.low[3], a.high[3], lo, hi);
+    }
+};
+
+// Q5_K: the codes with their fifth bits, a byte each (m40_q5k_codes).
+struct M40ScaledQ5K {
+    struct Codes {
+        uint32_t q[8];  // sub-block 2c's values, then 2c + 1's
+    };
+    static constexpr float HIGH_FACTOR = 1.0f;
+    __device__ static void codes(const uint8_t *b, int u, Codes &c) { m40_q5k_codes(b, u, c.q); }
+    template <class X> __device__ static void multiply(const Codes &c, const X &a, float &lo, float &hi) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            lo = m40_scaled_bytes4(c.q[k], a.low[k], lo);
+            hi = m40_scaled_bytes4(c.q[4 + k], a.high[k], hi);
+        }
+    }
+};
+
+template <> struct GemvScaled<M40_Q4_K> : GemvScaledK<M40ScaledQ4K> {
+    static constexpr int BYTES = 144;
+};
+template <> struct GemvScaled<M40_Q5_K> : GemvScaledK<M40ScaledQ5K> {
+    static constexpr int BYTES = 176;
 };
 
 // Q6_K: unit u (of 8) as on the integer path: half h = u / 4, l = 8 (u % 4);
@@ -1327,22 +1336,31 @@ template <class G> static bool m40_gemv_split(const M40Gemv &p, size_t groups, s
     return groups < waves * resident_warps;
 }
 
+// Row groups of a launch at R weight rows a warp (a GLU epilogue's warp
+// takes R / 2 rows of each of its two matrices), per grid slice.
+static size_t m40_gemv_groups(const M40Gemv &p, int R) {
+    const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
+    const int total_rows = glu ? p.m[0].rows : p.m[0].rows + p.m[1].rows + p.m[2].rows;
+    const int rows_per_warp = glu ? R / 2 : R;
+    return size_t((total_rows + rows_per_warp - 1) / rows_per_warp);
+}
+
+// Grid slices of a launch (one per expert work piece) and the device's SMs.
+static size_t m40_gemv_slices(const M40Gemv &p) { return p.experts.work ? size_t(p.experts.n_work) : 1; }
+static size_t m40_gemv_sms(const M40Gemv &p) { return size_t(p.sm_count > 0 ? p.sm_count : 1); }
+
 // Enough blocks to fill every SM as far as the kernel's occupancy allows
 // (the blocks loop over the rest).
 template <class G, int R, int NX, bool NORM, int CHUNK>
 static void m40_gemv_launch(const M40Gemv &p, cudaStream_t stream) {
-    const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
-    const int total_rows = glu ? p.m[0].rows : p.m[0].rows + p.m[1].rows + p.m[2].rows;
-    const int rows_per_warp = glu ? R / 2 : R;
-    const size_t groups = size_t((total_rows + rows_per_warp - 1) / rows_per_warp);
-    const size_t sms = size_t(p.sm_count > 0 ? p.sm_count : 1);
+    const size_t groups = m40_gemv_groups(p, R), sms = m40_gemv_sms(p);
     // Expert products: a slice of the grid (its y) per work piece, each as
     // wide as its matrix needs. Slices of pieces the routing left empty
     // exit at once, so the grid is not held to the resident blocks: a
     // batch's experts have few rows each, and a slice with a share of the
     // resident warps would walk its matrix a row group after another.
     const bool experts = p.experts.work != nullptr;
-    const size_t slices = experts ? size_t(p.experts.n_work) : 1;
+    const size_t slices = m40_gemv_slices(p);
     const auto per_slice = [&](size_t resident) { return experts ? ~size_t(0) : resident; };
     const size_t resident = size_t(m40_gemv_blocks_per_sm<G, R, NX, NORM, CHUNK, false>()) * sms;
     // The batched kernels, short of registers already, and the integer
@@ -1388,37 +1406,34 @@ constexpr bool m40_prepared_format(int type) {
 // Weight rows per warp of the one-session kernel where the caller leaves the
 // choice to the format, as measured on the H100 (gemv_bench, llama-7b
 // shapes): the integer Q6_K is faster at 4 rows for every product, the
-// other integer formats at 2. The FP32 path takes 2. The scaled path takes
-// 4 (m40_scaled_rows), which on the M40 issues 10–14% fewer instructions a
-// weight and reads half the activation bytes.
-template <class G, int TYPE> constexpr int m40_single_rows() {
-    return m40_scaled<G> || (m40_integer<G> && TYPE == M40_Q6_K) ? 4 : 2;
-}
+// other integer formats at 2. The FP32 path takes 2; the scaled path
+// chooses by the product's size (m40_scaled_rows).
+template <class G, int TYPE> constexpr int m40_single_rows() { return m40_integer<G> && TYPE == M40_Q6_K ? 4 : 2; }
 
-// Rows per warp of one session's product on the scaled path: 4, unless its
-// row groups at 4 rows would not make two waves of the kernel's resident
-// warps, where 2 rows a warp keep twice as many warps streaming (a 1B
-// model's matrices on a GPU of 132 SMs; on the M40's 24 every llama-1b and
-// llama-7b matrix makes its two waves at 4).
+// Rows per warp of one session's product on the scaled path: 4, which on
+// the M40 issues 10–14% fewer instructions a weight and reads half the
+// activation bytes, unless its row groups at 4 rows would not make two
+// waves of the kernel's resident warps, where 2 rows a warp keep twice as
+// many warps streaming (a 1B model's matrices on a GPU of 132 SMs; on the
+// M40's 24 every llama-1b and llama-7b matrix makes its two waves at 4).
 template <class G, int TYPE, bool NORM> static int m40_scaled_rows(const M40Gemv &p) {
     constexpr int CHUNK = m40_chunk_row_bytes(TYPE);
-    const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
-    const size_t rows = glu ? size_t(p.m[0].rows) : size_t(p.m[0].rows) + p.m[1].rows + p.m[2].rows;
-    const size_t groups = (rows + (glu ? 1 : 3)) / (glu ? 2 : 4) * size_t(p.experts.work ? p.experts.n_work : 1);
-    const size_t resident = size_t(m40_gemv_blocks_per_sm<G, 4, 1, NORM, CHUNK, false>()) *
-                            size_t(p.sm_count > 0 ? p.sm_count : 1) * M40_GEMV_WARPS;
-    return groups >= 2 * resident ? 4 : 2;
+    const size_t groups = m40_gemv_groups(p, 4) * m40_gemv_slices(p);
+    const size_t resident = size_t(m40_gemv_blocks_per_sm<G, 4, 1, NORM, CHUNK, false>()) * m40_gemv_sms(p);
+    return groups >= 2 * resident * M40_GEMV_WARPS ? 4 : 2;
 }
 
 // The launch of kernel G for a batch (n_x > 1) or one session.
 template <class G, int TYPE, bool NORM>
 static void m40_gemv_shapes(const M40Gemv &p, int rows_per_warp, cudaStream_t stream) {
     constexpr int CHUNK = m40_chunk_row_bytes(TYPE);
-    if (rows_per_warp == 0)
-        rows_per_warp = m40_scaled<G> && p.n_x == 1 ? m40_scaled_rows<G, TYPE, NORM>(p) : m40_single_rows<G, TYPE>();
-    if (p.n_x > 1)
+    if (p.n_x > 1) {
         m40_gemv_launch<G, m40_batch_rows(TYPE), M40_GEMV_MAX_X, NORM, 576>(p, stream);
-    else if (rows_per_warp == 4)
+        return;
+    }
+    if (rows_per_warp == 0)
+        rows_per_warp = m40_scaled<G> ? m40_scaled_rows<G, TYPE, NORM>(p) : m40_single_rows<G, TYPE>();
+    if (rows_per_warp == 4)
         m40_gemv_launch<G, 4, 1, NORM, CHUNK>(p, stream);
     else
         m40_gemv_launch<G, 2, 1, NORM, CHUNK>(p, stream);

@@ -34,11 +34,9 @@ __device__ __forceinline__ int2 m40_q8_words2(const int8_t *q) { return __ldg(re
 __device__ void m40_quantize_q8_part(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
                                      int n_x, int8_t *q8, int t, int part) {
     const int lane = threadIdx.x % 32;
-    const float *row = x + size_t(t) * cols;
-    const float scale = norm ? m40_inverse_rms(row, cols, eps) : 1.0f;
-    const int i = part * M40_NORM_THREADS + threadIdx.x;
-    if (i >= cols) return;  // whole warps: cols is a multiple of 32
-    const float v = norm ? row[i] * scale * norm[i] : row[i];
+    int i;
+    float v;
+    if (!m40_row_value(x, norm, eps, cols, t, part, i, v)) return;  // whole warps: cols is a multiple of 32
     const float d = m40_warp_max(fabsf(v)) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     const int q = __float2int_rn(v * id);

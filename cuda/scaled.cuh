@@ -48,15 +48,25 @@ __host__ __device__ constexpr size_t m40_scaled_bytes(int cols, int n_x) {
     return size_t(n_x) * (size_t(m40_scaled_padded(cols)) * 4 + size_t(cols) / 2);
 }
 
-__device__ __forceinline__ M40ScaledRow m40_scaled_row(const int8_t *scratch, int cols, int n_x, int t) {
-    const float *base = reinterpret_cast<const float *>(scratch);
-    const size_t padded = size_t(m40_scaled_padded(cols));
-    return {base + size_t(t) * padded, base + size_t(n_x) * padded + size_t(t) * (cols / 8)};
+// Where row t's values and its sums start in the scratch, in floats.
+__host__ __device__ constexpr size_t m40_scaled_values_at(int cols, int t) {
+    return size_t(t) * m40_scaled_padded(cols);
+}
+__host__ __device__ constexpr size_t m40_scaled_sums_at(int cols, int n_x, int t) {
+    return size_t(n_x) * m40_scaled_padded(cols) + size_t(t) * (cols / 8);
 }
 
-// Block `block`'s first four values: its values 4k.. are 32·k float4 further.
+__device__ __forceinline__ M40ScaledRow m40_scaled_row(const int8_t *scratch, int cols, int n_x, int t) {
+    const float *base = reinterpret_cast<const float *>(scratch);
+    return {base + m40_scaled_values_at(cols, t), base + m40_scaled_sums_at(cols, n_x, t)};
+}
+
+// The float4 of a row holding block `block`'s first four values: its values
+// 4k.. are 32·k float4 further.
+__host__ __device__ constexpr int m40_scaled_vector(int block) { return (block >> 5) * 256 + (block & 31); }
+
 __device__ __forceinline__ const float4 *m40_scaled_block(const float *x, int block) {
-    return reinterpret_cast<const float4 *>(x) + (block >> 5) * 256 + (block & 31);
+    return reinterpret_cast<const float4 *>(x) + m40_scaled_vector(block);
 }
 
 // Values part · M40_NORM_THREADS.. of activation row t of x (RMS-normalized
@@ -65,20 +75,15 @@ __device__ __forceinline__ const float4 *m40_scaled_block(const float *x, int bl
 // block calls it.
 __device__ void m40_scale_part(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
                                int n_x, int8_t *scratch, int t, int part) {
-    const float *row = x + size_t(t) * cols;
-    const float scale = norm ? m40_inverse_rms(row, cols, eps) : 1.0f;
-    const int i = part * M40_NORM_THREADS + threadIdx.x;
-    if (i >= cols) return;  // whole warps: cols is a multiple of 32
-    const float v = norm ? row[i] * scale * norm[i] : row[i];
-    float *values = reinterpret_cast<float *>(scratch) + size_t(t) * m40_scaled_padded(cols);
-    const int block = i / 32;
-    values[4 * ((block >> 5) * 256 + (i / 4 % 8) * 32 + (block & 31)) + i % 4] =
-        v * (i % 2 ? M40_SCALED_ODD : M40_SCALED_EVEN);
+    int i;
+    float v;
+    if (!m40_row_value(x, norm, eps, cols, t, part, i, v)) return;  // whole warps: cols is a multiple of 32
+    float *values = reinterpret_cast<float *>(scratch) + m40_scaled_values_at(cols, t);
+    values[4 * (m40_scaled_vector(i / 32) + 32 * (i / 4 % 8)) + i % 4] = v * (i % 2 ? M40_SCALED_ODD : M40_SCALED_EVEN);
     float sum = v;
 #pragma unroll
     for (int offset = 1; offset < 8; offset <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    float *sums = reinterpret_cast<float *>(scratch) + size_t(n_x) * m40_scaled_padded(cols) + size_t(t) * (cols / 8);
-    if (i % 8 == 0) sums[i / 8] = sum * M40_SCALED_SUM;
+    if (i % 8 == 0) reinterpret_cast<float *>(scratch)[m40_scaled_sums_at(cols, n_x, t) + i / 8] = sum * M40_SCALED_SUM;
 }
 
 // The float whose bits are those of w under `mask` (a code in place: see above).

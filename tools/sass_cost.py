@@ -282,23 +282,20 @@ def analyse(body, fmt):
     round_path = best_path(body, succ, round_loops[0], False) if round_loops else []
     steady = best_path(body, succ, chunk_loop, False) + round_path * (round_passes - 1)
     finish = best_path(body, succ, group_loop, True) + round_path * (round_passes - 1)
-    instrs = weights = 0
-    counted = []
-    for r, c in LLAMA_7B:
-        chunks = -(-c // chunk_values)
-        groups = r / rows
-        instrs += groups * (len(steady) * (chunks - 1) + len(finish))
-        weights += r * c
-        counted.append((groups * (chunks - 1), groups))
-    steady_groups = sum(a for a, _ in counted)
-    finish_groups = sum(b for _, b in counted)
-    by_class = {k: 32 * (v * steady_groups + classes(finish)[k] * finish_groups) / weights
-                for k, v in classes(steady).items()}
+    # A token's passes: every row group takes its chunks' steady passes but the
+    # last, and one finish.
+    weights = sum(r * c for r, c in LLAMA_7B)
+    finishes = sum(r / rows for r, _ in LLAMA_7B)
+    steadies = sum(r / rows * (-(-c // chunk_values) - 1) for r, c in LLAMA_7B)
+    steady_classes, finish_classes = classes(steady), classes(finish)
+    chunk = 32 * len(steady) / (rows * chunk_values)
+    total = 32 * (len(steady) * steadies + len(finish) * finishes) / weights
     return {
-        "chunk": 32 * len(steady) / (rows * chunk_values),
-        "row": 32 * instrs / weights - 32 * len(steady) / (rows * chunk_values),
-        "total": 32 * instrs / weights,
-        "classes_per_weight": by_class,
+        "chunk": chunk,
+        "row": total - chunk,
+        "total": total,
+        "classes_per_weight": {k: 32 * (steady_classes[k] * steadies + finish_classes[k] * finishes) / weights
+                               for k in steady_classes},
     }
 
 
@@ -308,6 +305,7 @@ def check_tables(source):
                      r"UNIT = (\d+), UNITS = (\d+)", source)
     nibbles = re.search(r"struct GemvScaledNibbles \{\s*static constexpr int VALUES = (\d+), BYTES = L::BYTES, "
                         r"UNITS = (\d+)", source)
+    scaled_k = re.search(r"struct GemvScaledK \{\s*static constexpr int VALUES = (\d+), UNITS = (\d+)", source)
     quant = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cuda", "quant.cuh")).read()
     for name, values, block_bytes, unit, units, _, path in FORMATS.values():
         upper = name.upper()
@@ -317,6 +315,10 @@ def check_tables(source):
             m = re.search(rf"struct Gemv<M40_{upper}> \{{\s*static constexpr int VALUES = (\d+), "
                           r"BYTES = (\d+), UNIT = (\d+), UNITS = (\d+)", source)
             got = tuple(int(g) for g in m.groups()) if m else None
+        elif re.search(rf"struct GemvScaled<M40_{upper}> : GemvScaledK<", source):
+            b = re.search(rf"struct GemvScaled<M40_{upper}> : GemvScaledK<\w+> \{{\s*"
+                          r"static constexpr int BYTES = (\d+)", source)
+            got = (int(scaled_k.group(1)), int(b.group(1)), 32, int(scaled_k.group(2))) if scaled_k and b else None
         elif re.search(rf"struct GemvScaled<M40_{upper}> : GemvScaledNibbles", source):
             b = re.search(rf"struct NibbleBlock<M40_{upper}> : NibbleLayout<(\d+),", quant)
             got = (int(nibbles.group(1)), int(b.group(1)), 32, int(nibbles.group(2))) if nibbles and b else None
