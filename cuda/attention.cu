@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "ops.cuh"
+#include "prepare.cuh"
 
 #define M40_ATTN_WARPS 4
 // Head sizes up to 32 × this many values per lane.
@@ -49,13 +50,24 @@ __device__ __forceinline__ M40Range m40_range(const M40Row &row, int layer, int 
     return g;
 }
 
+// Where decode attention also writes its output prepared for the product
+// that takes it (prepare.cuh: 8-bit codes or scaled values), sparing that
+// product its prepare launch: row r's value i at row r of n_x rows of cols
+// in scratch; none where scratch is null. Heads of a multiple of 32 values,
+// so that a warp's 32 lanes hold a block of 32.
+struct M40PreparedOut {
+    int8_t *scratch;
+    int cols, n_x;
+};
+
 // One warp merges WARPS warps' online-softmax states (states[w], values
 // accs[w * stride + d]; a warp that saw no position has max −∞ and sum 0)
 // into `o`: the normalized output (o[d]) when `normalize`, else a partial
-// [max, sum, acc[head_dim_v]] for the combine kernel.
+// [max, sum, acc[head_dim_v]] for the combine kernel. A normalized output
+// also goes to `prepared` (row r, values from `first`) where it has a scratch.
 template <int WARPS>
 __device__ void m40_merge_warps(const Partial *states, const float *accs, int stride, int head_dim_v, bool normalize,
-                                float *o) {
+                                float *o, M40PreparedOut prepared = {}, int r = 0, int first = 0) {
     const int lane = threadIdx.x % 32;
     float block_max = -INFINITY;
     for (int w = 0; w < WARPS; w++) block_max = fmaxf(block_max, states[w].max);
@@ -68,10 +80,12 @@ __device__ void m40_merge_warps(const Partial *states, const float *accs, int st
     for (int d = lane; d < head_dim_v; d += 32) {
         float a = 0.0f;
         for (int w = 0; w < WARPS; w++) a += accs[w * stride + d] * factor[w];
-        if (normalize)
+        if (normalize) {
             o[d] = a / block_sum;
-        else
+            if (prepared.scratch) m40_prepare_value(a / block_sum, first + d, prepared.cols, prepared.n_x, prepared.scratch, r);
+        } else {
             o[2 + d] = a;
+        }
     }
 }
 
@@ -132,7 +146,7 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
 }
 
 __global__ void attention_combine_kernel(const float *__restrict__ partial, int n_head, int head_dim_v,
-                                         int n_splits, float *__restrict__ out) {
+                                         int n_splits, float *__restrict__ out, M40PreparedOut prepared) {
     m40_wait_for_prior_kernels();
     m40_allow_next_kernel();
     const int r = blockIdx.x, head = blockIdx.y;
@@ -154,6 +168,8 @@ __global__ void attention_combine_kernel(const float *__restrict__ partial, int 
             if (p[1] > 0.0f) a += p[2 + d] * expf(p[0] - max_all);
         }
         out[(size_t(r) * n_head + head) * head_dim_v + d] = a / total;
+        if (prepared.scratch)
+            m40_prepare_value(a / total, head * head_dim_v + d, prepared.cols, prepared.n_x, prepared.scratch, r);
     }
 }
 
@@ -375,7 +391,7 @@ template <int MAX_D, int HEADS>
 __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     attention_decode_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, int layer, int n_head,
                             int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale, int n_splits,
-                            float *__restrict__ partial, float *__restrict__ out) {
+                            float *__restrict__ partial, float *__restrict__ out, M40PreparedOut prepared) {
     m40_wait_for_prior_kernels();
     m40_allow_next_kernel();
     static_assert(M40_ATTN_WARPS % HEADS == 0, "a head's warps are a whole share of the block's");
@@ -499,7 +515,8 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     const size_t row_head = size_t(r) * n_head + head;
     m40_merge_warps<HEAD_WARPS>(&states[warp], &accs[warp][0], MAX_D, head_dim_v, n_splits == 1,
                                 n_splits == 1 ? out + row_head * head_dim_v
-                                              : partial + (row_head * n_splits + split) * (head_dim_v + 2));
+                                              : partial + (row_head * n_splits + split) * (head_dim_v + 2),
+                                prepared, r, head * head_dim_v);
 }
 
 // Attention of n_rows rows. With prompt_chunk the rows are one sequence at
@@ -508,18 +525,24 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
 // both need head sizes of a multiple of 8, and other sizes take
 // attention_partial_kernel (a warp per position). partial: n_rows × n_head ×
 // n_splits × (head_dim_v + 2) floats of scratch (the tiled and
-// lane-per-position kernels with one range write out directly). overlap:
-// see m40_launch.
+// lane-per-position kernels with one range write out directly). prepared:
+// null, or scratch (m40_prepared_bytes(n_head · head_dim_v, n_rows) bytes)
+// where the output also goes prepared for the next decode product, for
+// rows that are not a prompt chunk, at most M40_GEMV_MAX_X of them, with
+// head_dim_v a multiple of 32 and head_dim_k of 8. overlap: see m40_launch.
 M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *rows, int layer, int n_head,
                                      int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
                                      int prompt_chunk, int n_splits, int heads_per_block, float *partial, float *out,
-                                     int overlap, cudaStream_t stream) {
+                                     int8_t *prepared, int overlap, cudaStream_t stream) {
     const int dim = max(head_dim_k, head_dim_v);
     const bool multiple_of_8 = head_dim_k % 8 == 0 && head_dim_v % 8 == 0;
     if (dim > 32 * M40_ATTN_MAX_PER_LANE || n_splits < 1 || n_head_kv < 1 || n_head % n_head_kv != 0 ||
         n_head > 65535 || n_splits > 65535 || (prompt_chunk && !multiple_of_8) ||
         (heads_per_block != 1 && heads_per_block != 4))
         return cudaErrorInvalidValue;
+    if (prepared && (prompt_chunk || !multiple_of_8 || head_dim_v % 32 != 0 || n_rows > M40_GEMV_MAX_X))
+        return cudaErrorInvalidValue;
+    const M40PreparedOut prepared_out = {prepared, n_head * head_dim_v, n_rows};
     if (n_rows < 1) return cudaSuccess;
     const auto by_head_size = [&](auto launch) {
         if (dim <= 64)
@@ -544,7 +567,8 @@ M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *r
                 constexpr int HEADS = decltype(heads)::value;
                 m40_launch(overlap, attention_decode_kernel<MAX_D, HEADS>,
                            dim3(n_rows, (n_head + HEADS - 1) / HEADS, n_splits), 32 * M40_ATTN_WARPS, stream, q, rows,
-                           layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial, out);
+                           layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial, out,
+                           prepared_out);
             };
             if (heads_per_block == 4)
                 launch(std::integral_constant<int, 4>{});
@@ -558,6 +582,6 @@ M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *r
     cudaError_t status = m40_launch_status();
     if (status != cudaSuccess || (multiple_of_8 && n_splits == 1)) return status;
     m40_launch(overlap, attention_combine_kernel, dim3(n_rows, n_head), 128, stream, partial, n_head, head_dim_v,
-               n_splits, out);
+               n_splits, out, prepared_out);
     return m40_launch_status();
 }

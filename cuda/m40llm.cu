@@ -9,5 +9,6 @@
 #include "moe.cu"
 #include "ops.cu"
 #include "attention.cu"
+#include "top.cu"
 #include "device.cu"
 #include "layout.cuh"  // the structs shared with the Rust side, checked

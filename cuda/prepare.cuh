@@ -20,16 +20,29 @@
 // `prepared_bytes` in src/backend/cuda/kernels.rs.
 static inline size_t m40_prepared_bytes(int cols, int n_x) { return m40_scaled_bytes(cols, n_x); }
 
+// Value v (index i) of activation row t into scratch, as this code's
+// products read it; its warp holds the 32 values of its block of 32 (lane
+// i % 32), and every lane of the warp calls it.
+__device__ __forceinline__ void m40_prepare_value(float v, int i, int cols, int n_x, int8_t *scratch, int t) {
+#if M40_DP4A_CODE
+    m40_quantize_q8_value(v, i, cols, n_x, scratch, t);
+#else
+    m40_scale_value(v, i, cols, n_x, scratch, t);
+#endif
+}
+
 // Values part · M40_NORM_THREADS.. of activation row t of x (normalized with
 // `norm` first where given) into scratch, as this code's products read
-// them. Every thread of the block calls it.
+// them: a CUDA block takes M40_NORM_THREADS values, so that a row is spread
+// over the GPU rather than walked by one block (each block computes the
+// row's rms itself; the row is read from L2). Every thread of the block
+// calls it.
 __device__ void m40_prepare_part(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
                                  int n_x, int8_t *scratch, int t, int part) {
-#if M40_DP4A_CODE
-    m40_quantize_q8_part(x, norm, eps, cols, n_x, scratch, t, part);
-#else
-    m40_scale_part(x, norm, eps, cols, n_x, scratch, t, part);
-#endif
+    int i;
+    float v;
+    if (!m40_row_value(x, norm, eps, cols, t, part, i, v)) return;  // whole warps: cols is a multiple of 32
+    m40_prepare_value(v, i, cols, n_x, scratch, t);
 }
 
 // Activation row blockIdx.y, values blockIdx.x · M40_NORM_THREADS.., into scratch.

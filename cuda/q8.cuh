@@ -25,18 +25,10 @@ __device__ __forceinline__ M40Q8Row m40_q8_row(const int8_t *q8, int cols, int n
 // Eight codes from an 8-byte-aligned position of a row.
 __device__ __forceinline__ int2 m40_q8_words2(const int8_t *q) { return __ldg(reinterpret_cast<const int2 *>(q)); }
 
-// Values part · M40_NORM_THREADS.. of activation row t of x (RMS-normalized
-// with `norm` first, when given) into q8, a warp per block of 32: a CUDA
-// block takes M40_NORM_THREADS values, so that a row is spread over the GPU
-// rather than walked by one block (each block computes the row's rms
-// itself; the row is read from L2). The rounding is the CPU's: d = amax /
-// 127, codes to nearest, ties to even. Every thread of the block calls it.
-__device__ void m40_quantize_q8_part(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
-                                     int n_x, int8_t *q8, int t, int part) {
-    const int lane = threadIdx.x % 32;
-    int i;
-    float v;
-    if (!m40_row_value(x, norm, eps, cols, t, part, i, v)) return;  // whole warps: cols is a multiple of 32
+// Value v (index i) of activation row t into q8, its warp holding the 32
+// values of its block (lane i % 32). The rounding is the CPU's: d = amax /
+// 127, codes to nearest, ties to even. Every lane of the warp calls it.
+__device__ __forceinline__ void m40_quantize_q8_value(float v, int i, int cols, int n_x, int8_t *q8, int t) {
     const float d = m40_warp_max(fabsf(v)) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     const int q = __float2int_rn(v * id);
@@ -44,5 +36,5 @@ __device__ void m40_quantize_q8_part(const float *__restrict__ x, const float *_
     int sum = q;
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) m40_q8_scales(q8, cols, n_x, t)[i / 32] = make_float2(d, d * float(sum));
+    if (i % 32 == 0) m40_q8_scales(q8, cols, n_x, t)[i / 32] = make_float2(d, d * float(sum));
 }

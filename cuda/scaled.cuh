@@ -69,15 +69,11 @@ __device__ __forceinline__ const float4 *m40_scaled_block(const float *x, int bl
     return reinterpret_cast<const float4 *>(x) + m40_scaled_vector(block);
 }
 
-// Values part · M40_NORM_THREADS.. of activation row t of x (RMS-normalized
-// with `norm` first, when given), scaled into `scratch` (the layout above;
-// a padded tile's tail is never written, nor read). Every thread of the
-// block calls it.
-__device__ void m40_scale_part(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
-                               int n_x, int8_t *scratch, int t, int part) {
-    int i;
-    float v;
-    if (!m40_row_value(x, norm, eps, cols, t, part, i, v)) return;  // whole warps: cols is a multiple of 32
+// Value v (index i) of activation row t, scaled into `scratch` (the layout
+// above; a padded tile's tail is never written, nor read), its warp
+// holding 32 consecutive values (i % 8 = lane % 8 at least). Every lane of
+// the warp calls it.
+__device__ __forceinline__ void m40_scale_value(float v, int i, int cols, int n_x, int8_t *scratch, int t) {
     float *values = reinterpret_cast<float *>(scratch) + m40_scaled_values_at(cols, t);
     values[4 * (m40_scaled_vector(i / 32) + 32 * (i / 4 % 8)) + i % 4] = v * (i % 2 ? M40_SCALED_ODD : M40_SCALED_EVEN);
     float sum = v;

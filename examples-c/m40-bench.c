@@ -3,12 +3,18 @@
  * reported like llama.cpp's llama-bench so the two read side by side.
  *
  *   m40-bench -m MODEL [-d DEVICE] [-t THREADS] [-p 512] [-n 128] [-r 5]
- *             [-b 1,8,32] [--n-batch N] [--json]
+ *             [-b 1,8,32] [-s] [--n-batch N] [--json]
  *
  *   pp N   tokens/s processing an N-token prompt in one m40_decode
  *   tg N   tokens/s generating N tokens, one m40_decode each
  *   tgN@B  aggregate tokens/s of B sessions stepped together N times with
  *          m40_decode_batch (-b; B = 1 is the tg row)
+ *
+ * With -s the tg rows also sample each session's next token (the default
+ * sampler: temperature 0.8, top-k 40) and feed it back, every step one
+ * m40_decode_batch_sample, named tgN+s / tgN@B+s: the step a server runs,
+ * whose logits stay on the device. Without -s each step's tokens are random
+ * and its logits come back to the host, as llama.cpp's benchmarks do.
  *
  * Each test runs once to warm up, then -r times; rows show mean ± stddev.
  * The memory bandwidth is measured in the same run (on a CUDA device, the
@@ -183,8 +189,9 @@ static double run_pp(m40_model *model, int n_vocab, int n_prompt, int n_batch) {
 }
 
 /* B sessions, each given one token, then n_gen steps of one token each:
-   m40_decode for one session, m40_decode_batch for several. */
-static double run_tg(m40_model *model, int n_vocab, int n_gen, int batch) {
+   m40_decode for one session, m40_decode_batch for several; with `sample`,
+   m40_decode_batch_sample, each step's tokens those the last one sampled. */
+static double run_tg(m40_model *model, int n_vocab, int n_gen, int batch, int sample) {
     m40_session_params sp = m40_session_default_params();
     sp.n_ctx = (uint32_t)n_gen + 1;
     m40_session **s = calloc((size_t)batch, sizeof *s);
@@ -195,9 +202,15 @@ static double run_tg(m40_model *model, int n_vocab, int n_gen, int batch) {
         if (m40_decode(s[b], &first, 1) != M40_OK) die("decode");
     }
     double t0 = now_seconds();
+    for (int b = 0; b < batch; b++) tokens[b] = random_token(n_vocab);
     for (int i = 0; i < n_gen; i++) {
-        for (int b = 0; b < batch; b++) tokens[b] = random_token(n_vocab);
-        m40_status st = batch == 1 ? m40_decode(s[0], tokens, 1) : m40_decode_batch(s, tokens, (size_t)batch);
+        m40_status st;
+        if (sample) {
+            st = m40_decode_batch_sample(s, tokens, (size_t)batch, NULL, tokens);
+        } else {
+            for (int b = 0; b < batch; b++) tokens[b] = random_token(n_vocab);
+            st = batch == 1 ? m40_decode(s[0], tokens, 1) : m40_decode_batch(s, tokens, (size_t)batch);
+        }
         if (st != M40_OK) die("decode");
     }
     double t = now_seconds() - t0;
@@ -217,6 +230,7 @@ static void usage(void) {
             "  -n N      generated tokens for the tg tests (0: skip)\n"
             "  -r N      repetitions after one warm-up\n"
             "  -b LIST   sessions stepped together with m40_decode_batch, e.g. 1,8,32\n"
+            "  -s        tg steps also sample each session's next token (m40_decode_batch_sample)\n"
             "  -d D      -1: CPU, 0..: CUDA device (default: CUDA 0 if usable)\n"
             "  -t N      CPU threads (default: one per core)\n");
     exit(2);
@@ -225,11 +239,12 @@ static void usage(void) {
 int main(int argc, char **argv) {
     const char *path = NULL;
     m40_model_params mp = m40_model_default_params();
-    int n_prompt = 512, n_gen = 128, reps = 5, json = 0, n_batch = 0;
+    int n_prompt = 512, n_gen = 128, reps = 5, json = 0, n_batch = 0, sample = 0;
     int batches[16] = {1}, n_batches = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--json") == 0) { json = 1; continue; }
+        if (strcmp(a, "-s") == 0) { sample = 1; continue; }
         if (!v) usage();
         if (strcmp(a, "-m") == 0) path = v;
         else if (strcmp(a, "-d") == 0) mp.device = atoi(v);
@@ -284,11 +299,11 @@ int main(int argc, char **argv) {
     }
     for (int b = 0; n_gen > 0 && b < n_batches; b++) {
         int batch = batches[b];
-        run_tg(model, n_vocab, n_gen < 16 ? n_gen : 16, batch); /* warm-up */
-        for (int r = 0; r < reps; r++) samples[r] = run_tg(model, n_vocab, n_gen, batch);
+        run_tg(model, n_vocab, n_gen < 16 ? n_gen : 16, batch, sample); /* warm-up */
+        for (int r = 0; r < reps; r++) samples[r] = run_tg(model, n_vocab, n_gen, batch, sample);
         struct result *res = &results[n_results++];
-        if (batch == 1) snprintf(res->test, sizeof res->test, "tg%d", n_gen);
-        else snprintf(res->test, sizeof res->test, "tg%d@%d", n_gen, batch);
+        if (batch == 1) snprintf(res->test, sizeof res->test, "tg%d%s", n_gen, sample ? "+s" : "");
+        else snprintf(res->test, sizeof res->test, "tg%d@%d%s", n_gen, batch, sample ? "+s" : "");
         res->n_prompt = 0, res->n_gen = n_gen, res->batch = batch;
         stats(samples, reps, &res->mean, &res->stddev);
         double steps_per_s = res->mean / batch;

@@ -511,6 +511,30 @@ enum m40_status m40_decode_batch(struct m40_session *const *sessions,
                                  size_t n_sessions);
 
 /**
+ * `m40_decode_batch`, then each session's next token sampled as
+ * `m40_sample` with `params[i]` would pick it (NULL `params`: the defaults
+ * for every session), written to `out_tokens[i]`; the tokens are not
+ * decoded. The same tokens and random states as those two calls, but the
+ * logits stay on the device that computed them: only what each sampler
+ * needs comes back (its top_k best, or the greedy pick, and the logits of
+ * the tokens its repetition penalty covers; the whole row when top_k is
+ * off or above 1024 with a temperature above 0), so afterwards the
+ * sessions hold no logits (`m40_logits` is NULL and `m40_sample` fails
+ * until their next decode). On failure no session changes and nothing is
+ * written to `out_tokens`. Threads: as `m40_decode_batch`.
+ *
+ * # Safety
+ * `sessions` and `tokens` point to `n_sessions` readable elements each;
+ * `params` is NULL or points to `n_sessions` valid elements; `out_tokens`
+ * points to `n_sessions` writable elements.
+ */
+enum m40_status m40_decode_batch_sample(struct m40_session *const *sessions,
+                                        const m40_token *tokens,
+                                        size_t n_sessions,
+                                        const struct m40_sampler_params *params,
+                                        m40_token *out_tokens);
+
+/**
  * ==== 7. Sampling ====
  *
  * Returns the default sampler: temperature 0.8, top_k 40, top_p 0.95,

@@ -90,20 +90,115 @@ impl Rng {
     }
 }
 
+/// Most candidates a sampler asks of a row's logits in place of the whole
+/// row (`candidates_wanted`): a `top_k` (plus the penalized tokens) above it
+/// takes the whole row.
+pub const MAX_CANDIDATES: usize = 1024;
+
 /// The next token after `history` given `logits`.
 pub fn sample(logits: &[f32], history: &[u32], p: &SamplerParams, rng: &mut Rng) -> u32 {
-    let mut logits = logits.to_vec();
-    apply_repeat_penalty(&mut logits, history, p);
-    if p.temperature <= 0.0 {
-        return argmax(&logits);
-    }
-    // Candidates as (token, logit), best first where an order is needed.
-    let mut cand: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (i as u32, l))
+    let pen = penalized(history, p);
+    let cand = match candidates_wanted(p, logits.len(), pen.len()) {
+        Some(want) => {
+            let pen_logits: Vec<f32> = pen.iter().map(|&t| logits[t as usize]).collect();
+            with_penalty(best_of(logits, want), &pen, &pen_logits, p)
+        }
+        None => {
+            let mut all: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
+            for &t in &pen {
+                let c = &mut all[t as usize];
+                c.1 = penalize(c.1, p);
+            }
+            all
+        }
+    };
+    sample_candidates(cand, p, rng)
+}
+
+/// Candidates for `sample_candidates` from a row's best logits (`best_of`
+/// `candidates_wanted`) and the logits of its penalized tokens
+/// (`penalized`, in that order): the penalized tokens with their logits
+/// penalized, the others as they are.
+pub fn with_penalty(
+    best: Vec<(u32, f32)>,
+    penalized: &[u32],
+    penalized_logits: &[f32],
+    p: &SamplerParams,
+) -> Vec<(u32, f32)> {
+    let mut cand: Vec<(u32, f32)> = best
+        .into_iter()
+        .filter(|c| !penalized.contains(&c.0))
         .collect();
+    cand.extend(
+        penalized
+            .iter()
+            .zip(penalized_logits)
+            .map(|(&t, &l)| (t, penalize(l, p))),
+    );
+    cand
+}
+
+/// The `want` largest of `values` as (index, value), by f32::total_cmp and
+/// the lower index first among equals, in no particular order. One pass
+/// that keeps the best so far in a heap: most values fall below its worst
+/// and cost one comparison.
+pub fn best_of(values: &[f32], want: usize) -> Vec<(u32, f32)> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    // Larger is better: the value's key in f32::total_cmp's order, then
+    // the lower index.
+    let rank = |i: usize, v: f32| {
+        let bits = v.to_bits() as i32;
+        let key = bits ^ ((((bits >> 31) as u32) >> 1) as i32);
+        (key, Reverse(i as u32))
+    };
+    let want = want.min(values.len());
+    let mut heap: BinaryHeap<Reverse<(i32, Reverse<u32>)>> = BinaryHeap::with_capacity(want + 1);
+    for (i, &v) in values.iter().enumerate() {
+        let r = rank(i, v);
+        if heap.len() < want {
+            heap.push(Reverse(r));
+        } else if heap.peek().is_some_and(|worst| r > worst.0) {
+            heap.pop();
+            heap.push(Reverse(r));
+        }
+    }
+    heap.into_iter()
+        .map(|Reverse((_, Reverse(i)))| (i, values[i as usize]))
+        .collect()
+}
+
+/// How many of a row's largest logits `sample` needs to choose exactly as
+/// it would from the whole row, given the logits of the `n_penalized`
+/// penalized tokens besides (`penalized`): the greedy pick and the `top_k`
+/// best after the penalty are among the best `top_k + n_penalized` before
+/// it or among the penalized. None: the whole row (no top-k, or a large
+/// one).
+pub fn candidates_wanted(p: &SamplerParams, n_vocab: usize, n_penalized: usize) -> Option<usize> {
+    let keep = if p.temperature <= 0.0 {
+        1
+    } else if p.top_k > 0 && (p.top_k as usize) < n_vocab {
+        p.top_k as usize
+    } else {
+        return None;
+    };
+    let want = keep + n_penalized;
+    (want <= MAX_CANDIDATES).then_some(want.min(n_vocab))
+}
+
+/// The token `sample` picks, from candidates (token, logit after the
+/// penalty) that hold at least its `candidates_wanted` best, or every token.
+pub fn sample_candidates(mut cand: Vec<(u32, f32)>, p: &SamplerParams, rng: &mut Rng) -> u32 {
+    // The order of the candidates: the higher logit (f32::total_cmp), then
+    // the lower id, the order m40_top_logits selects by (cuda/top.cu).
     let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if p.temperature <= 0.0 {
+        return cand.iter().min_by(|a, b| by_logit(a, b)).map_or(0, |c| c.0);
+    }
     if p.top_k > 0 && (p.top_k as usize) < cand.len() {
         let k = p.top_k as usize;
         cand.select_nth_unstable_by(k - 1, by_logit);
@@ -140,32 +235,40 @@ pub fn sample(logits: &[f32], history: &[u32], p: &SamplerParams, rng: &mut Rng)
     cand[cand.len() - 1].0
 }
 
-fn apply_repeat_penalty(logits: &mut [f32], history: &[u32], p: &SamplerParams) {
+/// The distinct tokens of the repetition window (the last `repeat_last_n`
+/// of `history`, all of it when negative), in their order there; none when
+/// the penalty is off.
+pub fn penalized(history: &[u32], p: &SamplerParams) -> Vec<u32> {
     if p.repeat_penalty == 1.0 || p.repeat_last_n == 0 {
-        return;
+        return Vec::new();
     }
     let window = match p.repeat_last_n {
         n if n < 0 => history.len(),
         n => (n as usize).min(history.len()),
     };
     let mut seen = std::collections::HashSet::new();
-    for &t in &history[history.len() - window..] {
-        if seen.insert(t) {
-            let l = &mut logits[t as usize];
-            *l = if *l > 0.0 {
-                *l / p.repeat_penalty
-            } else {
-                *l * p.repeat_penalty
-            };
-        }
+    history[history.len() - window..]
+        .iter()
+        .copied()
+        .filter(|&t| seen.insert(t))
+        .collect()
+}
+
+/// A penalized token's logit: positive ones divided by the penalty,
+/// negative ones multiplied.
+pub fn penalize(logit: f32, p: &SamplerParams) -> f32 {
+    if logit > 0.0 {
+        logit / p.repeat_penalty
+    } else {
+        logit * p.repeat_penalty
     }
 }
 
-/// The highest logit's token; the lowest id among equals.
+/// The highest logit's token (f32::total_cmp); the lowest id among equals.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
+        if l.total_cmp(&logits[best]).is_gt() {
             best = i;
         }
     }
@@ -261,8 +364,112 @@ mod tests {
             repeat_last_n: 2,
             ..params()
         };
-        apply_repeat_penalty(&mut logits, &[2, 0, 1, 0], &p);
         // the window is the last two tokens: 1 and 0
+        let window = penalized(&[2, 0, 1, 0], &p);
+        assert_eq!(window, vec![1, 0]);
+        for t in window {
+            logits[t as usize] = penalize(logits[t as usize], &p);
+        }
         assert_eq!(logits, vec![1.0, -4.0, 2.0]);
+    }
+
+    /// The best `want` of (token, logit) by the candidates' order, as
+    /// m40_top_logits selects them.
+    fn best(cand: &[(u32, f32)], want: usize) -> Vec<(u32, f32)> {
+        let mut sorted = cand.to_vec();
+        sorted.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        sorted.truncate(want);
+        sorted
+    }
+
+    #[test]
+    fn the_wanted_candidates_choose_as_the_whole_row_does() {
+        // Many ties, negative and positive logits, a repetition window.
+        let logits: Vec<f32> = (0..500)
+            .map(|i| ((i * 37 % 101) as f32 * 0.05).round() - 2.0)
+            .collect();
+        let history: Vec<u32> = (0..90).map(|i| (i * 7 % 500) as u32).collect();
+        for (temperature, top_k, repeat_penalty) in [
+            (0.0, 0, 1.0),
+            (0.0, 40, 1.3),
+            (0.8, 40, 1.0),
+            (0.8, 40, 1.3),
+            (1.5, 3, 0.7),
+            (0.8, 1, 1.1),
+        ] {
+            let p = SamplerParams {
+                temperature,
+                top_k,
+                repeat_penalty,
+                ..Default::default()
+            };
+            let pen = penalized(&history, &p);
+            let want = candidates_wanted(&p, logits.len(), pen.len()).unwrap();
+            let raw: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
+            let mut cand: Vec<(u32, f32)> = best(&raw, want)
+                .into_iter()
+                .filter(|c| !pen.contains(&c.0))
+                .collect();
+            cand.extend(pen.iter().map(|&t| (t, penalize(logits[t as usize], &p))));
+            // Every token, penalized: what the sampler chooses from
+            // without a top-k.
+            let mut all = raw.clone();
+            for &t in &pen {
+                all[t as usize].1 = penalize(all[t as usize].1, &p);
+            }
+            let (mut a, mut b, mut c) = (Rng::new(5), Rng::new(5), Rng::new(5));
+            for _ in 0..50 {
+                let want = sample_candidates(all.clone(), &p, &mut c);
+                assert_eq!(sample(&logits, &history, &p, &mut a), want, "{p:?}");
+                assert_eq!(sample_candidates(cand.clone(), &p, &mut b), want, "{p:?}");
+            }
+        }
+        let no_top_k = SamplerParams {
+            top_k: 0,
+            ..Default::default()
+        };
+        assert_eq!(candidates_wanted(&no_top_k, 500, 0), None);
+        let large = SamplerParams {
+            top_k: MAX_CANDIDATES as i32,
+            ..Default::default()
+        };
+        assert_eq!(candidates_wanted(&large, 5000, 1), None);
+    }
+
+    #[test]
+    fn best_of_keeps_the_largest_by_the_total_order_and_the_lower_index() {
+        let values = [
+            1.0,
+            f32::NAN,
+            -0.0,
+            0.0,
+            3.0,
+            3.0,
+            -1.0,
+            0.0,
+            f32::NEG_INFINITY,
+            3.0,
+        ];
+        let raw: Vec<(u32, f32)> = values
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i as u32, v))
+            .collect();
+        for want in 0..=values.len() + 2 {
+            let mut got = best_of(&values, want);
+            got.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let ids = |v: &[(u32, f32)]| v.iter().map(|c| c.0).collect::<Vec<_>>();
+            assert_eq!(ids(&got), ids(&best(&raw, want)), "want {want}");
+        }
+    }
+
+    #[test]
+    fn greedy_follows_the_total_order() {
+        assert_eq!(argmax(&[-0.0, 0.0, 0.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 1.0]), 0);
     }
 }

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use crate::backend::{SeqPos, SequenceCache};
+use crate::backend::{CandidateRequest, Candidates, SeqPos, SequenceCache, StepOutput};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::transformer::run;
 use crate::model::Model;
-use crate::sampling::{Rng, SamplerParams};
+use crate::sampling::{self, Rng, SamplerParams};
 
 /// The engine's view of `m40_session_params`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,12 +168,13 @@ impl Session {
             } else {
                 &[]
             };
-            let out: &mut [&mut Vec<f32>] = if wanted.is_empty() {
+            let rows_out: &mut [&mut Vec<f32>] = if wanted.is_empty() {
                 &mut []
             } else {
                 &mut [&mut self.logits]
             };
-            run(&model, &mut [&mut self.kv], chunk, &rows, wanted, out)?;
+            let mut out = StepOutput::Logits(rows_out);
+            run(&model, &mut [&mut self.kv], chunk, &rows, wanted, &mut out)?;
             self.tokens.extend_from_slice(chunk);
         }
         Ok(())
@@ -183,6 +184,116 @@ impl Session {
     /// All sessions must share one model; each must have room. On failure no
     /// session changes.
     pub fn decode_batch(sessions: &mut [&mut Session], tokens: &[u32]) -> Result<()> {
+        let model = Self::check_batch(sessions, tokens)?;
+        let rows = Self::batch_rows(sessions);
+        let wanted: Vec<usize> = (0..sessions.len()).collect();
+        // The step's logits go straight into each session's logits vector,
+        // with no batch-wide vector between (32 sessions of a 32000-token
+        // vocabulary: 4 MB a step to allocate, zero and copy); on failure
+        // run leaves them as they were.
+        let (mut caches, mut logits): (Vec<&mut SequenceCache>, Vec<&mut Vec<f32>>) = sessions
+            .iter_mut()
+            .map(|s| (&mut s.kv, &mut s.logits))
+            .unzip();
+        let mut out = StepOutput::Logits(&mut logits);
+        run(&model, &mut caches, tokens, &rows, &wanted, &mut out)?;
+        for (s, &t) in sessions.iter_mut().zip(tokens) {
+            s.tokens.push(t);
+        }
+        Ok(())
+    }
+
+    /// `decode_batch`, then each session's next token sampled with
+    /// `params[i]` exactly as `sample` would pick it, the random state
+    /// advanced the same way. The logits stay where the step computed them:
+    /// the backend hands back only what each sampler needs (its `top_k`
+    /// best, or the greedy pick, and the penalized tokens' logits; the
+    /// whole row where it has no small top-k), so afterwards the sessions
+    /// hold no logits. On failure no session changes.
+    pub fn decode_batch_sample(
+        sessions: &mut [&mut Session],
+        tokens: &[u32],
+        params: &[SamplerParams],
+    ) -> Result<Vec<u32>> {
+        let model = Self::check_batch(sessions, tokens)?;
+        if params.len() != sessions.len() {
+            return Err(Error::invalid_argument(format!(
+                "{} sessions but {} sampler parameters",
+                sessions.len(),
+                params.len()
+            )));
+        }
+        for (i, p) in params.iter().enumerate() {
+            p.check().map_err(|e| e.context(format!("session {i}")))?;
+        }
+        let n_vocab = model.n_vocab() as usize;
+        // Each session's penalized tokens, over its history with the token
+        // it decodes now (what `sample` sees after `decode_batch`).
+        let penalized: Vec<Vec<u32>> = sessions
+            .iter()
+            .zip(tokens)
+            .zip(params)
+            .map(|((s, &t), p)| {
+                let window = match p.repeat_last_n {
+                    n if n < 0 => s.tokens.len() + 1,
+                    n => n as usize,
+                };
+                let start = (s.tokens.len() + 1)
+                    .saturating_sub(window)
+                    .min(s.tokens.len());
+                let mut history = s.tokens[start..].to_vec();
+                history.push(t);
+                sampling::penalized(&history, p)
+            })
+            .collect();
+        let requests: Vec<CandidateRequest> = params
+            .iter()
+            .zip(&penalized)
+            .map(
+                |(p, pen)| match sampling::candidates_wanted(p, n_vocab, pen.len()) {
+                    Some(want) => CandidateRequest::Best {
+                        want,
+                        extra: pen.clone(),
+                    },
+                    None => CandidateRequest::Row,
+                },
+            )
+            .collect();
+        let rows = Self::batch_rows(sessions);
+        let wanted: Vec<usize> = (0..sessions.len()).collect();
+        let mut answers = vec![Candidates::default(); sessions.len()];
+        {
+            let mut caches: Vec<&mut SequenceCache> =
+                sessions.iter_mut().map(|s| &mut s.kv).collect();
+            let mut out = StepOutput::Candidates {
+                requests: &requests,
+                out: &mut answers,
+            };
+            run(&model, &mut caches, tokens, &rows, &wanted, &mut out)?;
+        }
+        let mut next = Vec::with_capacity(sessions.len());
+        for (i, s) in sessions.iter_mut().enumerate() {
+            s.tokens.push(tokens[i]);
+            s.logits.clear();
+            let p = &params[i];
+            let answer = std::mem::take(&mut answers[i]);
+            let token = match &requests[i] {
+                CandidateRequest::Row => {
+                    sampling::sample(&answer.values, &s.tokens, p, rng_for(&mut s.rng, p))
+                }
+                CandidateRequest::Best { extra, .. } => {
+                    let cand = sampling::with_penalty(answer.best, extra, &answer.values, p);
+                    sampling::sample_candidates(cand, p, rng_for(&mut s.rng, p))
+                }
+            };
+            next.push(token);
+        }
+        Ok(next)
+    }
+
+    /// The model the sessions of a batch share, once each session is
+    /// checked: same model, a valid token, room for it.
+    fn check_batch(sessions: &[&mut Session], tokens: &[u32]) -> Result<Arc<Model>> {
         if sessions.len() != tokens.len() {
             return Err(Error::invalid_argument(format!(
                 "{} sessions but {} tokens",
@@ -205,28 +316,19 @@ impl Session {
             s.check_room(1)
                 .map_err(|e| e.context(format!("session {i}")))?;
         }
-        let rows: Vec<SeqPos> = sessions
+        Ok(model)
+    }
+
+    /// A batch's rows: session i's next position.
+    fn batch_rows(sessions: &[&mut Session]) -> Vec<SeqPos> {
+        sessions
             .iter()
             .enumerate()
             .map(|(i, s)| SeqPos {
                 seq: i,
                 pos: s.n_past(),
             })
-            .collect();
-        let wanted: Vec<usize> = (0..sessions.len()).collect();
-        // The step's logits go straight into each session's logits vector,
-        // with no batch-wide vector between (32 sessions of a 32000-token
-        // vocabulary: 4 MB a step to allocate, zero and copy); on failure
-        // run leaves them as they were.
-        let (mut caches, mut out): (Vec<&mut SequenceCache>, Vec<&mut Vec<f32>>) = sessions
-            .iter_mut()
-            .map(|s| (&mut s.kv, &mut s.logits))
-            .unzip();
-        run(&model, &mut caches, tokens, &rows, &wanted, &mut out)?;
-        for (s, &t) in sessions.iter_mut().zip(tokens) {
-            s.tokens.push(t);
-        }
-        Ok(())
+            .collect()
     }
 
     /// Picks the next token from the last logits.
@@ -237,16 +339,8 @@ impl Session {
                 "no logits to sample from: decode first",
             ));
         }
-        let rng = match &mut self.rng {
-            Some((seed, rng)) if *seed == params.seed => rng,
-            slot => &mut slot.insert((params.seed, Rng::new(params.seed))).1,
-        };
-        Ok(crate::sampling::sample(
-            &self.logits,
-            &self.tokens,
-            params,
-            rng,
-        ))
+        let rng = rng_for(&mut self.rng, params);
+        Ok(sampling::sample(&self.logits, &self.tokens, params, rng))
     }
 
     /// Tokenizes `prompt` (BOS added if the session is empty, special tokens
@@ -325,6 +419,15 @@ fn complete_utf8_prefix(bytes: &[u8]) -> usize {
         };
     }
     bytes.len()
+}
+
+/// A session's random state for sampling with `params`: seeded from its
+/// seed at the first sampling and whenever the seed changes.
+fn rng_for<'a>(slot: &'a mut Option<(u64, Rng)>, params: &SamplerParams) -> &'a mut Rng {
+    if slot.as_ref().is_none_or(|(seed, _)| *seed != params.seed) {
+        *slot = Some((params.seed, Rng::new(params.seed)));
+    }
+    &mut slot.as_mut().expect("set above").1
 }
 
 #[cfg(test)]

@@ -37,8 +37,8 @@ use std::sync::Arc;
 use m40llm::backend::cpu::CpuBackend;
 use m40llm::backend::cuda::{self, CudaBackend, CudaOptions, GraphStats};
 use m40llm::backend::{
-    fused, AttentionShape, AttentionStep, Backend, GatedFfn, Glu, Heads, Norm, Product, Rope,
-    RopeMode, Scratch, SeqPos,
+    fused, AttentionShape, AttentionStep, Backend, CandidateRequest, Candidates, GatedFfn, Glu,
+    Heads, Norm, Product, Rope, RopeMode, Scratch, SeqPos, StepOutput,
 };
 use m40llm::error::ErrorKind;
 use m40llm::gguf::{GgufFile, ReadOptions};
@@ -48,7 +48,7 @@ use m40llm::model::{
 };
 use m40llm::quant::q8::dot_error_bound;
 use m40llm::quant::{dequantize_row, GgmlType};
-use m40llm::sampling::argmax;
+use m40llm::sampling::{argmax, SamplerParams};
 use m40llm::session::{Session, SessionParams};
 
 const TYPES: [&str; 13] = [
@@ -79,7 +79,7 @@ fn synth_shaped(arch: &str, ty: &str, preset: &str, n_vocab: u32, layers: Option
     if let Some(n) = layers {
         args.extend(["--layers".to_string(), n.to_string()]);
     }
-    synth_once(&name, &args)
+    common::synth_once(&name, &args)
 }
 
 /// Both backends over one file.
@@ -1239,26 +1239,7 @@ fn synth_moe(arch: &str, ty: &str, experts: u32) -> PathBuf {
         args.extend(["--experts".to_string(), experts.to_string()]);
         args.extend(["--experts-used".to_string(), "2".to_string()]);
     }
-    synth_once(&name, &args)
-}
-
-/// The model tools/synth_gguf.py writes for `args`, written once into the
-/// scratch folder as `name`.
-fn synth_once(name: &str, args: &[String]) -> PathBuf {
-    written_once(name, |partial| common::synth_model(args, partial))
-}
-
-/// The scratch file `name`, written by `write` unless it exists: under a
-/// name of its own first, then renamed, as tests running in parallel may
-/// ask for the same file.
-fn written_once(name: &str, write: impl FnOnce(&std::path::Path)) -> PathBuf {
-    let path = common::scratch_path(name);
-    if !path.exists() {
-        let partial = path.with_extension(format!("{:?}.partial", std::thread::current().id()));
-        write(&partial);
-        std::fs::rename(&partial, &path).unwrap();
-    }
-    path
+    common::synth_once(&name, &args)
 }
 
 /// Mixtures of experts, every path of their routed products: prompts in
@@ -1326,7 +1307,7 @@ fn mixtures_of_experts_match_the_cpu_in_prompts_decode_and_batches() {
 /// pointed at Q6_K data (from the Q6_K file, same seed and shapes) appended
 /// after its data.
 fn synth_mixed_q4_k_q6_k() -> PathBuf {
-    written_once("cuda-llama-q4_k-v-q6_k-tiny.gguf", |partial| {
+    common::written_once("cuda-llama-q4_k-v-q6_k-tiny.gguf", |partial| {
         std::fs::write(partial, mixed_q4_k_q6_k_bytes()).unwrap()
     })
 }
@@ -1505,8 +1486,10 @@ fn overlapping_launches_change_no_logit() {
 
 /// Logits of a prompt, 300 single-session decode steps (past 128 and 256
 /// positions, where attention splits each row's positions into more
-/// ranges) and three-session and two-session decode steps, each step as
-/// sessions run it (`run_step`), with or without recorded graphs.
+/// ranges), three-session and two-session decode steps, and steps of 12 and
+/// 20 sessions (more than one decode launch takes: the tensor cores or
+/// several launches), each step as sessions run it (`run_step`), with or
+/// without recorded graphs.
 fn stepped_logits(model: &Model, path: &Path, graph_decode: bool) -> (GraphStats, Vec<Vec<f32>>) {
     let file = Arc::new(open_mapped(path));
     let options = CudaOptions {
@@ -1528,14 +1511,15 @@ fn stepped_logits(model: &Model, path: &Path, graph_decode: bool) -> (GraphStats
         )
         .unwrap()
     };
-    let mut caches = [cache(), cache(), cache()];
+    let mut caches: Vec<_> = (0..20).map(|_| cache()).collect();
     let step = |caches: &mut [&mut cuda::CudaKvCache],
                 tokens: &[u32],
                 rows: &[SeqPos],
                 wanted: &[usize]| {
         let mut out = vec![Vec::new(); wanted.len()];
         let mut refs: Vec<&mut Vec<f32>> = out.iter_mut().collect();
-        gpu.run_step(caches, tokens, rows, wanted, n_vocab, &mut refs, |c| {
+        let mut step_out = StepOutput::Logits(&mut refs);
+        gpu.run_step(caches, tokens, rows, wanted, n_vocab, &mut step_out, |c| {
             logits_on_device(&gpu, model, c, tokens, rows, wanted)
         })
         .unwrap();
@@ -1543,12 +1527,13 @@ fn stepped_logits(model: &Model, path: &Path, graph_decode: bool) -> (GraphStats
     };
     let mut logits = Vec::new();
     let prompt = tokens(12, 9);
-    for (seq, cache) in caches.iter_mut().enumerate() {
+    for (seq, cache) in caches.iter_mut().take(3).enumerate() {
         let n = prompt.len() - seq;
         let rows: Vec<SeqPos> = (0..n).map(|pos| SeqPos { seq: 0, pos }).collect();
         logits.push(step(&mut [&mut *cache], &prompt[..n], &rows, &[n - 1]));
     }
-    let mut lengths = [prompt.len(), prompt.len() - 1, prompt.len() - 2];
+    let mut lengths = vec![0; caches.len()];
+    lengths[..3].copy_from_slice(&[prompt.len(), prompt.len() - 1, prompt.len() - 2]);
     for t in 0..300u32 {
         let row = [SeqPos {
             seq: 0,
@@ -1557,8 +1542,8 @@ fn stepped_logits(model: &Model, path: &Path, graph_decode: bool) -> (GraphStats
         logits.push(step(&mut [&mut caches[0]], &[t % 97 + 3], &row, &[0]));
         lengths[0] += 1;
     }
-    for t in 0..6u32 {
-        let n = if t % 2 == 0 { 3 } else { 2 };
+    for t in 0..10u32 {
+        let n = [3, 2, 3, 2, 3, 2, 12, 20, 12, 20][t as usize];
         let rows: Vec<SeqPos> = (0..n)
             .map(|seq| SeqPos {
                 seq,
@@ -1606,7 +1591,7 @@ fn recorded_decode_steps_replay_the_same_logits() {
         // recording per split count of the single session (up to 128, 256
         // and 384 positions) and per batch size.
         assert!(
-            graphs.replays == 306 && (2..=8).contains(&graphs.captures),
+            graphs.replays == 310 && (4..=10).contains(&graphs.captures),
             "{arch} {ty}: {graphs:?}"
         );
         // The same kernels with the same inputs: any difference is an input
@@ -1805,4 +1790,134 @@ fn device_memory_is_about_the_file_size() {
         weights <= file_size + file_size / 20,
         "weights take {weights} bytes of a {file_size}-byte file"
     );
+}
+
+/// Rows of logits with ties, signed zeros, infinities and NaN: each row's
+/// largest as the device selects them are the host's selection, and the
+/// extra tokens' logits and whole rows come back as they are.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn candidates_selected_on_the_device_are_the_host_selection() {
+    if !have_gpu() {
+        return;
+    }
+    let p = pair("llama", "q8_0", true);
+    for n_vocab in [1000usize, 262_144] {
+        let rows = 6;
+        let mut values = random(rows * n_vocab, n_vocab as u64);
+        for (i, v) in values.iter_mut().enumerate() {
+            match i / n_vocab {
+                // Coarse values: many ties around the selection's edge.
+                1 => *v = (*v * 4.0).round() / 4.0,
+                // All equal: the lowest ids win.
+                2 => *v = 0.0,
+                3 => {
+                    *v = [f32::NAN, f32::INFINITY, -0.0, 0.0, f32::NEG_INFINITY, *v][i % 6];
+                }
+                _ => {}
+            }
+        }
+        let requests = [
+            CandidateRequest::Best {
+                want: 40,
+                extra: vec![3, 999, 17],
+            },
+            CandidateRequest::Best {
+                want: 1024,
+                extra: vec![],
+            },
+            CandidateRequest::Best {
+                want: 300,
+                extra: vec![5],
+            },
+            CandidateRequest::Best {
+                want: 1,
+                extra: vec![0, 1],
+            },
+            CandidateRequest::Row,
+            CandidateRequest::Best {
+                want: 1,
+                extra: vec![],
+            },
+        ];
+        let answers = |b: &dyn Fn(&mut [Candidates])| {
+            let mut out = vec![Candidates::default(); rows];
+            b(&mut out);
+            for a in &mut out {
+                a.best.sort_by_key(|c| c.0);
+            }
+            out
+        };
+        let gpu_buf = upload(&p.gpu, &values);
+        let gpu = answers(&|out| {
+            p.gpu
+                .read_candidates(&gpu_buf, n_vocab, &requests, out)
+                .unwrap()
+        });
+        let cpu = answers(&|out| {
+            p.cpu
+                .read_candidates(&values, n_vocab, &requests, out)
+                .unwrap()
+        });
+        for (i, (g, c)) in gpu.iter().zip(&cpu).enumerate() {
+            let bits = |a: &Candidates| {
+                let best: Vec<(u32, u32)> = a.best.iter().map(|&(t, v)| (t, v.to_bits())).collect();
+                let values: Vec<u32> = a.values.iter().map(|v| v.to_bits()).collect();
+                (best, values)
+            };
+            assert_eq!(bits(g), bits(c), "vocabulary {n_vocab}, row {i}");
+        }
+    }
+}
+
+/// `decode_batch_sample` on the GPU (candidates selected there) picks the
+/// tokens that `decode_batch` then `sample` pick from the whole logits, in
+/// batches of one decode launch and of more (the tensor cores' route,
+/// recorded graphs of 12 rows).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn sampled_batches_on_the_device_pick_what_the_host_picks() {
+    if !have_gpu() {
+        return;
+    }
+    let path = synth("llama", "q4_k");
+    let model = load(&path, 0);
+    let kinds = common::batch_samplers(900);
+    for n in [3usize, 12] {
+        let params: Vec<SamplerParams> = (0..n).map(|i| kinds[i % kinds.len()]).collect();
+        let start = || -> Vec<Session> {
+            (0..n)
+                .map(|i| {
+                    let mut s = Session::new(
+                        Arc::clone(&model),
+                        SessionParams {
+                            n_ctx: 64,
+                            n_batch: 0,
+                        },
+                    )
+                    .unwrap();
+                    s.decode(&tokens(3 + i % 4, i as u64)).unwrap();
+                    s
+                })
+                .collect()
+        };
+        let (mut plain, mut sampled) = (start(), start());
+        let mut next: Vec<u32> = (0..n as u32).map(|i| i * 31 + 2).collect();
+        for step in 0..10 {
+            Session::decode_batch(&mut plain.iter_mut().collect::<Vec<_>>(), &next).unwrap();
+            let want: Vec<u32> = plain
+                .iter_mut()
+                .zip(&params)
+                .map(|(s, p)| s.sample(p).unwrap())
+                .collect();
+            let got = Session::decode_batch_sample(
+                &mut sampled.iter_mut().collect::<Vec<_>>(),
+                &next,
+                &params,
+            )
+            .unwrap();
+            assert_eq!(got, want, "{n} sessions, step {step}");
+            next = got;
+        }
+    }
 }

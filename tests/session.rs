@@ -162,6 +162,75 @@ fn a_failed_batched_decode_changes_no_session() {
 }
 
 #[test]
+fn sampled_batches_pick_what_decoding_then_sampling_picks() {
+    for arch in ["llama", "gemma3", "qwen3moe"] {
+        let m = model(arch, 2);
+        let params = common::batch_samplers(100);
+        let prompts: Vec<&[u32]> = (0..params.len()).map(|i| &PROMPT[i..i + 3]).collect();
+        let start = |_| -> Vec<Session> {
+            prompts
+                .iter()
+                .map(|p| {
+                    let mut s = session(&m, 64, 512);
+                    s.decode(p).unwrap();
+                    s
+                })
+                .collect()
+        };
+        let (mut plain, mut sampled) = (start(0), start(1));
+        let mut tokens: Vec<u32> = (0..params.len() as u32).map(|i| i + 1).collect();
+        for step in 0..8 {
+            let mut refs: Vec<&mut Session> = plain.iter_mut().collect();
+            Session::decode_batch(&mut refs, &tokens).unwrap();
+            let want: Vec<u32> = plain
+                .iter_mut()
+                .zip(&params)
+                .map(|(s, p)| s.sample(p).unwrap())
+                .collect();
+            let mut refs: Vec<&mut Session> = sampled.iter_mut().collect();
+            let got = Session::decode_batch_sample(&mut refs, &tokens, &params).unwrap();
+            assert_eq!(got, want, "{arch} step {step}");
+            for (a, b) in plain.iter().zip(&sampled) {
+                assert_eq!(a.tokens(), b.tokens(), "{arch} step {step}");
+                assert!(
+                    b.logits().is_none(),
+                    "{arch}: the sampled batch keeps no logits"
+                );
+            }
+            tokens = got;
+        }
+    }
+}
+
+#[test]
+fn a_failed_sampled_batch_changes_no_session() {
+    let m = model("llama", 1);
+    let mut a = session(&m, 8, 512);
+    let mut b = session(&m, 8, 512);
+    a.decode(&PROMPT[..2]).unwrap();
+    b.decode(&PROMPT[..2]).unwrap();
+    let logits = a.logits().unwrap().to_vec();
+    let bad = SamplerParams {
+        repeat_penalty: 0.0,
+        ..Default::default()
+    };
+    let err = Session::decode_batch_sample(
+        &mut [&mut a, &mut b],
+        &[1, 2],
+        &[SamplerParams::default(), bad],
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.message().starts_with("session 1"), "{err}");
+    let err =
+        Session::decode_batch_sample(&mut [&mut a, &mut b], &[1, 2], &[SamplerParams::default()])
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!((a.n_past(), b.n_past()), (2, 2));
+    assert_eq!(a.logits().unwrap(), &logits[..]);
+}
+
+#[test]
 fn truncating_and_decoding_again_matches_a_fresh_session() {
     let m = model("qwen2", 2);
     let expected = stepwise(&m);

@@ -37,9 +37,9 @@ fn python(args: &[&str]) {
 }
 
 fn synth(arch: &str, ty: &str) -> PathBuf {
-    let path = common::scratch_path(&format!("synth-{arch}-{ty}.gguf"));
     let n_vocab = N_VOCAB.to_string();
-    common::synth_model(
+    common::synth_once(
+        &format!("synth-{arch}-{ty}.gguf"),
         &[
             "--arch",
             arch,
@@ -50,9 +50,7 @@ fn synth(arch: &str, ty: &str) -> PathBuf {
             "--n-vocab",
             &n_vocab,
         ],
-        &path,
-    );
-    path
+    )
 }
 
 /// The reference logits of `positions`, one row of N_VOCAB each.

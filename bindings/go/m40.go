@@ -438,11 +438,59 @@ func (s *Session) Generate(prompt string, params SamplerParams, maxTokens int, o
 // DecodeBatch decodes tokens[i] in sessions[i], all in one pass of the model
 // (the sessions must share it).
 func DecodeBatch(sessions []*Session, tokens []Token) error {
-	if len(sessions) != len(tokens) {
-		return &Error{Status: InvalidArgument, Message: fmt.Sprintf("DecodeBatch: %d sessions but %d tokens", len(sessions), len(tokens))}
-	}
-	if len(sessions) == 0 {
+	if len(sessions) == 0 && len(tokens) == 0 {
 		return nil
+	}
+	return withBatch("DecodeBatch", sessions, tokens, func(list **C.struct_m40_session) C.enum_m40_status {
+		return C.m40_decode_batch(list, (*C.m40_token)(unsafe.Pointer(&tokens[0])), C.size_t(len(tokens)))
+	})
+}
+
+// DecodeBatchSample decodes tokens[i] in sessions[i] in one pass, then
+// samples each session's next token with params[i] (m40_decode_batch_sample):
+// the tokens Sample would pick, without the logits leaving the device (the
+// sessions hold none afterwards). params nil: the default sampler for all.
+func DecodeBatchSample(sessions []*Session, tokens []Token, params []SamplerParams) ([]Token, error) {
+	if params != nil && len(params) != len(sessions) {
+		return nil, &Error{Status: InvalidArgument, Message: fmt.Sprintf("DecodeBatchSample: %d sessions but %d sampler parameters", len(sessions), len(params))}
+	}
+	if len(sessions) == 0 && len(tokens) == 0 {
+		return nil, nil
+	}
+	next := make([]Token, len(sessions))
+	err := withBatch("DecodeBatchSample", sessions, tokens, func(list **C.struct_m40_session) C.enum_m40_status {
+		var cparams *C.struct_m40_sampler_params
+		if params != nil {
+			mem := C.malloc(C.size_t(len(params)) * C.size_t(unsafe.Sizeof(C.struct_m40_sampler_params{})))
+			defer C.free(mem)
+			list := unsafe.Slice((*C.struct_m40_sampler_params)(mem), len(params))
+			for i, p := range params {
+				list[i] = p.c()
+			}
+			cparams = &list[0]
+		}
+		out := C.malloc(C.size_t(len(sessions)) * C.size_t(unsafe.Sizeof(C.m40_token(0))))
+		defer C.free(out)
+		status := C.m40_decode_batch_sample(list, (*C.m40_token)(unsafe.Pointer(&tokens[0])), C.size_t(len(tokens)),
+			cparams, (*C.m40_token)(out))
+		if status == C.M40_OK {
+			for i, t := range unsafe.Slice((*C.m40_token)(out), len(sessions)) {
+				next[i] = Token(t)
+			}
+		}
+		return status
+	})
+	if err != nil {
+		return nil, err
+	}
+	return next, nil
+}
+
+// withBatch runs f on the C handles of sessions, each locked for the call,
+// after the checks every batch call makes.
+func withBatch(what string, sessions []*Session, tokens []Token, f func(list **C.struct_m40_session) C.enum_m40_status) error {
+	if len(sessions) != len(tokens) {
+		return &Error{Status: InvalidArgument, Message: fmt.Sprintf("%s: %d sessions but %d tokens", what, len(sessions), len(tokens))}
 	}
 	// Locked in address order, so that concurrent batches never wait on
 	// each other in a cycle; a session twice is an argument error.
@@ -452,7 +500,7 @@ func DecodeBatch(sessions []*Session, tokens []Token) error {
 	})
 	for i, s := range ordered {
 		if i > 0 && ordered[i-1] == s {
-			return &Error{Status: InvalidArgument, Message: "DecodeBatch: a session appears twice"}
+			return &Error{Status: InvalidArgument, Message: what + ": a session appears twice"}
 		}
 	}
 	for _, s := range ordered {
@@ -468,9 +516,7 @@ func DecodeBatch(sessions []*Session, tokens []Token) error {
 	for i, s := range sessions {
 		list[i] = s.ptr
 	}
-	return call(func() C.enum_m40_status {
-		return C.m40_decode_batch(&list[0], (*C.m40_token)(unsafe.Pointer(&tokens[0])), C.size_t(len(tokens)))
-	})
+	return call(func() C.enum_m40_status { return f(&list[0]) })
 }
 
 // IsStatus reports whether err is an *Error with the given status.

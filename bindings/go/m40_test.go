@@ -146,6 +146,47 @@ func TestDecodeBatchMatchesSingleSessionsAcrossGoroutines(t *testing.T) {
 	}
 }
 
+func TestDecodeBatchSamplePicksWhatDecodeBatchThenSamplePicks(t *testing.T) {
+	m := gemma(t)
+	prompt, _ := m.Tokenize("The capital of France is", true)
+	params := []SamplerParams{Greedy(), DefaultSampler()}
+	params[1].Seed = 42
+	var plain, sampled []*Session
+	for i := 0; i < 4; i++ {
+		s, _ := m.NewSession(64)
+		defer s.Close()
+		if err := s.Decode(prompt); err != nil {
+			t.Fatal(err)
+		}
+		if i < 2 {
+			plain = append(plain, s)
+		} else {
+			sampled = append(sampled, s)
+		}
+	}
+	next := []Token{prompt[1], prompt[2]}
+	for step := 0; step < 4; step++ {
+		if err := DecodeBatch(plain, next); err != nil {
+			t.Fatal(err)
+		}
+		want := make([]Token, 2)
+		for i, s := range plain {
+			want[i], _ = s.Sample(params[i])
+		}
+		got, err := DecodeBatchSample(sampled, next, params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[0] != want[0] || got[1] != want[1] {
+			t.Fatalf("step %d: sampled batch %v, decode then sample %v", step, got, want)
+		}
+		next = got
+	}
+	if _, err := DecodeBatchSample(sampled, next, params[:1]); !IsStatus(err, InvalidArgument) {
+		t.Fatalf("a parameter count mismatch: %v", err)
+	}
+}
+
 func TestClosedHandlesAreErrorsAndCloseIsIdempotent(t *testing.T) {
 	m := gemma(t)
 	s, _ := m.NewSession(16)

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::json::JsonObject;
 use crate::kv_cache::KvCache;
+use crate::sampling;
 pub use fused::{route, AttentionStep, Experts, GatedFfn, Heads, Norm, Product, Scratch};
 pub use weight::Weight;
 
@@ -114,6 +115,94 @@ fn fill_rows(values: &[f32], row_len: usize, rows: &mut [&mut Vec<f32>]) {
     });
 }
 
+/// What a sampler asks of one row of a step's logits
+/// ([`Backend::read_candidates`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CandidateRequest {
+    /// The row's `want` largest logits (by f32::total_cmp, the lower token
+    /// id first among equals) and the logits of the `extra` tokens.
+    Best { want: usize, extra: Vec<u32> },
+    /// The whole row.
+    Row,
+}
+
+/// One row's answer to a [`CandidateRequest`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Candidates {
+    /// (token, logit) of the largest logits, in no particular order
+    /// (`Best`); empty for `Row`.
+    pub best: Vec<(u32, f32)>,
+    /// The logits of the extra tokens in their order (`Best`), or the whole
+    /// row (`Row`).
+    pub values: Vec<f32>,
+}
+
+/// [`Backend::read_candidates`] from logits on the host: row i of `values`
+/// (rows of `row_len`) answers `requests[i]` in `out[i]`.
+fn candidates_of_rows(
+    values: &[f32],
+    row_len: usize,
+    requests: &[CandidateRequest],
+    out: &mut [Candidates],
+) {
+    for ((request, out), row) in requests.iter().zip(out).zip(values.chunks_exact(row_len)) {
+        *out = match request {
+            CandidateRequest::Best { want, extra } => Candidates {
+                best: sampling::best_of(row, *want),
+                values: extra.iter().map(|&t| row[t as usize]).collect(),
+            },
+            CandidateRequest::Row => Candidates {
+                best: Vec::new(),
+                values: row.to_vec(),
+            },
+        };
+    }
+}
+
+/// Where a step's wanted logits go.
+pub enum StepOutput<'a, 'b> {
+    /// Row i's logits replace the contents of `rows[i]`
+    /// ([`Backend::read_rows`]).
+    Logits(&'a mut [&'b mut Vec<f32>]),
+    /// Row i's answer to `requests[i]` goes to `out[i]`
+    /// ([`Backend::read_candidates`]).
+    Candidates {
+        requests: &'a [CandidateRequest],
+        out: &'a mut [Candidates],
+    },
+}
+
+impl StepOutput<'_, '_> {
+    /// The rows wanted.
+    pub fn len(&self) -> usize {
+        match self {
+            StepOutput::Logits(rows) => rows.len(),
+            StepOutput::Candidates { requests, .. } => requests.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reads the step's logits rows (at the start of `buffer`, `row_len`
+    /// each) from backend `b` into this output. On failure nothing is
+    /// touched.
+    pub fn read<B: Backend + ?Sized>(
+        &mut self,
+        b: &B,
+        buffer: &B::Buffer,
+        row_len: usize,
+    ) -> Result<()> {
+        match self {
+            StepOutput::Logits(rows) => b.read_rows(buffer, row_len, rows),
+            StepOutput::Candidates { requests, out } => {
+                b.read_candidates(buffer, row_len, requests, out)
+            }
+        }
+    }
+}
+
 /// The operations a device provides to the forward pass. Activations are
 /// row-major `rows × width` matrices of f32 in the backend's `Buffer`s.
 pub trait Backend {
@@ -135,6 +224,23 @@ pub trait Backend {
         row_len: usize,
         rows: &mut [&mut Vec<f32>],
     ) -> Result<()>;
+    /// Row i of the rows of `row_len` values at the start of a buffer
+    /// answers `requests[i]` in `out[i]`: its largest values and a few
+    /// others, or all of it. A backend whose buffers are not host memory
+    /// selects on its own side and copies only the answers. On failure no
+    /// answer is touched.
+    fn read_candidates(
+        &self,
+        buffer: &Self::Buffer,
+        row_len: usize,
+        requests: &[CandidateRequest],
+        out: &mut [Candidates],
+    ) -> Result<()> {
+        let mut values = vec![0f32; row_len * requests.len()];
+        self.read(buffer, &mut values)?;
+        candidates_of_rows(&values, row_len, requests, out);
+        Ok(())
+    }
     /// Copies host values into the start of a buffer.
     fn write(&self, buffer: &mut Self::Buffer, values: &[f32]) -> Result<()>;
 
@@ -455,19 +561,20 @@ impl ModelBackend {
     }
 
     /// Runs `pass` over `batch` with caches made by this backend, the
-    /// logits of `batch.logit_rows[i]` (`n_vocab` each) replacing the
-    /// contents of `logits[i]` (whose allocation is reused). On failure no
-    /// logits are touched. The CUDA backend replays decode steps it has
-    /// recorded (see `cuda::CudaBackend::run_step`).
+    /// logits of `batch.logit_rows[i]` (`n_vocab` each) going to row i of
+    /// `out` (logits replacing the contents of a vector, whose allocation is
+    /// reused, or a sampler's candidates). On failure no output is touched.
+    /// The CUDA backend replays decode steps it has recorded (see
+    /// `cuda::CudaBackend::run_step`).
     pub fn run_step(
         &self,
         caches: &mut [&mut SequenceCache],
         batch: Batch,
         n_vocab: usize,
-        logits: &mut [&mut Vec<f32>],
+        out: &mut StepOutput,
         pass: &impl ForwardPass,
     ) -> Result<()> {
-        assert_eq!(logits.len(), batch.logit_rows.len());
+        assert_eq!(out.len(), batch.logit_rows.len());
         let mismatch = || Error::internal("a session's KV cache is not on its model's backend");
         match self {
             ModelBackend::Cpu(b) => {
@@ -480,7 +587,7 @@ impl ModelBackend {
                     })
                     .collect::<Result<Vec<_>>>()?;
                 let device = pass.enqueue(b, &mut own)?;
-                b.read_rows(&device, n_vocab, logits)
+                out.read(b, &device, n_vocab)
             }
             #[cfg(feature = "cuda")]
             ModelBackend::Cuda(b) => {
@@ -496,15 +603,9 @@ impl ModelBackend {
                     rows,
                     logit_rows,
                 } = batch;
-                b.run_step(
-                    &mut own,
-                    tokens,
-                    rows,
-                    logit_rows,
-                    n_vocab,
-                    logits,
-                    |caches| pass.enqueue(&**b, caches),
-                )
+                b.run_step(&mut own, tokens, rows, logit_rows, n_vocab, out, |caches| {
+                    pass.enqueue(&**b, caches)
+                })
             }
         }
     }

@@ -217,35 +217,105 @@ pub unsafe extern "C" fn m40_decode_batch(
 ) -> m40_status {
     guard(|| {
         // SAFETY: the caller's promises, forwarded.
-        let (handles_in, tokens) = unsafe {
-            (
-                args::slice(sessions, n_sessions, "sessions")?,
-                args::slice(tokens, n_sessions, "tokens")?,
-            )
-        };
-        let tokens = token_ids(tokens)?;
-        let mut addresses: Vec<usize> = handles_in.iter().map(|&p| p as usize).collect();
-        let sessions = addresses
-            .iter()
-            .map(|&a| handles::session(a))
-            .collect::<Result<Vec<_>, _>>()?;
-        addresses.sort_unstable();
-        if addresses.windows(2).any(|w| w[0] == w[1]) {
-            return Err(Error::invalid_argument(
-                "the same session appears twice in the batch",
-            ));
-        }
-        let mut guards = Vec::with_capacity(sessions.len());
-        for (i, s) in sessions.iter().enumerate() {
-            guards.push(handles::lock(
-                handles_in[i] as usize,
-                s,
-                &format!("sessions[{i}]"),
-            )?);
-        }
-        let mut refs: Vec<&mut Session> = guards.iter_mut().map(|g| &mut **g).collect();
-        Session::decode_batch(&mut refs, &tokens)
+        let (handles_in, tokens) = unsafe { batch_args(sessions, tokens, n_sessions)? };
+        with_batch(handles_in, |refs| Session::decode_batch(refs, &tokens))
     })
+}
+
+/// `m40_decode_batch`, then each session's next token sampled as
+/// `m40_sample` with `params[i]` would pick it (NULL `params`: the defaults
+/// for every session), written to `out_tokens[i]`; the tokens are not
+/// decoded. The same tokens and random states as those two calls, but the
+/// logits stay on the device that computed them: only what each sampler
+/// needs comes back (its top_k best, or the greedy pick, and the logits of
+/// the tokens its repetition penalty covers; the whole row when top_k is
+/// off or above 1024 with a temperature above 0), so afterwards the
+/// sessions hold no logits (`m40_logits` is NULL and `m40_sample` fails
+/// until their next decode). On failure no session changes and nothing is
+/// written to `out_tokens`. Threads: as `m40_decode_batch`.
+///
+/// # Safety
+/// `sessions` and `tokens` point to `n_sessions` readable elements each;
+/// `params` is NULL or points to `n_sessions` valid elements; `out_tokens`
+/// points to `n_sessions` writable elements.
+#[no_mangle]
+pub unsafe extern "C" fn m40_decode_batch_sample(
+    sessions: *const *mut m40_session,
+    tokens: *const m40_token,
+    n_sessions: usize,
+    params: *const m40_sampler_params,
+    out_tokens: *mut m40_token,
+) -> m40_status {
+    guard(|| {
+        // SAFETY: the caller's promises, forwarded.
+        let (handles_in, tokens) = unsafe { batch_args(sessions, tokens, n_sessions)? };
+        let params: Vec<SamplerParams> = if params.is_null() {
+            vec![m40_sampler_default_params().into(); n_sessions]
+        } else {
+            // SAFETY: the caller promises n_sessions elements.
+            let given = unsafe { args::slice(params, n_sessions, "params")? };
+            given.iter().map(|&p| p.into()).collect()
+        };
+        if out_tokens.is_null() {
+            return Err(Error::invalid_argument("out_tokens is NULL"));
+        }
+        let next = with_batch(handles_in, |refs| {
+            Session::decode_batch_sample(refs, &tokens, &params)
+        })?;
+        for (i, &t) in next.iter().enumerate() {
+            // SAFETY: the caller promises n_sessions writable elements.
+            *unsafe { args::out(out_tokens.add(i), "out_tokens")? } = t as m40_token;
+        }
+        Ok(())
+    })
+}
+
+/// A batch call's session handles and token ids.
+///
+/// # Safety
+/// `sessions` and `tokens` point to `n_sessions` readable elements each.
+unsafe fn batch_args<'a>(
+    sessions: *const *mut m40_session,
+    tokens: *const m40_token,
+    n_sessions: usize,
+) -> Result<(&'a [*mut m40_session], Vec<u32>), Error> {
+    // SAFETY: the caller's promises, forwarded.
+    let (handles_in, tokens) = unsafe {
+        (
+            args::slice(sessions, n_sessions, "sessions")?,
+            args::slice(tokens, n_sessions, "tokens")?,
+        )
+    };
+    Ok((handles_in, token_ids(tokens)?))
+}
+
+/// Runs `f` on the batch's sessions, each held for the call: live, listed
+/// once, and in use by no other call.
+fn with_batch<T>(
+    handles_in: &[*mut m40_session],
+    f: impl FnOnce(&mut [&mut Session]) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let mut addresses: Vec<usize> = handles_in.iter().map(|&p| p as usize).collect();
+    let sessions = addresses
+        .iter()
+        .map(|&a| handles::session(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    addresses.sort_unstable();
+    if addresses.windows(2).any(|w| w[0] == w[1]) {
+        return Err(Error::invalid_argument(
+            "the same session appears twice in the batch",
+        ));
+    }
+    let mut guards = Vec::with_capacity(sessions.len());
+    for (i, s) in sessions.iter().enumerate() {
+        guards.push(handles::lock(
+            handles_in[i] as usize,
+            s,
+            &format!("sessions[{i}]"),
+        )?);
+    }
+    let mut refs: Vec<&mut Session> = guards.iter_mut().map(|g| &mut **g).collect();
+    f(&mut refs)
 }
 
 /// ==== 7. Sampling ====

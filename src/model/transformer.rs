@@ -13,20 +13,21 @@
 use super::{ArchTraits, FeedForward, HyperParams, Model, Weights};
 use crate::backend::{
     AttentionShape, AttentionStep, Backend, Batch, ForwardPass, GatedFfn, Heads, Norm, Product,
-    Rope, Scratch, SeqPos, SequenceCache,
+    Rope, Scratch, SeqPos, SequenceCache, StepOutput,
 };
 use crate::error::Result;
 
 /// [`forward`] on the model's own backend, over caches made by it, the
-/// logits of `logit_rows[i]` replacing the contents of `logits[i]` (whose
-/// allocation is reused). On failure no logits are touched.
+/// logits of `logit_rows[i]` going to row i of `out` (replacing the
+/// contents of a vector, whose allocation is reused, or a sampler's
+/// candidates). On failure no output is touched.
 pub fn run(
     model: &Model,
     caches: &mut [&mut SequenceCache],
     tokens: &[u32],
     rows: &[SeqPos],
     logit_rows: &[usize],
-    logits: &mut [&mut Vec<f32>],
+    out: &mut StepOutput,
 ) -> Result<()> {
     let batch = Batch {
         tokens,
@@ -35,9 +36,7 @@ pub fn run(
     };
     let n_vocab = model.config().1.n_vocab as usize;
     let pass = Pass { model, batch };
-    model
-        .backend()
-        .run_step(caches, batch, n_vocab, logits, &pass)
+    model.backend().run_step(caches, batch, n_vocab, out, &pass)
 }
 
 /// The model's forward pass over one batch, for whichever backend runs it.

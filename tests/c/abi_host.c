@@ -225,6 +225,24 @@ int main(int argc, char **argv) {
           "batched decode of two sessions");
     m40_session *twice[2] = {session, session};
     CHECK(m40_decode_batch(twice, pair_tokens, 2) == M40_ERR_INVALID_ARGUMENT, "a session twice in one batch");
+    m40_token sampled[2] = {-1, -1};
+    CHECK(m40_decode_batch_sample(pair, pair_tokens, 2, NULL, NULL) == M40_ERR_INVALID_ARGUMENT &&
+              m40_session_n_past(session) == 4,
+          "a sampled batch without out_tokens fails and changes nothing");
+    m40_sampler_params samplers[2] = {m40_sampler_default_params(), m40_sampler_default_params()};
+    samplers[0].temperature = 0.0f;
+    samplers[1].repeat_penalty = 0.0f;
+    CHECK(m40_decode_batch_sample(pair, pair_tokens, 2, samplers, sampled) == M40_ERR_INVALID_ARGUMENT &&
+              sampled[0] == -1 && contains(m40_last_error(), "session 1"),
+          "a sampled batch with a bad sampler names its session and writes no token");
+    samplers[1] = samplers[0];
+    CHECK(m40_decode_batch_sample(pair, pair_tokens, 2, samplers, sampled) == M40_OK && sampled[0] >= 0 &&
+              sampled[0] < m40_model_n_vocab(model) && sampled[1] >= 0 && m40_session_n_past(session) == 5 &&
+              m40_logits(session) == NULL,
+          "a sampled batch decodes, writes each session's token, and keeps no logits");
+    CHECK(m40_decode_batch_sample(pair, sampled, 1, NULL, sampled) == M40_OK && m40_session_n_past(session) == 6,
+          "a sampled batch with the default samplers, fed its own token");
+    CHECK(m40_session_truncate(session, 4) == M40_OK, "truncate back to 4");
     CHECK(m40_session_reset(small_session) == M40_OK && m40_session_n_past(small_session) == 0, "reset");
     CHECK(m40_free(small_session) == M40_OK, "free a session");
 

@@ -63,6 +63,26 @@ pub fn synth_model<A: AsRef<std::ffi::OsStr>>(args: &[A], out: &std::path::Path)
     );
 }
 
+/// The model tools/synth_gguf.py writes for `args`, written once into the
+/// scratch folder as `name`.
+pub fn synth_once<A: AsRef<std::ffi::OsStr>>(name: &str, args: &[A]) -> PathBuf {
+    written_once(name, |partial| synth_model(args, partial))
+}
+
+/// The scratch file `name`, written by `write` unless it exists: under a
+/// name of its own first, then renamed, as tests running in parallel may
+/// ask for the same file (and one may have it mapped while another would
+/// write it again).
+pub fn written_once(name: &str, write: impl FnOnce(&std::path::Path)) -> PathBuf {
+    let path = scratch_path(name);
+    if !path.exists() {
+        let partial = path.with_extension(format!("{:?}.partial", std::thread::current().id()));
+        write(&partial);
+        std::fs::rename(&partial, &path).unwrap();
+    }
+    path
+}
+
 /// The Python that has the tests' packages (numpy, gguf-py; tests/requirements.txt):
 /// `$M40_PYTHON`, else the project's `.venv` that `tests/setup.sh` makes, else `python3`.
 pub fn python() -> std::process::Command {
@@ -143,4 +163,48 @@ pub fn gemma_path() -> PathBuf {
     FETCHED
         .get_or_init(|| fetch(&["tests/fetch-model.sh"], "the Gemma 3 270M model"))
         .clone()
+}
+
+/// Samplers of every kind `Session::decode_batch_sample` serves: greedy
+/// with a repetition penalty, small top-k with and without one, seeds of
+/// their own, and two that take the whole row: top-k off, and `large_top_k`
+/// (a top-k past the vocabulary, or past what the device selects).
+pub fn batch_samplers(large_top_k: i32) -> [m40llm::sampling::SamplerParams; 6] {
+    use m40llm::sampling::SamplerParams;
+    let d = SamplerParams::default();
+    [
+        SamplerParams {
+            temperature: 0.0,
+            repeat_penalty: 1.5,
+            repeat_last_n: 4,
+            ..d
+        },
+        SamplerParams {
+            top_k: 3,
+            repeat_penalty: 1.3,
+            repeat_last_n: -1,
+            seed: 7,
+            ..d
+        },
+        SamplerParams {
+            top_k: 0,
+            temperature: 1.5,
+            ..d
+        },
+        d,
+        SamplerParams {
+            top_k: 2,
+            temperature: 2.0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 11,
+            ..d
+        },
+        SamplerParams {
+            top_k: large_top_k,
+            repeat_penalty: 0.8,
+            seed: 3,
+            ..d
+        },
+    ]
 }

@@ -12,7 +12,8 @@ pub use matmul::{matmul, WeightMatrix};
 pub use pool::{check_thread_count, ThreadPool, MAX_THREADS};
 
 use super::{
-    fill_rows, route, AttentionShape, Backend, Experts, Glu, Norm, Rope, Scratch, SeqPos, Weight,
+    candidates_of_rows, fill_rows, route, AttentionShape, Backend, CandidateRequest, Candidates,
+    Experts, Glu, Norm, Rope, Scratch, SeqPos, Weight,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -143,6 +144,17 @@ impl Backend for CpuBackend {
         rows: &mut [&mut Vec<f32>],
     ) -> Result<()> {
         fill_rows(buffer, row_len, rows);
+        Ok(())
+    }
+
+    fn read_candidates(
+        &self,
+        buffer: &Vec<f32>,
+        row_len: usize,
+        requests: &[CandidateRequest],
+        out: &mut [Candidates],
+    ) -> Result<()> {
+        candidates_of_rows(buffer, row_len, requests, out);
         Ok(())
     }
 

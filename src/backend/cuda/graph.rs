@@ -27,11 +27,18 @@ use super::memory::{Arena, DeviceAllocator, DevicePtr};
 use super::runtime::{self, OwnedGraph, OwnedStream, PinnedBuffer};
 use super::staging::as_bytes;
 use super::{AttentionShape, CudaBackend, CudaKvCache, DeviceBuffer};
-use crate::backend::{Backend, SeqPos};
+use crate::backend::{SeqPos, StepOutput};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Recorded steps kept per backend; the least recently used goes first.
 const MAX_GRAPHS: usize = 8;
+
+/// Most rows (sessions) of a recorded decode step. Past one decode launch's
+/// rows (GEMV_MAX_X) a step's products take the tensor cores or several
+/// decode launches, and launching the step kernel by kernel costs the host
+/// more than the device takes: 32 sessions of Gemma 3 270M enqueued in
+/// 6.9 ms a step for the device's ~3 (H100, `op_profile`).
+const GRAPH_MAX_ROWS: usize = 64;
 
 /// A step's inputs in device memory, at addresses the recording names:
 /// the token ids, then the row table (positions and KV caches).
@@ -137,13 +144,16 @@ pub(super) struct DecodeGraphs {
     replays: u64,
     /// Recording failed altogether: steps run launch by launch.
     off: bool,
+    /// Recording a step of more than GEMV_MAX_X rows failed: such steps
+    /// run launch by launch, smaller ones are still recorded.
+    large_off: bool,
 }
 
 impl CudaBackend {
     /// One forward pass: `enqueue` enqueues it and returns the device buffer
-    /// of the logits of `logit_rows`, which go to `logits` (`n_vocab` each,
-    /// [`Backend::read_rows`]; untouched on failure). A decode step (up to
-    /// GEMV_MAX_X rows, one per session, logits for each) runs as a
+    /// of the logits of `logit_rows` (`n_vocab` each), which go to `out`
+    /// (untouched on failure). A decode step (up to
+    /// GRAPH_MAX_ROWS rows, one per session, logits for each) runs as a
     /// recorded graph where the device allows.
     #[allow(clippy::too_many_arguments)]
     pub fn run_step(
@@ -153,19 +163,20 @@ impl CudaBackend {
         rows: &[SeqPos],
         logit_rows: &[usize],
         n_vocab: usize,
-        logits: &mut [&mut Vec<f32>],
+        out: &mut StepOutput,
         mut enqueue: impl FnMut(&mut [&mut CudaKvCache]) -> Result<DeviceBuffer>,
     ) -> Result<()> {
-        assert_eq!(logits.len(), logit_rows.len());
+        assert_eq!(out.len(), logit_rows.len());
         let decode_step = tokens.len() == rows.len()
-            && (1..=super::GEMV_MAX_X).contains(&rows.len())
+            && (1..=GRAPH_MAX_ROWS).contains(&rows.len())
             && logit_rows.iter().copied().eq(0..rows.len());
         if !self.graph_decode || !decode_step {
-            return self.run_directly(caches, &mut enqueue, n_vocab, logits);
+            return self.run_directly(caches, &mut enqueue, n_vocab, out);
         }
         let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
-        if graphs.off {
-            return self.run_directly(caches, &mut enqueue, n_vocab, logits);
+        let large = rows.len() > super::GEMV_MAX_X;
+        if graphs.off || (large && graphs.large_off) {
+            return self.run_directly(caches, &mut enqueue, n_vocab, out);
         }
         let ids: Vec<c_int> = tokens.iter().map(|&t| t as c_int).collect();
         let table = device_rows(caches, rows)?;
@@ -185,8 +196,14 @@ impl CudaBackend {
                     // if it fails that way too, its error is the real one.
                     // Out of memory says nothing about recording: a later
                     // step is recorded.
-                    self.run_directly(caches, &mut enqueue, n_vocab, logits)?;
-                    graphs.off |= e.kind() != ErrorKind::OutOfMemory;
+                    self.run_directly(caches, &mut enqueue, n_vocab, out)?;
+                    if e.kind() != ErrorKind::OutOfMemory {
+                        if large {
+                            graphs.large_off = true;
+                        } else {
+                            graphs.off = true;
+                        }
+                    }
                     return Ok(());
                 }
             },
@@ -198,7 +215,7 @@ impl CudaBackend {
             graph.inputs.upload(&ids, &table, &state.stream)?;
             graph.graph.launch(&state.stream)?;
         }
-        self.read_rows(&graph.logits, n_vocab, logits)?;
+        out.read(self, &graph.logits, n_vocab)?;
         graphs.replays += 1;
         Ok(())
     }
@@ -248,11 +265,11 @@ impl CudaBackend {
         caches: &mut [&mut CudaKvCache],
         enqueue: &mut impl FnMut(&mut [&mut CudaKvCache]) -> Result<DeviceBuffer>,
         n_vocab: usize,
-        logits: &mut [&mut Vec<f32>],
+        out: &mut StepOutput,
     ) -> Result<()> {
         let _shared = self.no_capture();
         let device = enqueue(caches)?;
-        self.read_rows(&device, n_vocab, logits)
+        out.read(self, &device, n_vocab)
     }
 
     /// Records one step of `n_rows` rows: `enqueue`'s launches go into a

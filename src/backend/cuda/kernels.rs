@@ -257,6 +257,24 @@ impl GemvEpilogue {
 }
 
 extern "C" {
+    /// For each of `n_rows` rows of logits (`n_vocab` each): the ids and
+    /// values of its `want[r]` largest (≤ `max_want`) at r · max_want of
+    /// `out_ids` and `out_values`, in no particular order, and the values at
+    /// `extra_ids[extra_offsets[r] .. extra_offsets[r + 1]]` at the same
+    /// places of `extra_values` (cuda/top.cu). Every array is device memory.
+    pub fn m40_top_logits(
+        logits: *const f32,
+        n_vocab: c_int,
+        n_rows: c_int,
+        want: *const c_int,
+        max_want: c_int,
+        out_ids: *mut c_int,
+        out_values: *mut f32,
+        extra_offsets: *const c_int,
+        extra_ids: *const c_int,
+        extra_values: *mut f32,
+        stream: Stream,
+    ) -> c_int;
     pub fn m40_gemv(
         ty: c_int,
         launch: *const GemvLaunch,
@@ -471,6 +489,10 @@ extern "C" {
         layer: c_int,
         stream: Stream,
     ) -> c_int;
+    /// Attention of `n_rows` rows (cuda/attention.cu). `prepared`: null, or
+    /// the decode scratch, where a decode step's output (at most
+    /// GEMV_MAX_X rows, heads of a multiple of 32 values) also goes
+    /// prepared for the next decode product.
     pub fn m40_attention(
         q: *const f32,
         n_rows: c_int,
@@ -487,6 +509,7 @@ extern "C" {
         heads_per_block: c_int,
         partial: *mut f32,
         out: *mut f32,
+        prepared: *mut i8,
         overlap: c_int,
         stream: Stream,
     ) -> c_int;

@@ -21,6 +21,7 @@
 //!   cuBLAS, the CUDA runtime, and device memory.
 
 mod attention;
+mod candidates;
 mod cublas;
 mod experts;
 mod graph;
@@ -39,8 +40,8 @@ use std::ffi::c_int;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 
 use super::{
-    fill_rows, fused, AttentionShape, AttentionStep, Backend, Experts, GatedFfn, Glu, Norm,
-    Product, Rope, RopeMode, Scratch, SeqPos, Weight,
+    fill_rows, fused, AttentionShape, AttentionStep, Backend, CandidateRequest, Candidates,
+    Experts, GatedFfn, Glu, Norm, Product, Rope, RopeMode, Scratch, SeqPos, Weight,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -106,10 +107,30 @@ struct State {
     /// scaled values: `prepared_bytes` for GEMV_MAX_X rows of the widest
     /// matrix), when products take a prepared route.
     activations_q8: Option<DevicePtr<i8>>,
+    /// The widest matrix's width: the scratch holds GEMV_MAX_X rows of it.
+    widest_product: usize,
     /// The step being recorded into a graph, if any: its kernels read the
     /// step's inputs from the graph's own input block.
     capture: Option<Capture>,
+    /// Operations that have locked the state, counting this one.
+    op: u64,
+    /// What the decode scratch (`activations_q8`) holds prepared, when an
+    /// operation other than a product prepared it for the next one: decode
+    /// attention writes its output there as well, and the attention output
+    /// product that follows takes it without a prepare launch.
+    prepared_input: Option<PreparedInput>,
     stream: OwnedStream,
+}
+
+/// Rows of activations prepared in the decode scratch by one operation for
+/// the product of the operation right after it (`op`, State::op): `rows`
+/// rows of `cols` values at device address `x`, unnormalized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PreparedInput {
+    x: usize,
+    cols: usize,
+    rows: usize,
+    op: u64,
 }
 
 /// One sequence's keys and values in device memory, f16.
@@ -143,11 +164,11 @@ impl CudaBackend {
             None
         };
         let routes = Routes::new(&file, &info, cublas.as_ref(), options.integer_products);
+        let widest = weights::matrices(&file)
+            .map(|t| t.dims[0] as usize)
+            .max()
+            .unwrap_or(0);
         let activations_q8 = if routes.any_prepared() {
-            let widest = weights::matrices(&file)
-                .map(|t| t.dims[0] as usize)
-                .max()
-                .unwrap_or(0);
             Some(allocator.alloc::<i8>(prepared_bytes(widest, GEMV_MAX_X))?)
         } else {
             None
@@ -184,7 +205,10 @@ impl CudaBackend {
                 positions: RowTable::new(),
                 cache_rows: RowTable::new(),
                 activations_q8,
+                widest_product: widest,
                 capture: None,
+                op: 0,
+                prepared_input: None,
             }),
         })
     }
@@ -313,7 +337,8 @@ impl CudaBackend {
 
     /// The state, with this device current for the calling thread.
     fn lock(&self) -> MutexGuard<'_, State> {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.op += 1;
         // The device was usable at load; a failure here resurfaces as the
         // next operation's error.
         let _ = runtime::ensure_device(self.info.index);

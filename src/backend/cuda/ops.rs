@@ -13,8 +13,9 @@ use super::route::ProductRoute;
 use super::runtime::{self, check};
 use super::staging::{as_bytes, RowTableKind};
 use super::{
-    dim, fill_rows, fused, AttentionShape, AttentionStep, Backend, CudaBackend, CudaKvCache,
-    DeviceBuffer, Experts, GatedFfn, Glu, Norm, Product, Rope, RopeMode, Scratch, SeqPos, Weight,
+    dim, fill_rows, fused, AttentionShape, AttentionStep, Backend, CandidateRequest, Candidates,
+    CudaBackend, CudaKvCache, DeviceBuffer, Experts, GatedFfn, Glu, Norm, PreparedInput, Product,
+    Rope, RopeMode, Scratch, SeqPos, Weight,
 };
 use crate::error::{Error, Result};
 
@@ -55,6 +56,16 @@ impl Backend for CudaBackend {
         let pinned = state.read_to_pinned(buffer, row_len * rows.len())?;
         fill_rows(pinned, row_len, rows);
         Ok(())
+    }
+
+    fn read_candidates(
+        &self,
+        buffer: &DeviceBuffer,
+        row_len: usize,
+        requests: &[CandidateRequest],
+        out: &mut [Candidates],
+    ) -> Result<()> {
+        self.candidates(buffer, row_len, requests, out)
     }
 
     fn write(&self, buffer: &mut DeviceBuffer, values: &[f32]) -> Result<()> {
@@ -375,9 +386,32 @@ impl Backend for CudaBackend {
         st.arena
             .begin(&self.allocator, Arena::footprint(&[partial_len * 4]))?;
         let partial = st.arena.take::<f32>(partial_len);
+        // A decode step's output also goes prepared into the decode
+        // scratch, for the attention output product that follows.
+        let width = shape.n_head * shape.head_dim_v;
+        let prepared = match &st.activations_q8 {
+            Some(scratch)
+                if !launch.tiled
+                    && rows.len() <= GEMV_MAX_X
+                    && shape.head_dim_v.is_multiple_of(32)
+                    && shape.head_dim_k.is_multiple_of(8)
+                    && width <= st.widest_product =>
+            {
+                scratch.as_ptr().cast_mut()
+            }
+            _ => std::ptr::null_mut(),
+        };
+        st.prepared_input = (!prepared.is_null()).then_some(PreparedInput {
+            x: out.as_ptr() as usize,
+            cols: width,
+            rows: rows.len(),
+            op: st.op + 1,
+        });
         // SAFETY: q and out hold rows.len() × n_head heads; the partials
         // piece is sized for the launch; the row table names live caches
-        // (for the tiled kernel, one sequence at consecutive positions).
+        // (for the tiled kernel, one sequence at consecutive positions);
+        // the decode scratch holds GEMV_MAX_X prepared rows of the widest
+        // product's width.
         unsafe {
             check(
                 m40_attention(
@@ -398,6 +432,7 @@ impl Backend for CudaBackend {
                     launch.heads_per_block as c_int,
                     partial,
                     out.as_mut_ptr(),
+                    prepared,
                     c_int::from(self.overlap_launches),
                     st.stream.raw(),
                 ),

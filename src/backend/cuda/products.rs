@@ -10,7 +10,7 @@ use super::kernels::*;
 use super::memory::Arena;
 use super::route::ProductRoute;
 use super::runtime::{check, Stream};
-use super::{dim, CudaBackend, DeviceBuffer, Norm, Product, State, Weight};
+use super::{dim, CudaBackend, DeviceBuffer, Norm, PreparedInput, Product, State, Weight};
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
 
@@ -395,6 +395,17 @@ impl CudaBackend {
         input_quantized: bool,
         attention: &AttentionInputs,
     ) -> Result<()> {
+        // Rows the previous operation prepared for this product (decode
+        // attention's output) need no prepare launch.
+        let prepared_before = norm.is_none()
+            && st.prepared_input
+                == Some(PreparedInput {
+                    x: x as usize,
+                    cols: like.cols,
+                    rows: n_x,
+                    op: st.op,
+                });
+        let input_quantized = input_quantized || prepared_before;
         // The scratch holds one launch's rows.
         assert!(!input_quantized || n_x <= GEMV_MAX_X);
         for first in (0..n_x).step_by(GEMV_MAX_X) {

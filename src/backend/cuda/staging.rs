@@ -71,15 +71,29 @@ impl State {
     /// for the stream, so the step's staging pieces are free again.
     pub(super) fn read_to_pinned(&mut self, buffer: &DeviceBuffer, len: usize) -> Result<&[f32]> {
         assert!(len <= buffer.len());
-        let bytes = len * 4;
+        // SAFETY: the buffer holds len values.
+        unsafe { self.read_bytes_to_pinned(buffer.as_ptr().cast(), len * 4)? };
+        Ok(self.readback.as_f32_slice(len))
+    }
+
+    /// `bytes` bytes of device memory at `src`, copied into the pinned
+    /// read-back buffer as `read_to_pinned` does.
+    ///
+    /// # Safety
+    /// `src` is device memory of at least `bytes` bytes.
+    pub(super) unsafe fn read_bytes_to_pinned(
+        &mut self,
+        src: *const u8,
+        bytes: usize,
+    ) -> Result<&[u8]> {
         if self.readback.capacity() < bytes {
             self.readback = PinnedBuffer::new(bytes.next_power_of_two())?;
         }
         let pinned = &mut self.readback.as_mut_slice()[..bytes];
-        // SAFETY: the buffer holds `bytes` bytes; the copy waits for the stream.
-        unsafe { runtime::copy_to_host(pinned, buffer.as_ptr().cast(), self.stream.raw())? };
+        // SAFETY: the caller's promise; the copy waits for the stream.
+        unsafe { runtime::copy_to_host(pinned, src.cast(), self.stream.raw())? };
         self.staging.reset();
-        Ok(self.readback.as_f32_slice(len))
+        Ok(&self.readback.as_mut_slice()[..bytes])
     }
 }
 
