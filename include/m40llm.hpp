@@ -240,4 +240,24 @@ inline void decode_batch(const std::vector<Session *> &sessions, const std::vect
     detail::check(m40_decode_batch(handles.data(), tokens.data(), handles.size()));
 }
 
+// decode_batch, then each session's next token sampled with params[i] (empty:
+// the defaults for every session) as Session::sample would pick it, the
+// logits left on the device (m40_decode_batch_sample): the sessions hold no
+// logits afterwards.
+inline std::vector<m40_token> decode_batch_sample(const std::vector<Session *> &sessions,
+                                                  const std::vector<m40_token> &tokens,
+                                                  const std::vector<m40_sampler_params> &params = {}) {
+    if (sessions.size() != tokens.size())
+        throw Error(M40_ERR_INVALID_ARGUMENT, "decode_batch_sample: one token per session");
+    if (!params.empty() && params.size() != sessions.size())
+        throw Error(M40_ERR_INVALID_ARGUMENT, "decode_batch_sample: one sampler per session");
+    std::vector<m40_session *> handles;
+    handles.reserve(sessions.size());
+    for (Session *s : sessions) handles.push_back(s->get());
+    std::vector<m40_token> next(sessions.size());
+    detail::check(m40_decode_batch_sample(handles.data(), tokens.data(), handles.size(),
+                                          params.empty() ? nullptr : params.data(), next.data()));
+    return next;
+}
+
 }  // namespace m40

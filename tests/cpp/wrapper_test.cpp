@@ -116,6 +116,15 @@ int main(int argc, char **argv) {
     } catch (const m40::Error &e) {
         expect(e.status() == M40_ERR_INVALID_ARGUMENT, "decode_batch() rejects a token count mismatch");
     }
+    // A sampled batch picks what sample() picks after decode_batch().
+    m40::Session c(model), d(model);
+    c.decode(tokens);
+    d.decode(tokens);
+    std::vector<m40::Session *> sampled{&c}, plain{&d};
+    const std::vector<m40_token> next = m40::decode_batch_sample(sampled, {tokens[2]}, {m40::greedy()});
+    m40::decode_batch(plain, {tokens[2]});
+    expect(next.size() == 1 && next[0] == d.sample(m40::greedy()) && c.n_past() == tokens.size() + 1,
+           "decode_batch_sample() picks the token sample() picks after decode_batch()");
 
     // Ownership: a moved-from model may go before its sessions.
     {
