@@ -97,7 +97,7 @@ pub const MAX_CANDIDATES: usize = 1024;
 
 /// The next token after `history` given `logits`.
 pub fn sample(logits: &[f32], history: &[u32], p: &SamplerParams, rng: &mut Rng) -> u32 {
-    let pen = penalized(history, p);
+    let pen = penalized(history, &[], p);
     let cand = match candidates_wanted(p, logits.len(), pen.len()) {
         Some(want) => {
             let pen_logits: Vec<f32> = pen.iter().map(|&t| logits[t as usize]).collect();
@@ -236,19 +236,25 @@ pub fn sample_candidates(mut cand: Vec<(u32, f32)>, p: &SamplerParams, rng: &mut
 }
 
 /// The distinct tokens of the repetition window (the last `repeat_last_n`
-/// of `history`, all of it when negative), in their order there; none when
-/// the penalty is off.
-pub fn penalized(history: &[u32], p: &SamplerParams) -> Vec<u32> {
+/// of `history` followed by `next`, all of them when negative), in their
+/// order there; none when the penalty is off. `next`: tokens not yet in the
+/// session's history that a sampler after them sees (a batch's decoded
+/// token).
+pub fn penalized(history: &[u32], next: &[u32], p: &SamplerParams) -> Vec<u32> {
     if p.repeat_penalty == 1.0 || p.repeat_last_n == 0 {
         return Vec::new();
     }
+    let len = history.len() + next.len();
     let window = match p.repeat_last_n {
-        n if n < 0 => history.len(),
-        n => (n as usize).min(history.len()),
+        n if n < 0 => len,
+        n => (n as usize).min(len),
     };
     let mut seen = std::collections::HashSet::new();
-    history[history.len() - window..]
+    history[history
+        .len()
+        .saturating_sub(window.saturating_sub(next.len()))..]
         .iter()
+        .chain(&next[next.len().saturating_sub(window)..])
         .copied()
         .filter(|&t| seen.insert(t))
         .collect()
@@ -365,7 +371,9 @@ mod tests {
             ..params()
         };
         // the window is the last two tokens: 1 and 0
-        let window = penalized(&[2, 0, 1, 0], &p);
+        let window = penalized(&[2, 0, 1, 0], &[], &p);
+        assert_eq!(penalized(&[2, 0, 1], &[0], &p), window);
+        assert_eq!(penalized(&[], &[2, 0, 1, 0], &p), window);
         assert_eq!(window, vec![1, 0]);
         for t in window {
             logits[t as usize] = penalize(logits[t as usize], &p);
@@ -403,7 +411,7 @@ mod tests {
                 repeat_penalty,
                 ..Default::default()
             };
-            let pen = penalized(&history, &p);
+            let pen = penalized(&history, &[], &p);
             let want = candidates_wanted(&p, logits.len(), pen.len()).unwrap();
             let raw: Vec<(u32, f32)> = logits
                 .iter()

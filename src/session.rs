@@ -227,37 +227,20 @@ impl Session {
             p.check().map_err(|e| e.context(format!("session {i}")))?;
         }
         let n_vocab = model.n_vocab() as usize;
-        // Each session's penalized tokens, over its history with the token
-        // it decodes now (what `sample` sees after `decode_batch`).
-        let penalized: Vec<Vec<u32>> = sessions
+        // What each sampler needs: its best logits and those of its
+        // penalized tokens, over its history with the token it decodes now
+        // (what `sample` sees after `decode_batch`).
+        let requests: Vec<CandidateRequest> = sessions
             .iter()
             .zip(tokens)
             .zip(params)
             .map(|((s, &t), p)| {
-                let window = match p.repeat_last_n {
-                    n if n < 0 => s.tokens.len() + 1,
-                    n => n as usize,
-                };
-                let start = (s.tokens.len() + 1)
-                    .saturating_sub(window)
-                    .min(s.tokens.len());
-                let mut history = s.tokens[start..].to_vec();
-                history.push(t);
-                sampling::penalized(&history, p)
-            })
-            .collect();
-        let requests: Vec<CandidateRequest> = params
-            .iter()
-            .zip(&penalized)
-            .map(
-                |(p, pen)| match sampling::candidates_wanted(p, n_vocab, pen.len()) {
-                    Some(want) => CandidateRequest::Best {
-                        want,
-                        extra: pen.clone(),
-                    },
+                let pen = sampling::penalized(&s.tokens, &[t], p);
+                match sampling::candidates_wanted(p, n_vocab, pen.len()) {
+                    Some(want) => CandidateRequest::Best { want, extra: pen },
                     None => CandidateRequest::Row,
-                },
-            )
+                }
+            })
             .collect();
         let rows = Self::batch_rows(sessions);
         let wanted: Vec<usize> = (0..sessions.len()).collect();

@@ -29,7 +29,7 @@ impl CudaBackend {
         let n = requests.len();
         // The kernel's inputs in one block: each row's want, the offsets of
         // each row's extra tokens, then the tokens.
-        let mut input: Vec<c_int> = Vec::with_capacity(2 * n + 1);
+        let mut wants: Vec<usize> = Vec::with_capacity(n);
         let mut extra_ids: Vec<c_int> = Vec::new();
         let mut offsets = vec![0 as c_int];
         for request in requests {
@@ -40,20 +40,17 @@ impl CudaBackend {
             if extra.iter().any(|&t| t as usize >= row_len) {
                 return Err(Error::internal("a candidate token outside the vocabulary"));
             }
-            input.push(dim(want, "candidates wanted")?);
+            wants.push(want);
             extra_ids.extend(extra.iter().map(|&t| t as c_int));
             offsets.push(dim(extra_ids.len(), "candidate tokens")?);
         }
+        let max_want = wants.iter().copied().max().unwrap_or(0);
+        let mut input = wants
+            .iter()
+            .map(|&w| dim(w, "candidates wanted"))
+            .collect::<Result<Vec<c_int>>>()?;
         input.extend_from_slice(&offsets);
         input.extend_from_slice(&extra_ids);
-        let max_want = requests
-            .iter()
-            .map(|r| match r {
-                CandidateRequest::Best { want, .. } => (*want).min(row_len),
-                CandidateRequest::Row => 0,
-            })
-            .max()
-            .unwrap_or(0);
         let n_extra = extra_ids.len();
         let (ids_bytes, values_bytes) = (n * max_want * 4, n * max_want * 4);
         let out_bytes = ids_bytes + values_bytes + n_extra * 4;
@@ -103,8 +100,8 @@ impl CudaBackend {
                     .map(|b| [b[0], b[1], b[2], b[3]])
             };
             for (i, (request, answer)) in requests.iter().zip(&mut answers).enumerate() {
-                if let CandidateRequest::Best { want, .. } = request {
-                    let want = (*want).min(row_len);
+                if let CandidateRequest::Best { .. } = request {
+                    let want = wants[i];
                     let ids = words(i * max_want * 4, want).map(u32::from_ne_bytes);
                     let values = words(ids_bytes + i * max_want * 4, want).map(f32::from_ne_bytes);
                     answer.best = ids.zip(values).collect();
@@ -118,13 +115,10 @@ impl CudaBackend {
         for (i, (request, answer)) in requests.iter().zip(&mut answers).enumerate() {
             if *request == CandidateRequest::Row {
                 // SAFETY: row i lies within the buffer (asserted above).
-                let row = unsafe {
+                unsafe {
                     st.read_bytes_to_pinned(buffer.as_ptr().add(i * row_len).cast(), row_len * 4)?
                 };
-                answer.values = row
-                    .chunks_exact(4)
-                    .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect();
+                answer.values = st.readback.as_f32_slice(row_len).to_vec();
             }
         }
         for (out, answer) in out.iter_mut().zip(answers) {
