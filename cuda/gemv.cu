@@ -602,26 +602,46 @@ __device__ __forceinline__ void m40_scaled32(M40ScaledRow x, int block, M40Scale
     a.sum = (s.x + s.y) + (s.z + s.w);
 }
 
+// A nibble of fifth bits at bit 4 of bytes 0..3: the nibble (bits 0..3;
+// for the high one, bits 4..7 where they lie, 16 times the nibble) times
+// 2^4 + 2^11 + 2^18 + 2^25, whose four shifted copies never overlap (no
+// carries). Each copy's other bits land in a byte's bits 0..3 or 5..7,
+// which m40_nibbles_with_bit4 and the code masks leave out; the top byte's
+// bits 29..31 stay clear.
+__device__ __forceinline__ uint32_t m40_fifth_bits_at_4(uint32_t low_nibble) { return low_nibble * 0x02040810u; }
+__device__ __forceinline__ uint32_t m40_high_fifth_bits_at_4(uint32_t high_nibble) {
+    return high_nibble * 0x00204081u;
+}
+
 // Q4_0 / Q4_1 / Q5_0 / Q5_1 (NibbleBlock, quant.cuh): a unit is a whole
 // block. Without fifth bits the nibbles are masked straight out of the
 // quant words (the high nibbles' sum comes out 16 times too large); with
-// them each word's codes are put together a byte each first.
+// them each word's codes are put together a byte each first, the fifth
+// bits read a byte (eight values) at a time.
 template <class L> struct GemvScaledNibbles {
     static constexpr int VALUES = 32, BYTES = L::BYTES, UNITS = 1;
     static constexpr bool DIRECT = false;
     struct W {
-        uint32_t q[8];  // quant words 0..3; with fifth bits, the codes of values 4k.. then 16 + 4k..
+        uint32_t q[8];  // quant words 0..3; with fifth bits, the codes of values 4k.. (k = 0..7), bits 5..7 of a byte stray
         float d, m;
     };
     using X = M40Scaled32;
     __device__ static void weights(const uint8_t *b, int, W &w) {
         L::quant_words(b, w.q);
         if (L::FIFTH) {
-            const uint32_t fifth = L::fifth_bits(b);
+            // Fifth-bit byte m: values 8m..8m+3 in its low nibble, 8m+4.. in its high.
+            uint32_t fifth[8];
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                const uint32_t bits = b[L::FIFTH_AT + m];
+                fifth[2 * m] = m40_fifth_bits_at_4(bits & 0x0Fu);
+                fifth[2 * m + 1] = m40_high_fifth_bits_at_4(bits & 0xF0u);
+            }
+            // Quant word k: values 4k.. in its low nibbles, 16 + 4k.. in its high.
 #pragma unroll
             for (int k = 3; k >= 0; k--) {
-                w.q[4 + k] = L::word_codes(w.q[k], fifth, k, 1);
-                w.q[k] = L::word_codes(w.q[k], fifth, k, 0);
+                w.q[4 + k] = m40_nibbles_with_bit4(w.q[k] >> 4, fifth[4 + k]);
+                w.q[k] = m40_nibbles_with_bit4(w.q[k], fifth[k]);
             }
         }
         w.d = m40_f16(b);
@@ -631,13 +651,10 @@ template <class L> struct GemvScaledNibbles {
     __device__ static float dot(const W &w, const X &a) {
         float s = 0.0f;
         if (L::FIFTH) {
-            float t = 0.0f;
+            M40CodeSums<0, 5> sums;
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                s = m40_scaled_bytes4(w.q[k], a.v[k], s);
-                t = m40_scaled_bytes4(w.q[4 + k], a.v[4 + k], t);
-            }
-            s += t;
+            for (int k = 0; k < 8; k++) sums.add(w.q[k], a.v[k]);
+            s = sums.total();
         } else {
             float hi = 0.0f;
 #pragma unroll
@@ -760,19 +777,41 @@ struct M40ScaledQ4K {
     }
 };
 
-// Q5_K: the codes with their fifth bits, a byte each (m40_q5k_codes).
+// Q5_K: the codes with their fifth bits, a byte each, as m40_q5k_codes
+// lays them out but for the high nibbles' codes, which lie one bit up
+// (bits 1..5, twice the code: HIGH_FACTOR). Sub-block s's fifth bits are
+// bit s of each high-bit byte: rotating the word left by 4 − 2c (mod 32:
+// what wraps around lands in bits the codes leave out) brings sub-block
+// 2c's to bit 4, where the low nibbles' codes want it, and 2c + 1's to bit
+// 5, where the high nibbles' want it: one funnel shift for both, whatever
+// the lane's c; bits between the codes stray.
 struct M40ScaledQ5K {
     struct Codes {
         uint32_t q[8];  // sub-block 2c's values, then 2c + 1's
     };
-    static constexpr float HIGH_FACTOR = 1.0f;
-    __device__ static void codes(const uint8_t *b, int u, Codes &c) { m40_q5k_codes(b, u, c.q); }
-    template <class X> __device__ static void multiply(const Codes &c, const X &a, float &lo, float &hi) {
+    static constexpr float HIGH_FACTOR = 0.5f;
+    __device__ static void codes(const uint8_t *b, int u, Codes &c) {
+        const uint4 q = *reinterpret_cast<const uint4 *>(b + 48 + 16 * u);
+        const uint4 h = *reinterpret_cast<const uint4 *>(b + 16 + 16 * (u % 2));
+        const uint32_t words[4] = {q.x, q.y, q.z, q.w}, high_bits[4] = {h.x, h.y, h.z, h.w};
+        const int turn = (4 - 2 * (u / 2)) & 31;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            lo = m40_scaled_bytes4(c.q[k], a.low[k], lo);
-            hi = m40_scaled_bytes4(c.q[4 + k], a.high[k], hi);
+            const uint32_t fifth = __funnelshift_l(high_bits[k], high_bits[k], turn);
+            c.q[k] = m40_nibbles_with_bit4(words[k], fifth);
+            c.q[4 + k] = m40_select_bits<0x1E1E1E1Eu>(words[k] >> 3, fifth);
         }
+    }
+    template <class X> __device__ static void multiply(const Codes &c, const X &a, float &lo, float &hi) {
+        M40CodeSums<0, 5> low;
+        M40CodeSums<1, 5> high;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            low.add(c.q[k], a.low[k]);
+            high.add(c.q[4 + k], a.high[k]);
+        }
+        lo += low.total();
+        hi += high.total();
     }
 };
 
@@ -799,7 +838,18 @@ template <> struct GemvScaled<M40_Q6_K> {
     };
     __device__ static void weights(const uint8_t *b, int u, W &w) {
         const int h = u / 4, l = 8 * (u % 4);
-        m40_q6k_codes(b, u, &w.q[0][0]);
+        // The codes as m40_q6k_codes lays them out, bits 6..7 of a byte
+        // stray: group g's high bits (bits 2g, 2g + 1 of each qh byte)
+        // brought to bits 4..5 by one shift, or none.
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const uint32_t ql0 = m40_u32_2(b + 64 * h + l + 4 * k), ql1 = m40_u32_2(b + 64 * h + 32 + l + 4 * k);
+            const uint32_t qh = m40_u32_2(b + 128 + 32 * h + l + 4 * k);
+            w.q[0][k] = m40_nibbles_with_bit4(ql0, qh << 4);
+            w.q[1][k] = m40_nibbles_with_bit4(ql1, qh << 2);
+            w.q[2][k] = m40_nibbles_with_bit4(ql0 >> 4, qh);
+            w.q[3][k] = m40_nibbles_with_bit4(ql1 >> 4, qh >> 2);
+        }
         const float d = m40_f16(b + 208);
         // The int8 scale s as a float: s ^ 0x80 is s + 128 in the mantissa of 2^23.
 #pragma unroll
@@ -823,8 +873,10 @@ template <> struct GemvScaled<M40_Q6_K> {
         float s = 0.0f;
 #pragma unroll
         for (int g = 0; g < 4; g++) {
-            const float codes = m40_scaled_bytes4(w.q[g][1], a.v[g][1], m40_scaled_bytes4(w.q[g][0], a.v[g][0], 0.0f));
-            s = fmaf(w.scale[g], codes - a.sum[g], s);
+            M40CodeSums<0, 6> codes(-a.sum[g]);
+            codes.add(w.q[g][0], a.v[g][0]);
+            codes.add(w.q[g][1], a.v[g][1]);
+            s = fmaf(w.scale[g], codes.total(), s);
         }
         return s;
     }
@@ -913,6 +965,12 @@ __device__ __forceinline__ void m40_row_group(const M40Gemv &p, bool glu, int gr
         g.w[j] = m40_matrix(p, g.mat[j]).w + expert_offset + g.row[j] * row_bytes;
     }
 }
+
+// A row group's rows as the staged loop streams them (m40_gemv_body).
+template <int R> struct M40RowStream {
+    const uint4 *next[R];  // this lane's first load of the row's next chunk
+    int misalignment[R];   // the row's first block's offset in its first 16-byte vector
+};
 
 // Blocks per staged chunk: about CHUNK_ROW_BYTES of each row, in whole
 // rounds of the warp's 32 lanes (each lane takes one unit per round).
@@ -1211,12 +1269,56 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
         const int n_chunks = (block_end - block_begin + CHUNK_BLOCKS - 1) / CHUNK_BLOCKS;
 
         uint4 next[R][CHUNK_VECTORS_PER_LANE];
-        // Offsets within a row are ints (a row is far below 2 GiB): 64-bit
-        // products and differences cost Maxwell a dozen instructions a chunk.
-        const auto fetch = [&](const M40RowGroup<R> &g, int chunk) {
+        // The M40's kernels (the scaled path, one session, 4 rows a warp)
+        // keep each row's address of this lane's next load, where a chunk
+        // is a whole number of 16-byte vectors (every format's but Q6_K's)
+        // and so a row's chunks share its misalignment: a chunk's loads
+        // then cost a pointer step a row. Computing the chunk's address
+        // from the row's, as the others do (and the last, partial chunk),
+        // costs Maxwell ~20 instructions a row and chunk, half an
+        // instruction a weight of Q5_0. Elsewhere the kept addresses cost
+        // registers for little: the batched kernels spilled, and the
+        // 2-row kernels (the H100's small products) and the integer
+        // path's lost a block an SM. Offsets within a row are ints (a row
+        // is far below 2 GiB): 64-bit products and differences cost more.
+        constexpr int CHUNK_BYTES = CHUNK_BLOCKS * G::BYTES;
+        constexpr bool WHOLE_VECTORS = m40_scaled<G> && NX == 1 && R == 4 && CHUNK_BYTES % 16 == 0;
+        M40RowStream<R> stream, fetched_stream;
+        const auto begin_rows = [&](const M40RowGroup<R> &g, M40RowStream<R> &s) {
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                const uint8_t *start = g.w[j] + block_begin * G::BYTES;
+                s.misalignment[j] = int(uintptr_t(start) & 15);
+                s.next[j] = reinterpret_cast<const uint4 *>(start - s.misalignment[j]) + lane;
+            }
+        };
+        const auto load = [&](const uint4 *at) { return m40_streamed_weights<G> ? __ldcs(at) : __ldcg(at); };
+        const auto fetch = [&](const M40RowGroup<R> &g, M40RowStream<R> &s, int chunk) {
             const int first_block = block_begin + chunk * CHUNK_BLOCKS;
-            const int offset = first_block * G::BYTES;
             const int bytes = min(CHUNK_BLOCKS, block_end - first_block) * G::BYTES;
+            if constexpr (WHOLE_VECTORS) {
+                if (chunk + 1 < n_chunks) {
+                    // A full chunk may read one vector more than it needs
+                    // (an aligned row's): the next chunk's first, inside the row.
+#pragma unroll
+                    for (int j = 0; j < R; j++) {
+#pragma unroll
+                        for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++)
+                            if (lane + 32 * k < CHUNK_VECTORS) next[j][k] = load(s.next[j] + 32 * k);
+                        s.next[j] += CHUNK_BYTES / 16;
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < R; j++) {
+                        const int vectors = (s.misalignment[j] + bytes + 15) >> 4;
+#pragma unroll
+                        for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++)
+                            if (lane + 32 * k < vectors) next[j][k] = load(s.next[j] + 32 * k);
+                    }
+                }
+                return;
+            }
+            const int offset = first_block * G::BYTES;
 #pragma unroll
             for (int j = 0; j < R; j++) {
                 const uint8_t *start = g.w[j] + offset;
@@ -1226,8 +1328,7 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
 #pragma unroll
                 for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++) {
                     const int index = lane + 32 * k;
-                    if (index < vectors)
-                        next[j][k] = m40_streamed_weights<G> ? __ldcs(aligned + index) : __ldcg(aligned + index);
+                    if (index < vectors) next[j][k] = load(aligned + index);
                 }
             }
         };
@@ -1238,7 +1339,8 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
         // launches they are in flight while the previous kernel finishes.
         if (group < n_groups) {
             m40_row_group(p, glu, group, row_bytes, expert_offset, g);
-            fetch(g, 0);
+            begin_rows(g, stream);
+            fetch(g, stream, 0);
         }
         inputs_ready();
         if (group >= n_groups) return;
@@ -1257,9 +1359,10 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
             if (next_group < n_groups) {
                 if (last_chunk) {
                     m40_row_group(p, glu, next_group, row_bytes, expert_offset, fetched);
-                    fetch(fetched, 0);
+                    begin_rows(fetched, fetched_stream);
+                    fetch(fetched, fetched_stream, 0);
                 } else {
-                    fetch(g, chunk + 1);
+                    fetch(g, stream, chunk + 1);
                 }
             }
             const int first_block = block_begin + chunk * CHUNK_BLOCKS;
@@ -1267,8 +1370,9 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
             const uint8_t *stage_base[R];
 #pragma unroll
             for (int j = 0; j < R; j++) {
-                const uint8_t *start = g.w[j] + first_block * G::BYTES;
-                stage_base[j] = reinterpret_cast<const uint8_t *>(staged[warp][j]) + (uintptr_t(start) & 15);
+                const int misalignment =
+                    WHOLE_VECTORS ? stream.misalignment[j] : int(uintptr_t(g.w[j] + first_block * G::BYTES) & 15);
+                stage_base[j] = reinterpret_cast<const uint8_t *>(staged[warp][j]) + misalignment;
             }
 #pragma unroll 2
             for (int k = 0; k < ROUNDS; k++) {
@@ -1288,6 +1392,7 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
             if (next_group >= n_groups) break;
             clear();
             g = fetched;
+            stream = fetched_stream;
             group = next_group;
             chunk = 0;
         }

@@ -128,7 +128,7 @@ __device__ __forceinline__ uint32_t m40_spread4_to_bit4(uint32_t b) {
 // word at QH (-1: none; bit i for value i), a minimum at byte 2 (MIN), and
 // codes ZERO above the value they stand for (weight = d · (code − ZERO) + m).
 template <int BYTES_, int QS, int QH, bool MIN_, int ZERO_> struct NibbleLayout {
-    static constexpr int VALUES = 32, BYTES = BYTES_, ZERO = ZERO_;
+    static constexpr int VALUES = 32, BYTES = BYTES_, ZERO = ZERO_, FIFTH_AT = QH;
     static constexpr bool MIN = MIN_, FIFTH = QH >= 0;
     // The block's fifth bits, 0 without them.
     __device__ static uint32_t fifth_bits(const uint8_t *b) {

@@ -96,6 +96,49 @@ __device__ __forceinline__ float m40_scaled_bytes4(uint32_t c, float4 x, float a
     return fmaf(x.w, m40_code(h, 0xFF00u), acc);
 }
 
+// The sums a word of four codes goes into, each at its own power of two,
+// so that no code but the last is shifted. A code is BITS bits at bit LOW
+// of its byte (LOW + BITS ≤ 7; the byte's other bits may hold anything):
+// codes 0 and 1 are masked where they lie, as in m40_scaled_bytes4
+// (x·q · 2^(LOW−64)); code 2 is masked where it lies too, bits 16 + LOW..,
+// clear of the exponent (x·q · 2^(LOW−48)); code 3 is taken down to bit 0,
+// an odd value's code on an even value's bits (x·q · 2^−72). That is one
+// shift a word where taking codes 2 and 3 down to bits 0 and 8 costs two
+// and a mask more; the two extra sums cost two FFMAs a sum (total()).
+template <int LOW, int BITS> struct M40CodeSums {
+    static_assert(LOW + BITS <= 7, "code 2, masked in place, must stay clear of the exponent (bit 23)");
+    static constexpr uint32_t MASK = ((1u << BITS) - 1) << LOW;
+    float near, third, fourth;
+    __device__ __forceinline__ explicit M40CodeSums(float start = 0.0f) : near(start), third(0.0f), fourth(0.0f) {}
+    // sums += x[k] · code k for the four codes of c.
+    __device__ __forceinline__ void add(uint32_t c, float4 x) {
+        near = fmaf(x.x, m40_code(c, MASK), near);
+        near = fmaf(x.y, m40_code(c, MASK << 8), near);
+        third = fmaf(x.z, m40_code(c, MASK << 16), third);
+        fourth = fmaf(x.w, m40_code(c >> (24 + LOW), MASK >> LOW), fourth);
+    }
+    // (Σ x·q) · 2^(LOW−64), plus the start.
+    __device__ __forceinline__ float total() const {
+        return fmaf(third, 0x1p-16f, fmaf(fourth, float(1u << (8 + LOW)), near));
+    }
+};
+
+// Bits `mask` of a, the others of b: one LOP3 (the compiler, left to
+// itself, masks b first).
+template <uint32_t MASK> __device__ __forceinline__ uint32_t m40_select_bits(uint32_t a, uint32_t b) {
+    uint32_t out;
+    // LUT 0xE4: (a & c) | (b & ~c) for a = 0xF0, b = 0xCC, c = 0xAA.
+    asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(out) : "r"(a), "r"(b), "n"(MASK));
+    return out;
+}
+
+// The low nibble of each byte of `nibbles` with bits 4..7 of the same byte
+// of `high` above it, the code's top bit at bit 4 (bits 5..7 are left to
+// M40CodeSums's masks).
+__device__ __forceinline__ uint32_t m40_nibbles_with_bit4(uint32_t nibbles, uint32_t high) {
+    return m40_select_bits<0x0F0F0F0Fu>(nibbles, high);
+}
+
 // The nibbles of quant word w: its bytes' low nibbles (values `low`) into
 // lo, their high nibbles (values `high`) into hi, which comes out 16 times
 // the sum (codes at bits 4 and 12).

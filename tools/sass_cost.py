@@ -37,9 +37,9 @@ shapes (rows of 4096 and 11008 columns, weighted as a token reads them):
 
 The total's instructions are also given by class, with the issue cost the
 M40 pays for them (sm_52 throughput per SM per clock: FP32 and integer
-add/logic 128; shifts, compares, min/max, bit fields 64, so 2 issue slots;
-conversions and shuffles 32, so 4; loads and stores count 1 and are listed
-apart, their limit being the load/store units). `target` is the issue cost
+add/logic 128; shifts (funnel shifts too), compares, min/max, bit fields
+64, so 2 issue slots; conversions and shuffles 32, so 4; loads and stores
+count 1 and are listed apart, their limit being the load/store units). `target` is the issue cost
 each format is held to (docs/cuda.md, "The M40's instruction budget").
 """
 import json
@@ -76,8 +76,8 @@ ROWS = {"scaled": 4, "fp32": 2}
 # llama-7b's matrices (rows, columns) of one layer, for the row overhead.
 LLAMA_7B = [(4096, 4096)] * 4 + [(11008, 4096)] * 2 + [(4096, 11008)]
 
-# Shifts (LEA and ISCADD shift too), compares, min/max and bit fields at 64 per SM per clock.
-HALF_RATE = re.compile(r"^(SHL|SHR|ISETP|FSETP|PSETP|ISCADD|LEA|BFE|BFI|IMNMX|FMNMX|FCMP|ICMP)$")
+# Shifts (funnel shifts, LEA and ISCADD shift too), compares, min/max and bit fields at 64 per SM per clock.
+HALF_RATE = re.compile(r"^(SHL|SHR|SHF|ISETP|FSETP|PSETP|ISCADD|LEA|BFE|BFI|IMNMX|FMNMX|FCMP|ICMP)$")
 # Conversions, shuffles, special functions, bit counts at 32.
 QUARTER_RATE = re.compile(r"^(I2F|F2I|F2F|I2I|SHFL|MUFU|POPC|FLO)$")
 MEMORY = re.compile(r"^(LDG|LDS|LD|LDC|STG|STS|ST|LDL|STL|TEX|TLD|ATOM|RED|ATOMS)$")
