@@ -3,12 +3,16 @@
  * reported like llama.cpp's llama-bench so the two read side by side.
  *
  *   m40-bench -m MODEL [-d DEVICE] [-t THREADS] [-p 512] [-n 128] [-r 5]
- *             [-b 1,8,32] [-s] [--n-batch N] [--json]
+ *             [-b 1,8,32] [--n-depth 0,2048] [-s] [--n-batch N] [--json]
  *
  *   pp N   tokens/s processing an N-token prompt in one m40_decode
  *   tg N   tokens/s generating N tokens, one m40_decode each
  *   tgN@B  aggregate tokens/s of B sessions stepped together N times with
  *          m40_decode_batch (-b; B = 1 is the tg row)
+ *   ... @ dD  the same after D tokens of context (--n-depth, llama-bench's
+ *          -d; here -d names the device): long contexts, where attention
+ *          rather than the weights takes the time. The roofline column
+ *          still counts weight bytes only.
  *
  * With -s the tg rows also sample each session's next token (the default
  * sampler: temperature 0.8, top-k 40) and feed it back, every step one
@@ -155,8 +159,8 @@ static m40_token random_token(int n_vocab) {
 }
 
 struct result {
-    char test[32];
-    int n_prompt, n_gen, batch;
+    char test[48];
+    int n_prompt, n_gen, batch, depth;
     double mean, stddev;  /* tokens/s */
     double roofline;      /* fraction, or < 0 when not a generation test */
 };
@@ -171,36 +175,50 @@ static void stats(const double *v, int n, double *mean, double *sd) {
 
 /* ---- the tests ---- */
 
-/* n_batch: the session's prompt chunk (0: the whole prompt in one pass). */
-static double run_pp(m40_model *model, int n_vocab, int n_prompt, int n_batch) {
+/* A test's sessions are filled to their depth once (the tokens before the
+   test: llama-bench's --n-depth); each run truncates them back to it, so
+   that runs start from the same context without paying for it again. */
+static m40_session *new_session(m40_model *model, int n_ctx, int n_batch) {
     m40_session_params sp = m40_session_default_params();
-    sp.n_ctx = (uint32_t)n_prompt;
-    sp.n_batch = (uint32_t)(n_batch > 0 ? n_batch : n_prompt);
+    sp.n_ctx = (uint32_t)n_ctx;
+    if (n_batch > 0) sp.n_batch = (uint32_t)n_batch;
     m40_session *s = NULL;
     if (m40_session_new(model, &sp, &s) != M40_OK) die("session");
+    return s;
+}
+
+static void decode_random(m40_session *s, int n_vocab, int n) {
+    if (n <= 0) return;
+    m40_token *tokens = malloc(sizeof(m40_token) * (size_t)n);
+    for (int i = 0; i < n; i++) tokens[i] = random_token(n_vocab);
+    if (m40_decode(s, tokens, (size_t)n) != M40_OK) die("decode");
+    free(tokens);
+}
+
+static void truncate_to(m40_session *s, int n_keep) {
+    if (m40_session_truncate(s, (uint32_t)n_keep) != M40_OK) die("truncate");
+}
+
+/* tokens/s of an n_prompt-token prompt in one m40_decode, after `depth`
+   tokens of context. */
+static double run_pp(m40_session *s, int n_vocab, int depth, int n_prompt) {
+    truncate_to(s, depth);
     m40_token *tokens = malloc(sizeof(m40_token) * (size_t)n_prompt);
     for (int i = 0; i < n_prompt; i++) tokens[i] = random_token(n_vocab);
     double t0 = now_seconds();
     if (m40_decode(s, tokens, (size_t)n_prompt) != M40_OK) die("decode");
     double t = now_seconds() - t0;
     free(tokens);
-    m40_free(s);
     return n_prompt / t;
 }
 
-/* B sessions, each given one token, then n_gen steps of one token each:
-   m40_decode for one session, m40_decode_batch for several; with `sample`,
-   m40_decode_batch_sample, each step's tokens those the last one sampled. */
-static double run_tg(m40_model *model, int n_vocab, int n_gen, int batch, int sample) {
-    m40_session_params sp = m40_session_default_params();
-    sp.n_ctx = (uint32_t)n_gen + 1;
-    m40_session **s = calloc((size_t)batch, sizeof *s);
+/* B sessions, each holding `depth` + 1 tokens, stepped n_gen times one
+   token each: m40_decode for one session, m40_decode_batch for several;
+   with `sample`, m40_decode_batch_sample, each step's tokens those the last
+   one sampled. Aggregate tokens/s. */
+static double run_tg(m40_session **s, int batch, int n_vocab, int depth, int n_gen, int sample) {
     m40_token *tokens = malloc(sizeof(m40_token) * (size_t)batch);
-    for (int b = 0; b < batch; b++) {
-        if (m40_session_new(model, &sp, &s[b]) != M40_OK) die("session");
-        m40_token first = random_token(n_vocab);
-        if (m40_decode(s[b], &first, 1) != M40_OK) die("decode");
-    }
+    for (int b = 0; b < batch; b++) truncate_to(s[b], depth + 1);
     double t0 = now_seconds();
     for (int b = 0; b < batch; b++) tokens[b] = random_token(n_vocab);
     for (int i = 0; i < n_gen; i++) {
@@ -214,33 +232,57 @@ static double run_tg(m40_model *model, int n_vocab, int n_gen, int batch, int sa
         if (st != M40_OK) die("decode");
     }
     double t = now_seconds() - t0;
-    for (int b = 0; b < batch; b++) m40_free(s[b]);
-    free(s);
     free(tokens);
     return (double)n_gen * batch / t;
+}
+
+/* Up to 16 positive (or, with allow_zero, non-negative) integers from a
+   comma-separated list; the count, or -1 when the list is malformed. */
+static int parse_list(const char *list, int *out, int allow_zero) {
+    int n = 0;
+    const char *at = list;
+    for (;;) {
+        char *end;
+        long v = strtol(at, &end, 10);
+        if (end == at || v < (allow_zero ? 0 : 1) || v > 1 << 24 || n == 16) return -1;
+        out[n++] = (int)v;
+        if (*end == '\0') return n;
+        if (*end != ',') return -1;
+        at = end + 1;
+    }
 }
 
 static void usage(void) {
     fprintf(stderr,
             "usage: m40-bench -m MODEL [-d DEVICE] [-t THREADS] [-p 512] [-n 128] [-r 5] [-b 1,8,32]\n"
-            "                 [--n-batch N] [--json]\n"
+            "                 [--n-depth 0,2048] [-s] [--n-batch N] [--json]\n"
             "  -p N      prompt tokens for the pp test (0: skip)\n"
             "  --n-batch N  the pp test's prompt chunk, as a session's n_batch (default: the\n"
             "            whole prompt in one pass)\n"
             "  -n N      generated tokens for the tg tests (0: skip)\n"
             "  -r N      repetitions after one warm-up\n"
             "  -b LIST   sessions stepped together with m40_decode_batch, e.g. 1,8,32\n"
+            "  --n-depth LIST  tokens of context before each test (llama-bench's -d), e.g. 0,2048\n"
             "  -s        tg steps also sample each session's next token (m40_decode_batch_sample)\n"
             "  -d D      -1: CPU, 0..: CUDA device (default: CUDA 0 if usable)\n"
             "  -t N      CPU threads (default: one per core)\n");
     exit(2);
 }
 
+/* A row's name as llama-bench writes it: pp512, tg128, tg128@8 (8 sessions),
+   +s when sampling, " @ d2048" after 2048 tokens of context. */
+static void test_name(char *out, size_t cap, const char *kind, int n, int batch, int sample, int depth) {
+    char depth_suffix[32] = "", batch_suffix[16] = "";
+    if (depth > 0) snprintf(depth_suffix, sizeof depth_suffix, " @ d%d", depth);
+    if (batch > 1) snprintf(batch_suffix, sizeof batch_suffix, "@%d", batch);
+    snprintf(out, cap, "%s%d%s%s%s", kind, n, batch_suffix, sample ? "+s" : "", depth_suffix);
+}
+
 int main(int argc, char **argv) {
     const char *path = NULL;
     m40_model_params mp = m40_model_default_params();
     int n_prompt = 512, n_gen = 128, reps = 5, json = 0, n_batch = 0, sample = 0;
-    int batches[16] = {1}, n_batches = 1;
+    int batches[16] = {1}, n_batches = 1, depths[16] = {0}, n_depths = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--json") == 0) { json = 1; continue; }
@@ -254,15 +296,13 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "-r") == 0) reps = atoi(v);
         else if (strcmp(a, "--n-batch") == 0) n_batch = atoi(v);
         else if (strcmp(a, "-b") == 0) {
-            n_batches = 0;
-            for (char *tok = strtok((char *)v, ","); tok && n_batches < 16; tok = strtok(NULL, ","))
-                batches[n_batches++] = atoi(tok);
+            if ((n_batches = parse_list(v, batches, 0)) < 0) usage();
+        } else if (strcmp(a, "--n-depth") == 0) {
+            if ((n_depths = parse_list(v, depths, 1)) < 0) usage();
         } else usage();
         i++;
     }
     if (!path || reps < 1 || n_prompt < 0 || n_gen < 0 || n_batch < 0) usage();
-    for (int b = 0; b < n_batches; b++)
-        if (batches[b] < 1) usage();
 
     m40_model *model = NULL;
     if (m40_model_load(path, &mp, &model) != M40_OK) die("load");
@@ -286,28 +326,41 @@ int main(int argc, char **argv) {
         bandwidth_kind = "CPU copy, read+write";
     }
 
-    struct result results[32];
+    struct result results[16 * 17];
     int n_results = 0;
     double *samples = malloc(sizeof(double) * (size_t)reps);
-    if (n_prompt > 0) {
-        run_pp(model, n_vocab, n_prompt, n_batch); /* warm-up */
-        for (int r = 0; r < reps; r++) samples[r] = run_pp(model, n_vocab, n_prompt, n_batch);
-        struct result *res = &results[n_results++];
-        snprintf(res->test, sizeof res->test, "pp%d", n_prompt);
-        res->n_prompt = n_prompt, res->n_gen = 0, res->batch = 1, res->roofline = -1;
-        stats(samples, reps, &res->mean, &res->stddev);
-    }
-    for (int b = 0; n_gen > 0 && b < n_batches; b++) {
-        int batch = batches[b];
-        run_tg(model, n_vocab, n_gen < 16 ? n_gen : 16, batch, sample); /* warm-up */
-        for (int r = 0; r < reps; r++) samples[r] = run_tg(model, n_vocab, n_gen, batch, sample);
-        struct result *res = &results[n_results++];
-        if (batch == 1) snprintf(res->test, sizeof res->test, "tg%d%s", n_gen, sample ? "+s" : "");
-        else snprintf(res->test, sizeof res->test, "tg%d@%d%s", n_gen, batch, sample ? "+s" : "");
-        res->n_prompt = 0, res->n_gen = n_gen, res->batch = batch;
-        stats(samples, reps, &res->mean, &res->stddev);
-        double steps_per_s = res->mean / batch;
-        res->roofline = per_token > 0 && bandwidth > 0 ? (double)per_token * steps_per_s / (bandwidth * 1e9) : -1;
+    for (int d = 0; d < n_depths; d++) {
+        int depth = depths[d];
+        if (n_prompt > 0) {
+            m40_session *s = new_session(model, depth + n_prompt, n_batch > 0 ? n_batch : n_prompt);
+            decode_random(s, n_vocab, depth);
+            run_pp(s, n_vocab, depth, n_prompt); /* warm-up */
+            for (int r = 0; r < reps; r++) samples[r] = run_pp(s, n_vocab, depth, n_prompt);
+            m40_free(s);
+            struct result *res = &results[n_results++];
+            test_name(res->test, sizeof res->test, "pp", n_prompt, 1, 0, depth);
+            res->n_prompt = n_prompt, res->n_gen = 0, res->batch = 1, res->depth = depth, res->roofline = -1;
+            stats(samples, reps, &res->mean, &res->stddev);
+        }
+        for (int b = 0; n_gen > 0 && b < n_batches; b++) {
+            int batch = batches[b];
+            m40_session **s = calloc((size_t)batch, sizeof *s);
+            for (int k = 0; k < batch; k++) {
+                s[k] = new_session(model, depth + n_gen + 1, n_batch);
+                decode_random(s[k], n_vocab, depth + 1);
+            }
+            run_tg(s, batch, n_vocab, depth, n_gen < 16 ? n_gen : 16, sample); /* warm-up */
+            for (int r = 0; r < reps; r++) samples[r] = run_tg(s, batch, n_vocab, depth, n_gen, sample);
+            for (int k = 0; k < batch; k++) m40_free(s[k]);
+            free(s);
+            struct result *res = &results[n_results++];
+            test_name(res->test, sizeof res->test, "tg", n_gen, batch, sample, depth);
+            res->n_prompt = 0, res->n_gen = n_gen, res->batch = batch, res->depth = depth;
+            stats(samples, reps, &res->mean, &res->stddev);
+            double steps_per_s = res->mean / batch;
+            res->roofline =
+                per_token > 0 && bandwidth > 0 ? (double)per_token * steps_per_s / (bandwidth * 1e9) : -1;
+        }
     }
     struct rusage usage_now;
     getrusage(RUSAGE_SELF, &usage_now);
@@ -335,12 +388,12 @@ int main(int argc, char **argv) {
             if (r->roofline >= 0) snprintf(roof, sizeof roof, "%.4f", r->roofline);
             printf("  {\"model\": \"%s\", \"architecture\": \"%s\", \"size\": %lld, \"params\": %lld, "
                    "\"backend\": \"%s\", \"device\": \"%s\", \"threads\": %lld, \"test\": \"%s\", "
-                   "\"n_prompt\": %d, \"n_gen\": %d, \"batch\": %d, \"repetitions\": %d, "
+                   "\"n_prompt\": %d, \"n_gen\": %d, \"n_depth\": %d, \"batch\": %d, \"repetitions\": %d, "
                    "\"avg_ts\": %.3f, \"stddev_ts\": %.3f, \"weight_bytes_per_token\": %lld, "
                    "\"bandwidth_gbps\": %.2f, \"roofline\": %s, \"peak_rss_bytes\": %lld, "
                    "\"device_memory_peak_bytes\": %lld}%s\n",
                    name, arch, file_size, params, backend, device, threads, r->test, r->n_prompt, r->n_gen,
-                   r->batch, reps, r->mean, r->stddev, per_token, bandwidth, roof, peak_rss, device_peak,
+                   r->depth, r->batch, reps, r->mean, r->stddev, per_token, bandwidth, roof, peak_rss, device_peak,
                    i + 1 < n_results ? "," : "");
         }
         printf("]\n");

@@ -34,6 +34,8 @@ fn m40_bench_reports_prompt_generation_and_batched_rows_as_json() {
             "1,4",
             "--n-batch",
             "8",
+            "--n-depth",
+            "0,16",
             "--json",
         ])
         .output()
@@ -45,7 +47,7 @@ fn m40_bench_reports_prompt_generation_and_batched_rows_as_json() {
         String::from_utf8_lossy(&out.stderr)
     );
     let rows: Vec<&str> = stdout.lines().filter(|l| l.contains("\"test\"")).collect();
-    assert_eq!(rows.len(), 3, "{stdout}");
+    assert_eq!(rows.len(), 6, "{stdout}");
     let field = |row: &str, key: &str| -> String {
         let at = row
             .find(&format!("\"{key}\": "))
@@ -61,8 +63,18 @@ fn m40_bench_reports_prompt_generation_and_batched_rows_as_json() {
             .to_string()
     };
     let size = std::fs::metadata(&model).unwrap().len().to_string();
-    for (row, test) in rows.iter().zip(["pp32", "tg8", "tg8@4"]) {
+    // llama-bench's names: the depth (tokens of context before the test) after " @ d".
+    let tests = [
+        ("pp32", 0),
+        ("tg8", 0),
+        ("tg8@4", 0),
+        ("pp32 @ d16", 16),
+        ("tg8 @ d16", 16),
+        ("tg8@4 @ d16", 16),
+    ];
+    for (row, (test, depth)) in rows.iter().zip(tests) {
         assert_eq!(field(row, "test"), test);
+        assert_eq!(field(row, "n_depth"), depth.to_string());
         assert_eq!(field(row, "size"), size);
         let tps: f64 = field(row, "avg_ts").parse().unwrap();
         assert!(tps > 0.0, "{row}");
@@ -99,9 +111,16 @@ fn m40_bench_reports_prompt_generation_and_batched_rows_as_json() {
 #[test]
 fn m40_bench_rejects_bad_arguments_with_usage() {
     let bench = build_example("m40-bench");
-    let out = Command::new(&bench).args(["-p"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("usage"));
+    for bad in [
+        &["-p"][..],
+        &["-m", "x.gguf", "-b", "1,0"],
+        &["-m", "x.gguf", "--n-depth", "-1"],
+        &["-m", "x.gguf", "--n-depth", "1,,2"],
+    ] {
+        let out = Command::new(&bench).args(bad).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("usage"));
+    }
     let out = Command::new(&bench)
         .args(["-m", "/nonexistent.gguf"])
         .output()
