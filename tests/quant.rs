@@ -243,6 +243,52 @@ fn float_dots_handle_rows_that_are_not_a_multiple_of_the_vector_width() {
 }
 
 #[test]
+fn attention_kernels_match_f64_on_every_instruction_set_width_and_stride() {
+    let mut rng = Rng(13);
+    for width in [1, 7, 16, 17, 64, 100, 256] {
+        for (n, stride_values) in [(1, width), (5, width + 3), (33, 2 * width)] {
+            // n rows of `width` F16 values, `stride_values` apart.
+            let raw = random_weights(GgmlType::F16, 1, n * stride_values, &mut rng);
+            let all = dequantized(GgmlType::F16, &raw, n * stride_values);
+            let row = |j: usize| &all[j * stride_values..][..width];
+            let stride = stride_values * 2;
+            let x = random_activations(width, &mut rng);
+            let a = random_activations(n, &mut rng);
+            let y0 = random_activations(width, &mut rng);
+            for isa in Isa::all_available() {
+                let kernels = Kernels::for_isa(isa).unwrap().attention();
+                let mut dots = vec![0f32; n];
+                (kernels.dots)(&raw, stride, &x, &mut dots);
+                for (j, &got) in dots.iter().enumerate() {
+                    let reference = reference_dot(row(j), &x);
+                    let bound = allowed_error(GgmlType::F16, row(j), &x);
+                    assert!(
+                        (f64::from(got) - reference).abs() <= bound,
+                        "{isa:?} width {width} row {j}: {got} vs {reference}"
+                    );
+                }
+                let mut y = y0.clone();
+                (kernels.axpys)(&raw, stride, &a, &mut y);
+                for (i, &got) in y.iter().enumerate() {
+                    let terms: Vec<f64> = (0..n)
+                        .map(|j| f64::from(a[j]) * f64::from(row(j)[i]))
+                        .collect();
+                    let reference = f64::from(y0[i]) + terms.iter().sum::<f64>();
+                    // n + 1 f32 roundings of partial sums no larger than Σ|terms| + |y0|.
+                    let magnitude =
+                        f64::from(y0[i]).abs() + terms.iter().map(|t| t.abs()).sum::<f64>();
+                    let bound = (n as f64 + 1.0) * f64::from(f32::EPSILON) * magnitude;
+                    assert!(
+                        (f64::from(got) - reference).abs() <= bound,
+                        "{isa:?} width {width} value {i}: {got} vs {reference}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn gemma_rows_dot_within_bound_on_every_instruction_set() {
     let mut rng = Rng(11);
     for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K] {

@@ -50,3 +50,22 @@ pub fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
 pub fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
     dot_with(row, x, 2, |b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]])))
 }
+
+/// out[j] = row j · x for `out.len()` F16 rows of x.len() values, row j
+/// starting at byte j · stride (attention's scores of one query).
+pub fn f16_dots(rows: &[u8], stride: usize, x: &[f32], out: &mut [f32]) {
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot_f16(&rows[j * stride..][..x.len() * 2], x);
+    }
+}
+
+/// y += Σ_j a[j] · row j for `a.len()` F16 rows of y.len() values, row j
+/// starting at byte j · stride (attention's weighted sum of values).
+pub fn f16_axpys(rows: &[u8], stride: usize, a: &[f32], y: &mut [f32]) {
+    for (j, &aj) in a.iter().enumerate() {
+        let row = &rows[j * stride..][..y.len() * 2];
+        for (b, y) in row.chunks_exact(2).zip(y.iter_mut()) {
+            *y += aj * f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+        }
+    }
+}

@@ -50,6 +50,16 @@ pub enum DotKernel {
     Q8(Q8DotFn, Option<Q8Dot4Fn>),
 }
 
+/// Attention's products over F16 rows of a cache, row j starting at byte
+/// j · stride: `dots(rows, stride, x, out)` sets out[j] = row j · x
+/// (x.len() values a row); `axpys(rows, stride, a, y)` adds Σ_j a[j] · row j
+/// to y (y.len() values a row).
+#[derive(Clone, Copy)]
+pub struct AttentionKernels {
+    pub dots: fn(&[u8], usize, &[f32], &mut [f32]),
+    pub axpys: fn(&[u8], usize, &[f32], &mut [f32]),
+}
+
 /// Converts a row of whole blocks to f32 (bit-exact with ggml).
 pub type DequantizeFn = fn(&[u8], &mut [f32]);
 
@@ -125,6 +135,21 @@ impl Kernels {
 
     pub fn isa(self) -> Isa {
         self.isa
+    }
+
+    /// Attention's kernels over an F16 cache.
+    pub fn attention(self) -> AttentionKernels {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // `is_available` was checked when this `Kernels` was made.
+            Isa::Avx2 => x86::avx2_attention(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::avx512_attention(),
+            _ => AttentionKernels {
+                dots: float::f16_dots,
+                axpys: float::f16_axpys,
+            },
+        }
     }
 
     /// The code for `ty`; `None` for types this build does not compute with.

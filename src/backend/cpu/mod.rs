@@ -327,7 +327,7 @@ impl Backend for CpuBackend {
         shape: &AttentionShape,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        ops::attention(&self.pool, caches, layer, q, rows, shape, out);
+        ops::attention(&self.pool, self.kernels, caches, layer, q, rows, shape, out);
         Ok(())
     }
 }

@@ -3,11 +3,11 @@
 //! exactly rather than from ggml's f16 lookup tables.
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 
 use super::ThreadPool;
 use crate::backend::{AttentionShape, Rope, RopeMode, SeqPos};
 use crate::kv_cache::KvCache;
+use crate::quant::{AttentionKernels, Kernels};
 
 /// x ← x / rms(x) · w.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
@@ -106,25 +106,126 @@ pub fn rotate(head: &mut [f32], mode: RopeMode, cos: &[f32], sin: &[f32]) {
     }
 }
 
-/// The writable output, shared by tasks that write disjoint heads.
-struct Out(*mut f32, usize);
-// SAFETY: every task writes only the slice of its own (row, kv head) group,
-// and the pool joins all tasks before `attention` returns.
-unsafe impl Sync for Out {}
+/// A slice that tasks write at disjoint ranges.
+struct Shared(*mut f32, usize);
+// SAFETY: every task writes only ranges no other task writes (its own (row,
+// KV head) group, or its own span's partials), and the pool joins all tasks
+// before the slice is read or dropped.
+unsafe impl Sync for Shared {}
 
-impl Out {
+impl Shared {
+    fn new(out: &mut [f32]) -> Shared {
+        Shared(out.as_mut_ptr(), out.len())
+    }
+
     /// # Safety
-    /// No other task writes `start..start + src.len()` during the loop.
-    unsafe fn write(&self, start: usize, src: &[f32]) {
-        assert!(start + src.len() <= self.1);
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.0.add(start), src.len()) };
+    /// No other task writes or reads `start..start + len` while the returned
+    /// slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
+        assert!(start + len <= self.1);
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
     }
 }
 
-/// Causal attention over each row's cache, one task per (row, KV head): the
-/// query heads sharing a KV head read its keys and values once.
+/// Positions a span covers: a row's keys are taken a span at a time, each
+/// span's softmax partials computed on their own and merged in position
+/// order. The spans depend on the row's position count alone, so a row's
+/// result is the same whichever task computes which span and whatever rows
+/// share its batch; where a step has fewer (row, KV head) pairs than
+/// threads (one session, few KV heads, a long context) the spans are
+/// separate tasks.
+const SPAN: usize = 256;
+
+/// One span's softmax partials for the `group` query heads sharing a KV
+/// head, each `[max score, Σ e^(score − max), Σ e^(score − max) · v (head_dim_v)]`.
+#[allow(clippy::too_many_arguments)]
+fn span_partials(
+    kernels: AttentionKernels,
+    keys: &[f16],
+    values: &[f16],
+    q: &[f32],
+    s: &AttentionShape,
+    kv_head: usize,
+    k_width: usize,
+    v_width: usize,
+    out: &mut [f32],
+) {
+    let group = s.n_head / s.n_head_kv;
+    let (dk, dv) = (s.head_dim_k, s.head_dim_v);
+    let n = keys.len() / k_width;
+    let key_rows = &f16_bytes(keys)[kv_head * dk * 2..];
+    let value_rows = &f16_bytes(values)[kv_head * dv * 2..];
+    let mut scores = vec![0f32; n];
+    for (g, part) in out.chunks_exact_mut(dv + 2).enumerate() {
+        (kernels.dots)(
+            key_rows,
+            k_width * 2,
+            &q[(kv_head * group + g) * dk..][..dk],
+            &mut scores,
+        );
+        let mut max = f32::NEG_INFINITY;
+        for x in scores.iter_mut() {
+            *x *= s.scale;
+            max = max.max(*x);
+        }
+        let mut sum = 0f32;
+        for x in scores.iter_mut() {
+            *x = exp(*x - max);
+            sum += *x;
+        }
+        part[0] = max;
+        part[1] = sum;
+        part[2..].fill(0.0);
+        (kernels.axpys)(value_rows, v_width * 2, &scores, &mut part[2..]);
+    }
+}
+
+/// Merges span partials `next` into `total` (both as `span_partials` lays
+/// them out), the running softmax of their positions together.
+fn merge_partials(total: &mut [f32], next: &[f32], dv: usize) {
+    for (t, n) in total
+        .chunks_exact_mut(dv + 2)
+        .zip(next.chunks_exact(dv + 2))
+    {
+        let max = t[0].max(n[0]);
+        let (a, b) = (exp(t[0] - max), exp(n[0] - max));
+        t[0] = max;
+        t[1] = t[1] * a + n[1] * b;
+        t[2..]
+            .iter_mut()
+            .zip(&n[2..])
+            .for_each(|(x, &y)| *x = *x * a + y * b);
+    }
+}
+
+/// The attention output of each query head from its merged partials.
+fn finish_partials(total: &[f32], out: &mut [f32], dv: usize) {
+    for (t, o) in total.chunks_exact(dv + 2).zip(out.chunks_exact_mut(dv)) {
+        let inv = 1.0 / t[1];
+        o.iter_mut().zip(&t[2..]).for_each(|(o, &x)| *o = x * inv);
+    }
+}
+
+/// Bytes of f16 values, as the F16 dot kernels read rows.
+fn f16_bytes(values: &[f16]) -> &[u8] {
+    // SAFETY: f16 is a `#[repr(transparent)]` u16: two bytes, no padding,
+    // any bit pattern a valid u8; the slice covers exactly those bytes.
+    unsafe {
+        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+    }
+}
+
+/// Causal attention over each row's cache. A (row, KV head) pair's query
+/// heads read its keys and values once, a span of positions at a time
+/// (`SPAN`): one task a pair where the pairs keep the threads busy, else
+/// one task a span, the pairs' partials merged afterwards. A span's scores
+/// and its weighted sum of values are one call each of the CPU's attention
+/// kernels a query head (`Kernels::attention`).
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
+    kernels: Kernels,
     caches: &[&mut KvCache],
     layer: usize,
     q: &[f32],
@@ -135,76 +236,88 @@ pub fn attention(
     let group = s.n_head / s.n_head_kv;
     let (q_width, o_width) = (s.n_head * s.head_dim_k, s.n_head * s.head_dim_v);
     assert!(q.len() >= rows.len() * q_width && out.len() >= rows.len() * o_width);
-    let out = Out(out.as_mut_ptr(), out.len());
-    pool.run(rows.len() * s.n_head_kv, &|task| {
-        let (i, kv_head) = (task / s.n_head_kv, task % s.n_head_kv);
-        let row = rows[i];
-        let cache = &caches[row.seq];
-        let first = s.window.map_or(0, |w| (row.pos + 1).saturating_sub(w));
-        let positions = first..row.pos + 1;
-        let keys = cache.keys(layer, positions.clone());
-        let values = cache.values(layer, positions.clone());
-        let heads = kv_head * group..(kv_head + 1) * group;
-        let n = positions.len();
-        let mut scores = vec![0f32; n * group];
-        let mut k = vec![0f32; s.head_dim_k];
-        for j in 0..n {
-            let key =
-                &keys[j * cache.k_width()..][kv_head * s.head_dim_k..(kv_head + 1) * s.head_dim_k];
-            key.convert_to_f32_slice(&mut k);
-            for (g, h) in heads.clone().enumerate() {
-                let qh = &q[i * q_width + h * s.head_dim_k..][..s.head_dim_k];
-                scores[g * n + j] = dot(qh, &k) * s.scale;
+    let kernels = kernels.attention();
+    let part_len = group * (s.head_dim_v + 2);
+    let positions = |i: usize| {
+        let pos = rows[i].pos;
+        s.window.map_or(0, |w| (pos + 1).saturating_sub(w))..pos + 1
+    };
+    // Span `k` of row i's pair (i, kv_head), into `part`.
+    let span = |i: usize, kv_head: usize, k: usize, part: &mut [f32]| {
+        let cache = &caches[rows[i].seq];
+        let all = positions(i);
+        let first = all.start + k * SPAN;
+        let range = first..(first + SPAN).min(all.end);
+        span_partials(
+            kernels,
+            cache.keys(layer, range.clone()),
+            cache.values(layer, range),
+            &q[i * q_width..][..q_width],
+            s,
+            kv_head,
+            cache.k_width(),
+            cache.v_width(),
+            part,
+        );
+    };
+    let n_pairs = rows.len() * s.n_head_kv;
+    let spans = |pair: usize| positions(pair / s.n_head_kv).len().div_ceil(SPAN);
+    let output = Shared::new(out);
+    let finish = |pair: usize, total: &[f32]| {
+        let (i, kv_head) = (pair / s.n_head_kv, pair % s.n_head_kv);
+        // SAFETY: the heads of pair (i, kv_head) belong to this task alone.
+        let o = unsafe {
+            output.slice(
+                i * o_width + kv_head * group * s.head_dim_v,
+                group * s.head_dim_v,
+            )
+        };
+        finish_partials(total, o, s.head_dim_v);
+    };
+    if n_pairs >= 2 * pool.n_threads() {
+        pool.run(n_pairs, &|pair| {
+            let (i, kv_head) = (pair / s.n_head_kv, pair % s.n_head_kv);
+            let mut total = vec![0f32; part_len];
+            let mut next = vec![0f32; part_len];
+            span(i, kv_head, 0, &mut total);
+            for k in 1..spans(pair) {
+                span(i, kv_head, k, &mut next);
+                merge_partials(&mut total, &next, s.head_dim_v);
             }
-        }
-        for g in 0..group {
-            softmax(&mut scores[g * n..(g + 1) * n]);
-        }
-        let mut acc = vec![0f32; group * s.head_dim_v];
-        let mut v = vec![0f32; s.head_dim_v];
-        for j in 0..n {
-            let value: &[f16] = &values[j * cache.v_width()..]
-                [kv_head * s.head_dim_v..(kv_head + 1) * s.head_dim_v];
-            value.convert_to_f32_slice(&mut v);
-            for g in 0..group {
-                let p = scores[g * n + j];
-                acc[g * s.head_dim_v..(g + 1) * s.head_dim_v]
-                    .iter_mut()
-                    .zip(&v)
-                    .for_each(|(a, &x)| *a += p * x);
-            }
-        }
-        // SAFETY: heads `heads` of row `i` belong to this task alone.
-        unsafe { out.write(i * o_width + heads.start * s.head_dim_v, &acc) };
+            finish(pair, &total);
+        });
+        return;
+    }
+    // One task a span: each pair's spans' partials side by side, then merged.
+    let first_span: Vec<usize> = (0..n_pairs)
+        .scan(0, |at, pair| {
+            let first = *at;
+            *at += spans(pair);
+            Some(first)
+        })
+        .collect();
+    let n_spans = first_span.last().map_or(0, |&f| f + spans(n_pairs - 1));
+    let mut partials = vec![0f32; n_spans * part_len];
+    let shared = Shared::new(&mut partials);
+    pool.run(n_spans, &|task| {
+        let pair = first_span.partition_point(|&f| f <= task) - 1;
+        let (i, kv_head) = (pair / s.n_head_kv, pair % s.n_head_kv);
+        // SAFETY: span `task`'s partials belong to this task alone.
+        let part = unsafe { shared.slice(task * part_len, part_len) };
+        span(i, kv_head, task - first_span[pair], part);
     });
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight partial sums let the compiler vectorize.
-    let mut partial = [0f32; 8];
-    let chunks = a.len() / 8 * 8;
-    for (ca, cb) in a[..chunks].chunks_exact(8).zip(b[..chunks].chunks_exact(8)) {
-        for k in 0..8 {
-            partial[k] += ca[k] * cb[k];
+    pool.run(n_pairs, &|pair| {
+        let first = first_span[pair];
+        let mut total = partials[first * part_len..][..part_len].to_vec();
+        for k in 1..spans(pair) {
+            merge_partials(
+                &mut total,
+                &partials[(first + k) * part_len..][..part_len],
+                s.head_dim_v,
+            );
         }
-    }
-    let tail: f32 = a[chunks..]
-        .iter()
-        .zip(&b[chunks..])
-        .map(|(x, y)| x * y)
-        .sum();
-    partial.iter().sum::<f32>() + tail
-}
-
-fn softmax(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let mut sum = 0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += f64::from(*v);
-    }
-    let inv = (1.0 / sum) as f32;
-    x.iter_mut().for_each(|v| *v *= inv);
+        finish(pair, &total);
+    });
 }
 
 #[cfg(test)]

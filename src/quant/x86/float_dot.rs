@@ -1,6 +1,8 @@
-//! Dot products of F32 / F16 / BF16 weight rows with f32 activations.
-//! Eight (AVX2) or sixteen (AVX-512) lanes of f32 fused multiply-adds; a row
-//! length that is not a multiple of the width ends in scalar code.
+//! Dot products of F32 / F16 / BF16 weight rows with f32 activations, and
+//! attention's products over F16 rows of a cache (one query's dots with
+//! many keys, a weighted sum of many values). Eight (AVX2) or
+//! sixteen (AVX-512) lanes of f32 fused multiply-adds; a row length that is
+//! not a multiple of the width ends in scalar code.
 
 use std::arch::x86_64::*;
 
@@ -18,6 +20,15 @@ fn tail(row: &[u8], x: &[f32], from: usize, width: usize, value: impl Fn(&[u8]) 
     (from..x.len().min(row.len() / width))
         .map(|i| value(&row[i * width..]) * x[i])
         .sum()
+}
+
+/// The scalar tail of `f16_axpys`: values `from..` of y.
+fn axpys_tail(rows: &[u8], stride: usize, a: &[f32], y: &mut [f32], from: usize) {
+    for (i, y) in y.iter_mut().enumerate().skip(from) {
+        for (j, &aj) in a.iter().enumerate() {
+            *y += aj * f16_at(&rows[j * stride + i * 2..]);
+        }
+    }
 }
 
 /// Software prefetch a kilobyte ahead (see `int_dot::prefetch`).
@@ -83,6 +94,45 @@ pub mod avx2 {
         }
         hsum256(acc) + tail(row, x, n, 2, bf16_at)
     }
+
+    /// out[j] = row j · x for `out.len()` F16 rows of x.len() values, row j
+    /// starting at byte j · stride (attention's scores of one query).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f16_dots(rows: &[u8], stride: usize, x: &[f32], out: &mut [f32]) {
+        let n = x.len() / 8 * 8;
+        for (j, o) in out.iter_mut().enumerate() {
+            let row = &rows[j * stride..][..x.len() * 2];
+            let mut acc = _mm256_setzero_ps();
+            for i in (0..n).step_by(8) {
+                let w = _mm256_cvtph_ps(_mm_loadu_si128(row[i * 2..i * 2 + 16].as_ptr().cast()));
+                acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x[i..i + 8].as_ptr()), acc);
+            }
+            *o = hsum256(acc) + tail(row, x, n, 2, f16_at);
+        }
+    }
+
+    /// y += Σ_j a[j] · row j for `a.len()` F16 rows of y.len() values, row j
+    /// starting at byte j · stride (attention's weighted sum of values).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f16_axpys(rows: &[u8], stride: usize, a: &[f32], y: &mut [f32]) {
+        let n = y.len() / 8 * 8;
+        for c in (0..n).step_by(8) {
+            let mut acc = _mm256_loadu_ps(y[c..c + 8].as_ptr());
+            for (j, &aj) in a.iter().enumerate() {
+                let at = j * stride + c * 2;
+                let w = _mm256_cvtph_ps(_mm_loadu_si128(rows[at..at + 16].as_ptr().cast()));
+                acc = _mm256_fmadd_ps(w, _mm256_set1_ps(aj), acc);
+            }
+            _mm256_storeu_ps(y[c..c + 8].as_mut_ptr(), acc);
+        }
+        axpys_tail(rows, stride, a, y, n);
+    }
 }
 
 pub mod avx512 {
@@ -130,5 +180,42 @@ pub mod avx512 {
             acc = _mm512_fmadd_ps(w, _mm512_loadu_ps(x[i..i + 16].as_ptr()), acc);
         }
         _mm512_reduce_add_ps(acc) + tail(row, x, n, 2, bf16_at)
+    }
+
+    /// As `avx2::f16_dots`.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F and BW.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+    pub unsafe fn f16_dots(rows: &[u8], stride: usize, x: &[f32], out: &mut [f32]) {
+        let n = x.len() / 16 * 16;
+        for (j, o) in out.iter_mut().enumerate() {
+            let row = &rows[j * stride..][..x.len() * 2];
+            let mut acc = _mm512_setzero_ps();
+            for i in (0..n).step_by(16) {
+                let w = _mm512_cvtph_ps(_mm256_loadu_si256(row[i * 2..i * 2 + 32].as_ptr().cast()));
+                acc = _mm512_fmadd_ps(w, _mm512_loadu_ps(x[i..i + 16].as_ptr()), acc);
+            }
+            *o = _mm512_reduce_add_ps(acc) + tail(row, x, n, 2, f16_at);
+        }
+    }
+
+    /// As `avx2::f16_axpys`.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F and BW.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+    pub unsafe fn f16_axpys(rows: &[u8], stride: usize, a: &[f32], y: &mut [f32]) {
+        let n = y.len() / 16 * 16;
+        for c in (0..n).step_by(16) {
+            let mut acc = _mm512_loadu_ps(y[c..c + 16].as_ptr());
+            for (j, &aj) in a.iter().enumerate() {
+                let at = j * stride + c * 2;
+                let w = _mm512_cvtph_ps(_mm256_loadu_si256(rows[at..at + 32].as_ptr().cast()));
+                acc = _mm512_fmadd_ps(w, _mm512_set1_ps(aj), acc);
+            }
+            _mm512_storeu_ps(y[c..c + 16].as_mut_ptr(), acc);
+        }
+        axpys_tail(rows, stride, a, y, n);
     }
 }

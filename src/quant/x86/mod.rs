@@ -9,7 +9,7 @@
 mod float_dot;
 mod int_dot;
 
-use super::{DotKernel, GgmlType, Q8Block, DOT_TOKENS};
+use super::{AttentionKernels, DotKernel, GgmlType, Q8Block, DOT_TOKENS};
 
 pub fn avx2_available() -> bool {
     is_x86_feature_detected!("avx2")
@@ -28,7 +28,8 @@ pub fn avx512_available() -> bool {
 // Safe `fn` pointers over the `unsafe` target-feature kernels.
 //
 // SAFETY (of every wrapper below): the wrappers are reachable only through
-// `avx2_dot` / `avx512_dot`, which `Kernels::format` calls only for a
+// `avx2_dot` / `avx512_dot` / `avx2_attention` / `avx512_attention`, which
+// `Kernels` calls only for a
 // `Kernels` whose instruction set `Isa::is_available` confirmed on this CPU.
 // The kernels read only inside the slices they are given.
 
@@ -56,11 +57,26 @@ macro_rules! f32_wrappers {
     )*};
 }
 
+/// Safe wrappers of `float_dot::$float`'s attention kernels (see the SAFETY note above).
+macro_rules! attention_wrappers {
+    ($float:ident) => {
+        pub fn f16_dots(rows: &[u8], stride: usize, x: &[f32], out: &mut [f32]) {
+            // SAFETY: only handed out when the CPU has the features (see above).
+            unsafe { float_dot::$float::f16_dots(rows, stride, x, out) }
+        }
+        pub fn f16_axpys(rows: &[u8], stride: usize, a: &[f32], y: &mut [f32]) {
+            // SAFETY: as above.
+            unsafe { float_dot::$float::f16_axpys(rows, stride, a, y) }
+        }
+    };
+}
+
 mod avx2 {
     use super::*;
     q8_wrappers!(avx2; q4_0 / q4_0_x4, q4_1 / q4_1_x4, q5_0 / q5_0_x4, q5_1 / q5_1_x4, q8_0 / q8_0_x4,
         q2_k / q2_k_x4, q3_k / q3_k_x4, q4_k / q4_k_x4, q5_k / q5_k_x4, q6_k / q6_k_x4);
     f32_wrappers!(avx2; f32, f16, bf16);
+    attention_wrappers!(avx2);
 }
 
 mod avx512 {
@@ -68,6 +84,7 @@ mod avx512 {
     q8_wrappers!(vnni; q4_0 / q4_0_x4, q4_1 / q4_1_x4, q5_0 / q5_0_x4, q5_1 / q5_1_x4, q8_0 / q8_0_x4,
         q2_k / q2_k_x4, q3_k / q3_k_x4, q4_k / q4_k_x4, q5_k / q5_k_x4, q6_k / q6_k_x4);
     f32_wrappers!(avx512; f32, f16, bf16);
+    attention_wrappers!(avx512);
 }
 
 macro_rules! table {
@@ -101,4 +118,20 @@ pub fn avx2_dot(ty: GgmlType) -> Option<DotKernel> {
 /// The AVX-512 dot for `ty`. Call only after `avx512_available()`.
 pub fn avx512_dot(ty: GgmlType) -> Option<DotKernel> {
     table!(avx512, ty)
+}
+
+/// The AVX2 attention kernels. Call only after `avx2_available()`.
+pub fn avx2_attention() -> AttentionKernels {
+    AttentionKernels {
+        dots: avx2::f16_dots,
+        axpys: avx2::f16_axpys,
+    }
+}
+
+/// The AVX-512 attention kernels. Call only after `avx512_available()`.
+pub fn avx512_attention() -> AttentionKernels {
+    AttentionKernels {
+        dots: avx512::f16_dots,
+        axpys: avx512::f16_axpys,
+    }
 }
