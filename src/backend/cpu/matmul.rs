@@ -24,11 +24,6 @@ impl WeightMatrix<'_> {
             .row_bytes(self.cols as u64)
             .map_or(0, |b| b as usize)
     }
-
-    fn row(&self, r: usize) -> &[u8] {
-        let n = self.row_bytes();
-        &self.data[r * n..(r + 1) * n]
-    }
 }
 
 /// Rows per task: enough work to amortize claiming it, few enough bytes to
@@ -92,10 +87,14 @@ pub fn matmul(
         len: y.len(),
     };
     let rows = w.rows;
+    // Computed once: `GgmlType::row_bytes` (checked arithmetic) showed in
+    // profiles of a decode step when called for every row.
+    let row_bytes = w.row_bytes();
+    let row_at = |r: usize| &w.data[r * row_bytes..(r + 1) * row_bytes];
     match format.dot {
         DotKernel::F32(dot) => pool.run(n_tasks, &|task| {
             for r in task * band..((task + 1) * band).min(rows) {
-                let row = w.row(r);
+                let row = row_at(r);
                 for (t, xt) in x.chunks_exact(w.cols).enumerate() {
                     // SAFETY: row r belongs to this task alone.
                     unsafe { out.write(t * rows + r, dot(row, xt)) };
@@ -117,7 +116,7 @@ pub fn matmul(
             };
             pool.run(n_tasks, &|task| {
                 for r in task * band..((task + 1) * band).min(rows) {
-                    let row = w.row(r);
+                    let row = row_at(r);
                     if let Some(dot4) = dot4 {
                         for t0 in (0..grouped).step_by(DOT_TOKENS) {
                             let sums = dot4(row, std::array::from_fn(|k| token(t0 + k)));
