@@ -1285,11 +1285,13 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
         constexpr bool WHOLE_VECTORS = m40_scaled<G> && NX == 1 && R == 4 && CHUNK_BYTES % 16 == 0;
         M40RowStream<R> stream, fetched_stream;
         const auto begin_rows = [&](const M40RowGroup<R> &g, M40RowStream<R> &s) {
+            if constexpr (WHOLE_VECTORS) {
 #pragma unroll
-            for (int j = 0; j < R; j++) {
-                const uint8_t *start = g.w[j] + block_begin * G::BYTES;
-                s.misalignment[j] = int(uintptr_t(start) & 15);
-                s.next[j] = reinterpret_cast<const uint4 *>(start - s.misalignment[j]) + lane;
+                for (int j = 0; j < R; j++) {
+                    const uint8_t *start = g.w[j] + block_begin * G::BYTES;
+                    s.misalignment[j] = int(uintptr_t(start) & 15);
+                    s.next[j] = reinterpret_cast<const uint4 *>(start - s.misalignment[j]) + lane;
+                }
             }
         };
         const auto load = [&](const uint4 *at) { return m40_streamed_weights<G> ? __ldcs(at) : __ldcg(at); };

@@ -11,9 +11,14 @@ pub fn dequantize_f32(row: &[u8], out: &mut [f32]) {
     }
 }
 
+/// The F16 value in the first two (little-endian) bytes of `b`.
+pub fn f16_at(b: &[u8]) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+}
+
 pub fn dequantize_f16(row: &[u8], out: &mut [f32]) {
     for (b, y) in row.chunks_exact(2).zip(out) {
-        *y = f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+        *y = f16_at(b);
     }
 }
 
@@ -42,9 +47,7 @@ pub fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
 }
 
 pub fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
-    dot_with(row, x, 2, |b| {
-        f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
-    })
+    dot_with(row, x, 2, f16_at)
 }
 
 pub fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
@@ -65,7 +68,7 @@ pub fn f16_axpys(rows: &[u8], stride: usize, a: &[f32], y: &mut [f32]) {
     for (j, &aj) in a.iter().enumerate() {
         let row = &rows[j * stride..][..y.len() * 2];
         for (b, y) in row.chunks_exact(2).zip(y.iter_mut()) {
-            *y += aj * f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+            *y += aj * f16_at(b);
         }
     }
 }

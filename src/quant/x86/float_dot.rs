@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::quant::float::bf16_to_f32;
+use crate::quant::float::{bf16_to_f32, f16_at};
 
 #[inline(always)]
 unsafe fn hsum256(v: __m256) -> f32 {
@@ -22,15 +22,6 @@ fn tail(row: &[u8], x: &[f32], from: usize, width: usize, value: impl Fn(&[u8]) 
         .sum()
 }
 
-/// The scalar tail of `f16_axpys`: values `from..` of y.
-fn axpys_tail(rows: &[u8], stride: usize, a: &[f32], y: &mut [f32], from: usize) {
-    for (i, y) in y.iter_mut().enumerate().skip(from) {
-        for (j, &aj) in a.iter().enumerate() {
-            *y += aj * f16_at(&rows[j * stride + i * 2..]);
-        }
-    }
-}
-
 /// Software prefetch a kilobyte ahead (see `int_dot::prefetch`).
 #[inline(always)]
 unsafe fn prefetch(row: &[u8], at: usize) {
@@ -40,9 +31,6 @@ unsafe fn prefetch(row: &[u8], at: usize) {
 
 fn f32_at(b: &[u8]) -> f32 {
     f32::from_le_bytes([b[0], b[1], b[2], b[3]])
-}
-fn f16_at(b: &[u8]) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
 }
 fn bf16_at(b: &[u8]) -> f32 {
     bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))
@@ -131,7 +119,10 @@ pub mod avx2 {
             }
             _mm256_storeu_ps(y[c..c + 8].as_mut_ptr(), acc);
         }
-        axpys_tail(rows, stride, a, y, n);
+        // The columns past the last whole vector: the scalar kernel.
+        if n < y.len() {
+            crate::quant::float::f16_axpys(&rows[n * 2..], stride, a, &mut y[n..]);
+        }
     }
 }
 
@@ -216,6 +207,9 @@ pub mod avx512 {
             }
             _mm512_storeu_ps(y[c..c + 16].as_mut_ptr(), acc);
         }
-        axpys_tail(rows, stride, a, y, n);
+        // The columns past the last whole vector: the scalar kernel.
+        if n < y.len() {
+            crate::quant::float::f16_axpys(&rows[n * 2..], stride, a, &mut y[n..]);
+        }
     }
 }
