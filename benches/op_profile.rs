@@ -8,7 +8,7 @@
 //! device was waiting for the host. Without a timeline (CPU) decode steps
 //! are timed between waits too. `m40-bench` measures speed; this says why.
 //!
-//!   cargo bench --features cuda --bench op_profile -- MODEL.gguf [DEVICE] [PROMPT] [BATCHES]
+//!   cargo bench --features cuda --bench op_profile -- MODEL.gguf [DEVICE] [PROMPT] [BATCHES] [CPU THREADS]
 //!
 //! DEVICE: a CUDA device index, or -1 for the CPU (default 0); PROMPT: the
 //! prompt length profiled as one chunk (default 512); BATCHES: the session
@@ -472,7 +472,7 @@ fn main() {
         .filter(|a| a != "--bench")
         .collect();
     let Some(path) = args.first() else {
-        eprintln!("usage: op_profile MODEL.gguf [DEVICE (-1: CPU)] [PROMPT] [BATCHES, e.g. 1,8]");
+        eprintln!("usage: op_profile MODEL.gguf [DEVICE (-1: CPU)] [PROMPT] [BATCHES, e.g. 1,8] [CPU THREADS]");
         std::process::exit(2);
     };
     let number = |i: usize, default: i64| -> i64 {
@@ -494,7 +494,7 @@ fn main() {
         .collect();
     let options = LoadOptions {
         device,
-        n_threads: 0,
+        n_threads: number(4, 0).max(0) as u32,
         use_mmap: true,
         vocab_only: false,
     };

@@ -8,7 +8,10 @@ use std::path::Path;
 
 use m40llm::backend::cpu::{matmul, ThreadPool, WeightMatrix};
 use m40llm::quant::q8::dot_error_bound;
-use m40llm::quant::{dequantize_row, quantize_row_q8, DotKernel, GgmlType, Isa, Kernels, Q8Block};
+use m40llm::quant::{
+    dequantize_row, quantize_row_q8, DotKernel, GgmlType, Isa, Kernels, Panel, Q8Block,
+    GEMM_MIN_TOKENS, PANEL_ROWS,
+};
 
 const TYPES: [GgmlType; 13] = GgmlType::SUPPORTED;
 
@@ -317,6 +320,11 @@ fn matmul_is_within_bound_for_every_type_odd_row_counts_and_1_to_4_threads() {
             (33, 512, 1),
             (65, 256, 5),
             (9, 256, 8),
+            // Panels: rows in eights, from GEMM_MIN_TOKENS tokens on, with
+            // token counts that leave partial tiles.
+            (8, 256, GEMM_MIN_TOKENS),
+            (16, 512, 13),
+            (24, 256, 21),
         ] {
             let raw = random_weights(ty, rows, cols, &mut rng);
             let w = dequantized(ty, &raw, cols);
@@ -381,6 +389,53 @@ fn four_token_dots_equal_four_one_token_dots_exactly() {
                         together[t].to_bits(),
                         one(&raw, &acts[t]).to_bits(),
                         "{ty} {isa:?} token {t}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_quantizer_equals_the_scalar_one_bit_for_bit() {
+    let mut rng = Rng(0x51DE);
+    let mut x = random_activations(32 * 64, &mut rng);
+    x[32..64].fill(0.0); // a block of zeros: scale 0
+                         // A block whose scale is 1: exact halves, which round to even.
+    x[96..100].copy_from_slice(&[127.0, 2.5, -2.5, 3.5]);
+    let mut want = vec![Q8Block::default(); 64];
+    quantize_row_q8(&x, &mut want);
+    for isa in Isa::all_available() {
+        let mut got = vec![Q8Block::default(); 64];
+        (Kernels::for_isa(isa).unwrap().quantizer())(&x, &mut got);
+        assert_eq!(got, want, "{isa:?}");
+    }
+}
+
+#[test]
+fn panels_hold_the_dequantized_rows() {
+    let mut rng = Rng(0xBA5E);
+    let cols = 512;
+    for ty in TYPES {
+        let raw = random_weights(ty, PANEL_ROWS, cols, &mut rng);
+        let w = dequantized(ty, &raw, cols);
+        for isa in Isa::all_available() {
+            let Some(gemm) = Kernels::for_isa(isa).unwrap().gemm(ty) else {
+                continue;
+            };
+            let mut panel = Panel::new(cols, gemm.sub);
+            (gemm.pack)(&raw, raw.len() / PANEL_ROWS, &mut panel);
+            for r in 0..PANEL_ROWS {
+                for c in 0..cols {
+                    // scale · u − offset against ggml's d · (q − k) or d · q − m:
+                    // the same value up to f32 rounding of the two terms.
+                    let (got, want) = (panel.value(r, c), w[r * cols + c]);
+                    let scale = w[r * cols..(r + 1) * cols]
+                        .iter()
+                        .fold(0f32, |m, v| m.max(v.abs()));
+                    assert!(
+                        (got - want).abs() <= scale * 1e-6,
+                        "{ty} {isa:?} row {r} column {c}: {got} vs {want}"
                     );
                 }
             }

@@ -62,7 +62,7 @@ pub fn dot_q2_k(row: &[u8], act: &[Q8Block]) -> f32 {
 
 // ---- Q3_K: hmask[32] qs[64] scales[12] d — w = d·(s − 32)·q, q in −4..4
 
-fn q3k_scales(b: &[u8]) -> [i8; 16] {
+pub(crate) fn q3k_scales(b: &[u8]) -> [i8; 16] {
     let sc = &b[96..108];
     std::array::from_fn(|i| {
         let low = (sc[i % 8] >> (4 * (i / 8))) & 0x0F;

@@ -17,11 +17,13 @@
 mod float;
 mod kquants;
 mod legacy;
+pub mod panel;
 pub mod q8;
 mod types;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use panel::{GemmKernels, Panel, GEMM_MIN_TOKENS, PANEL_ROWS};
 pub(crate) use q8::Q8_BLOCK;
 pub use q8::{quantize_row_q8, Q8Block};
 pub use types::GgmlType;
@@ -149,6 +151,30 @@ impl Kernels {
                 dots: float::f16_dots,
                 axpys: float::f16_axpys,
             },
+        }
+    }
+
+    /// The quantizer of activations for the Q8 dots: `quantize_row_q8` in
+    /// this instruction set, with identical results.
+    pub fn quantizer(self) -> fn(&[f32], &mut [Q8Block]) {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // `is_available` was checked when this `Kernels` was made.
+            Isa::Avx2 | Isa::Avx512 => x86::avx2_quantize,
+            _ => quantize_row_q8,
+        }
+    }
+
+    /// The panel code for `ty` (products with many tokens), where this
+    /// instruction set has it.
+    pub fn gemm(self, ty: GgmlType) -> Option<GemmKernels> {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // `is_available` was checked when this `Kernels` was made.
+            Isa::Avx2 => x86::avx2_gemm(ty),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::avx512_gemm(ty),
+            _ => None,
         }
     }
 

@@ -7,7 +7,10 @@
 
 use super::ThreadPool;
 use crate::error::{Error, Result};
-use crate::quant::{quantize_row_q8, DotKernel, GgmlType, Kernels, Q8Block, DOT_TOKENS, Q8_BLOCK};
+use crate::quant::{
+    DotKernel, GemmKernels, GgmlType, Kernels, Panel, Q8Block, DOT_TOKENS, GEMM_MIN_TOKENS,
+    PANEL_ROWS, Q8_BLOCK,
+};
 
 /// A weight matrix in its stored format: `rows` rows of `cols` values.
 #[derive(Clone, Copy, Debug)]
@@ -49,6 +52,14 @@ impl Output {
     unsafe fn write(&self, i: usize, v: f32) {
         assert!(i < self.len);
         unsafe { *self.ptr.add(i) = v };
+    }
+
+    /// # Safety
+    /// No other task writes indices `i..i + v.len()` during the loop.
+    unsafe fn write_run(&self, i: usize, v: &[f32]) {
+        assert!(i + v.len() <= self.len);
+        // SAFETY: in bounds (checked), and the caller owns these elements.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(i), v.len()) };
     }
 }
 
@@ -104,8 +115,19 @@ pub fn matmul(
         DotKernel::Q8(dot, dot4) => {
             let blocks = w.cols / Q8_BLOCK;
             let mut act = vec![Q8Block::default(); n_tokens * blocks];
-            for (xt, at) in x.chunks_exact(w.cols).zip(act.chunks_exact_mut(blocks)) {
-                quantize_row_q8(xt, at);
+            let quantize = kernels.quantizer();
+            // Tokens a task: a few thousand values each, so that a prompt's
+            // quantization spreads over the threads and a token's does not.
+            let per_task = 4096usize.div_ceil(w.cols);
+            pool.for_each_chunk(&mut act, per_task * blocks, &|i, acts| {
+                let x = &x[i * per_task * w.cols..][..acts.len() * Q8_BLOCK];
+                quantize(x, acts);
+            });
+            if let Some(gemm) = kernels.gemm(w.ty) {
+                if n_tokens >= GEMM_MIN_TOKENS && rows.is_multiple_of(PANEL_ROWS) {
+                    panel_product(pool, gemm, w, &act, n_tokens, &out);
+                    return Ok(());
+                }
             }
             let token = |t: usize| &act[t * blocks..(t + 1) * blocks];
             // Tokens in groups of four where a four-token kernel exists.
@@ -135,4 +157,36 @@ pub fn matmul(
         }
     }
     Ok(())
+}
+
+/// `out[t][r]` = row r · token t through panels: each task unpacks a band
+/// of its rows a panel at a time and multiplies the panel with every token.
+fn panel_product(
+    pool: &ThreadPool,
+    gemm: GemmKernels,
+    w: &WeightMatrix,
+    act: &[Q8Block],
+    n_tokens: usize,
+    out: &Output,
+) {
+    let panels = w.rows / PANEL_ROWS;
+    let per_task = panels.div_ceil(pool.n_threads() * 4).clamp(1, 16);
+    let row_bytes = w.row_bytes();
+    let panel_bytes = PANEL_ROWS * row_bytes;
+    pool.run(panels.div_ceil(per_task), &|task| {
+        let mut panel = Panel::new(w.cols, gemm.sub);
+        let mut sums = vec![0f32; n_tokens * PANEL_ROWS];
+        for p in task * per_task..((task + 1) * per_task).min(panels) {
+            (gemm.pack)(
+                &w.data[p * panel_bytes..(p + 1) * panel_bytes],
+                row_bytes,
+                &mut panel,
+            );
+            (gemm.product)(&panel, act, &mut sums);
+            for (t, s) in sums.chunks_exact(PANEL_ROWS).enumerate() {
+                // SAFETY: the panel's rows belong to this task alone.
+                unsafe { out.write_run(t * w.rows + p * PANEL_ROWS, s) };
+            }
+        }
+    })
 }

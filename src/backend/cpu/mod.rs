@@ -43,6 +43,23 @@ impl CpuBackend {
         self.pool.n_threads()
     }
 
+    /// `f(start, piece)` over pieces of `data` made of whole rows of
+    /// `width` values, `start` the piece's first index, in parallel: a
+    /// piece has enough values to be worth a task, so a decode step's rows
+    /// stay on the calling thread.
+    fn rows_in_parallel(
+        &self,
+        data: &mut [f32],
+        width: usize,
+        f: &(dyn Fn(usize, &mut [f32]) + Sync),
+    ) {
+        const VALUES_PER_TASK: usize = 16 * 1024;
+        let rows_per_task = VALUES_PER_TASK.div_ceil(width.max(1));
+        let piece = rows_per_task * width.max(1);
+        self.pool
+            .for_each_chunk(data, piece, &|i, part| f(i * piece, part));
+    }
+
     fn bytes(&self, w: &Weight) -> &[u8] {
         let data = self.file.data().expect("checked in new").bytes();
         &data[w.offset..w.offset + w.n_bytes]
@@ -213,9 +230,11 @@ impl Backend for CpuBackend {
 
     fn rms_norm(&self, x: &mut Vec<f32>, weight: &Weight, eps: f32, len: usize) -> Result<()> {
         let w = self.vector(weight);
-        for group in x[..len].chunks_exact_mut(w.len()) {
-            ops::rms_norm(group, &w, eps);
-        }
+        self.rows_in_parallel(&mut x[..len], w.len(), &|_, rows| {
+            for group in rows.chunks_exact_mut(w.len()) {
+                ops::rms_norm(group, &w, eps);
+            }
+        });
         Ok(())
     }
 
@@ -233,10 +252,10 @@ impl Backend for CpuBackend {
     }
 
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> Result<()> {
-        x[..len]
-            .iter_mut()
-            .zip(&y[..len])
-            .for_each(|(a, b)| *a += b);
+        self.rows_in_parallel(&mut x[..len], 1, &|start, xs| {
+            let ys = &y[start..start + xs.len()];
+            xs.iter_mut().zip(ys).for_each(|(a, b)| *a += b);
+        });
         Ok(())
     }
 
@@ -250,12 +269,17 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         let factors = rope.freq_factors.map(|w| self.vector(w));
         let table = ops::RopeTable::new(rope, factors.as_deref());
-        for (row, p) in x.chunks_exact_mut(n_heads * head_dim).zip(positions) {
-            let (cos, sin) = table.angles(p.pos);
-            for head in row.chunks_exact_mut(head_dim) {
-                ops::rotate(head, rope.mode, &cos, &sin);
+        let width = n_heads * head_dim;
+        let x = &mut x[..positions.len() * width];
+        self.rows_in_parallel(x, width, &|start, rows| {
+            let first = start / width;
+            for (row, p) in rows.chunks_exact_mut(width).zip(&positions[first..]) {
+                let (cos, sin) = table.angles(p.pos);
+                for head in row.chunks_exact_mut(head_dim) {
+                    ops::rotate(head, rope.mode, &cos, &sin);
+                }
             }
-        }
+        });
         Ok(())
     }
 
@@ -268,11 +292,14 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
     ) -> Result<()> {
         // One loop per activation, so each is inlined and vectorized.
-        let (out, gate, up) = (&mut out[..len], &gate[..len], &up[..len]);
-        match glu {
-            Glu::Swiglu => ops::gated(out, gate, up, ops::silu),
-            Glu::Geglu => ops::gated(out, gate, up, ops::gelu_tanh),
-        }
+        self.rows_in_parallel(&mut out[..len], 1, &|start, out| {
+            let range = start..start + out.len();
+            let (gate, up) = (&gate[range.clone()], &up[range]);
+            match glu {
+                Glu::Swiglu => ops::gated(out, gate, up, ops::silu),
+                Glu::Geglu => ops::gated(out, gate, up, ops::gelu_tanh),
+            }
+        });
         Ok(())
     }
 

@@ -235,6 +235,39 @@ impl ThreadPool {
             resume_unwind(Box::new("a task of a parallel CPU loop panicked"));
         }
     }
+    /// Calls `f(i, piece)` for each `chunk`-long piece i of `data` (the last
+    /// may be shorter), in parallel, like `data.chunks_mut(chunk)`.
+    pub fn for_each_chunk<T: Send>(
+        &self,
+        data: &mut [T],
+        chunk: usize,
+        f: &(dyn Fn(usize, &mut [T]) + Sync),
+    ) {
+        struct Base<T>(*mut T, usize);
+        // SAFETY: the tasks reach `data` only through disjoint pieces, and
+        // `T: Send` lets a piece be used on another thread.
+        unsafe impl<T: Send> Sync for Base<T> {}
+        impl<T> Base<T> {
+            /// # Safety
+            /// `start..start + len` lies in the slice, and no one else uses it
+            /// while the piece lives.
+            #[allow(clippy::mut_from_ref)]
+            unsafe fn piece(&self, start: usize, len: usize) -> &mut [T] {
+                unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
+            }
+        }
+        let chunk = chunk.max(1);
+        let base = Base(data.as_mut_ptr(), data.len());
+        self.run(data.len().div_ceil(chunk), &|i| {
+            let start = i * chunk;
+            let len = chunk.min(base.1 - start);
+            // SAFETY: piece i is elements start..start + len of `data`,
+            // which stays mutably borrowed until `run` returns; no other task
+            // gets any of them.
+            let piece = unsafe { base.piece(start, len) };
+            f(i, piece)
+        });
+    }
 }
 
 fn worker(shared: &Shared) {
@@ -367,6 +400,21 @@ mod tests {
             count.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(count.load(Ordering::Relaxed), 10);
+    }
+
+    #[test]
+    fn for_each_chunk_hands_out_every_piece_once() {
+        for threads in 1..=3 {
+            let pool = ThreadPool::new(threads);
+            let mut data = vec![0usize; 103];
+            pool.for_each_chunk(&mut data, 10, &|i, piece| {
+                assert!(piece.len() == 10 || (i == 10 && piece.len() == 3));
+                for (k, v) in piece.iter_mut().enumerate() {
+                    *v += i * 10 + k + 1;
+                }
+            });
+            assert!(data.iter().enumerate().all(|(k, &v)| v == k + 1));
+        }
     }
 
     #[test]

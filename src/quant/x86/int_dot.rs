@@ -20,6 +20,12 @@ use crate::quant::Q8Block;
 /// Σ of 4 adjacent byte products per i32 lane: `u` unsigned, `s` signed.
 pub trait IntDot {
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i;
+
+    /// `acc` + `dot(u, s)`.
+    #[inline(always)]
+    unsafe fn dot_add(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, Self::dot(u, s))
+    }
 }
 
 pub struct Avx2Dot;
@@ -37,6 +43,11 @@ impl IntDot for VnniDot {
     #[inline(always)]
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+    }
+
+    #[inline(always)]
+    unsafe fn dot_add(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, s)
     }
 }
 
@@ -58,7 +69,7 @@ unsafe fn f16(b: &[u8], at: usize) -> f32 {
 /// `vpinsrw` into the accumulator's register, a false dependency that chains
 /// every block to the previous one (Q8_0 at a third of its speed).
 #[inline(always)]
-unsafe fn f16x8(b: &[u8], at: usize) -> __m256 {
+pub(super) unsafe fn f16x8(b: &[u8], at: usize) -> __m256 {
     _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes([b[at], b[at + 1]])))
 }
 
@@ -78,7 +89,7 @@ unsafe fn prefetch(block: &[u8]) {
 const PREFETCH_AHEAD: usize = 1024;
 
 #[inline(always)]
-unsafe fn load32(bytes: &[u8]) -> __m256i {
+pub(super) unsafe fn load32(bytes: &[u8]) -> __m256i {
     _mm256_loadu_si256(bytes[..32].as_ptr().cast())
 }
 
@@ -89,7 +100,7 @@ unsafe fn act(a: &Q8Block) -> __m256i {
 
 /// 16 bytes of packed nibbles → 32 codes: low nibbles first, then high.
 #[inline(always)]
-unsafe fn nibbles16(bytes: &[u8]) -> __m256i {
+pub(super) unsafe fn nibbles16(bytes: &[u8]) -> __m256i {
     let b = _mm_loadu_si128(bytes[..16].as_ptr().cast());
     let m = _mm_set1_epi8(0x0F);
     _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m))
@@ -113,7 +124,7 @@ unsafe fn bits_to_bytes(x: u32) -> __m256i {
 
 /// Byte i is `value` when `bytes[i] & mask` is set, else 0.
 #[inline(always)]
-unsafe fn masked_bit(bytes: __m256i, mask: i8, value: i8) -> __m256i {
+pub(super) unsafe fn masked_bit(bytes: __m256i, mask: i8, value: i8) -> __m256i {
     let m = _mm256_set1_epi8(mask);
     _mm256_and_si256(
         _mm256_cmpeq_epi8(_mm256_and_si256(bytes, m), m),
@@ -212,7 +223,7 @@ unsafe fn q4_1<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
 }
 
 #[inline(always)]
-unsafe fn q5_codes(qs: &[u8], qh: u32) -> __m256i {
+pub(super) unsafe fn q5_codes(qs: &[u8], qh: u32) -> __m256i {
     _mm256_or_si256(
         nibbles16(qs),
         _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)),
@@ -266,7 +277,7 @@ unsafe fn q8_0<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
 
 /// Bits `2·shift..2·shift + 2` of each byte.
 #[inline(always)]
-unsafe fn crumbs(qs: __m256i, shift: usize) -> __m256i {
+pub(super) unsafe fn crumbs(qs: __m256i, shift: usize) -> __m256i {
     _mm256_and_si256(
         _mm256_srlv_epi64(qs, _mm256_set1_epi64x(2 * shift as i64)),
         _mm256_set1_epi8(3),

@@ -7,8 +7,11 @@
 //! give identical integer sums.
 
 mod float_dot;
+mod gemm;
 mod int_dot;
+mod quantize;
 
+use super::panel::{GemmKernels, Panel};
 use super::{AttentionKernels, DotKernel, GgmlType, Q8Block, DOT_TOKENS};
 
 pub fn avx2_available() -> bool {
@@ -71,8 +74,47 @@ macro_rules! attention_wrappers {
     };
 }
 
+/// Safe wrappers of the panel packers (see the SAFETY note above). They
+/// need AVX2 alone, so both instruction sets share them.
+mod packers {
+    use super::gemm::{self, *};
+    use super::Panel;
+
+    macro_rules! packers {
+        ($($name:ident: $format:ty),*) => {$(
+            pub fn $name(rows: &[u8], row_bytes: usize, panel: &mut Panel) {
+                #[target_feature(enable = "avx2,fma,f16c")]
+                unsafe fn inner(rows: &[u8], row_bytes: usize, panel: &mut Panel) {
+                    gemm::pack::<$format>(rows, row_bytes, panel)
+                }
+                // SAFETY: only handed out when the CPU has the features.
+                unsafe { inner(rows, row_bytes, panel) }
+            }
+        )*};
+    }
+    packers!(q4_0: Q4_0, q4_1: Q4_1, q5_0: Q5_0, q5_1: Q5_1, q8_0: Q8_0,
+        q2_k: Q2K, q3_k: Q3K, q4_k: Q4K, q5_k: Q5K, q6_k: Q6K);
+}
+
+/// Safe wrappers of the panel products with `$dot` (see the SAFETY note
+/// above), `$max` tokens a tile.
+macro_rules! panel_products {
+    ($dot:ty, $features:literal, $max:literal; $($name:ident: $sub:literal),*) => {$(
+        pub fn $name(panel: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+            #[target_feature(enable = $features)]
+            unsafe fn inner(panel: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+                gemm::product::<$dot, $sub, $max>(panel, acts, out)
+            }
+            // SAFETY: only handed out when the CPU has the features.
+            unsafe { inner(panel, acts, out) }
+        }
+    )*};
+}
+
 mod avx2 {
     use super::*;
+    use int_dot::Avx2Dot;
+    panel_products!(Avx2Dot, "avx2,fma,f16c", 4; product_by16: 16, product_by32: 32);
     q8_wrappers!(avx2; q4_0 / q4_0_x4, q4_1 / q4_1_x4, q5_0 / q5_0_x4, q5_1 / q5_1_x4, q8_0 / q8_0_x4,
         q2_k / q2_k_x4, q3_k / q3_k_x4, q4_k / q4_k_x4, q5_k / q5_k_x4, q6_k / q6_k_x4);
     f32_wrappers!(avx2; f32, f16, bf16);
@@ -81,6 +123,9 @@ mod avx2 {
 
 mod avx512 {
     use super::*;
+    use int_dot::VnniDot;
+    panel_products!(VnniDot, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", 8;
+        product_by16: 16, product_by32: 32);
     q8_wrappers!(vnni; q4_0 / q4_0_x4, q4_1 / q4_1_x4, q5_0 / q5_0_x4, q5_1 / q5_1_x4, q8_0 / q8_0_x4,
         q2_k / q2_k_x4, q3_k / q3_k_x4, q4_k / q4_k_x4, q5_k / q5_k_x4, q6_k / q6_k_x4);
     f32_wrappers!(avx512; f32, f16, bf16);
@@ -118,6 +163,47 @@ pub fn avx2_dot(ty: GgmlType) -> Option<DotKernel> {
 /// The AVX-512 dot for `ty`. Call only after `avx512_available()`.
 pub fn avx512_dot(ty: GgmlType) -> Option<DotKernel> {
     table!(avx512, ty)
+}
+
+macro_rules! gemm_table {
+    ($module:ident, $ty:expr, $($extra:ident)?) => {{
+        use GgmlType::*;
+        let p = |sub: usize, pack: fn(&[u8], usize, &mut Panel)| {
+            let product = if sub == 16 { $module::product_by16 } else { $module::product_by32 };
+            Some(GemmKernels { sub, pack, product })
+        };
+        match $ty {
+            Q4_0 => p(32, packers::q4_0),
+            Q4_1 => p(32, packers::q4_1),
+            Q5_0 => p(32, packers::q5_0),
+            Q5_1 => p(32, packers::q5_1),
+            $($extra => p(32, packers::q8_0),)?
+            Q2K => p(16, packers::q2_k),
+            Q3K => p(16, packers::q3_k),
+            Q4K => p(32, packers::q4_k),
+            Q5K => p(32, packers::q5_k),
+            Q6K => p(16, packers::q6_k),
+            _ => None,
+        }
+    }};
+}
+
+/// The AVX2 panel code for `ty`. Call only after `avx2_available()`. Not
+/// Q8_0: `vpmaddubsw` saturates pairs of its unsigned codes (up to 255)
+/// times 127, so its dots keep the signed one-row kernel.
+pub fn avx2_gemm(ty: GgmlType) -> Option<GemmKernels> {
+    gemm_table!(avx2, ty,)
+}
+
+/// The AVX-512 panel code for `ty`. Call only after `avx512_available()`.
+pub fn avx512_gemm(ty: GgmlType) -> Option<GemmKernels> {
+    gemm_table!(avx512, ty, Q8_0)
+}
+
+/// The AVX2 activation quantizer. Call only after `avx2_available()`.
+pub fn avx2_quantize(x: &[f32], out: &mut [Q8Block]) {
+    // SAFETY: only handed out when the CPU has the features (see above).
+    unsafe { quantize::quantize_row_q8(x, out) }
 }
 
 /// The AVX2 attention kernels. Call only after `avx2_available()`.

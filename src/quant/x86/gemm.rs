@@ -1,0 +1,459 @@
+//! Panels ([`crate::quant::panel`]) in AVX2 / VNNI: each format's blocks
+//! unpacked to unsigned codes and transposed into interleaved chunks, and
+//! the product of a panel with many tokens' Q8 activations.
+
+// The kernels index per-token arrays (isum[t], acc[t], acts[t]) in step.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::int_dot::{crumbs, load32, masked_bit, nibbles16, q5_codes, IntDot};
+use crate::quant::kquants::{k_scale_min, q3k_scales};
+use crate::quant::panel::{Panel, PANEL_ROWS};
+use crate::quant::Q8Block;
+
+/// The f16 in the first two bytes of `b` as f32, by F16C (the portable
+/// conversion is a call per value).
+#[inline(always)]
+unsafe fn f16_at(b: &[u8]) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes([
+        b[0], b[1],
+    ]))))
+}
+
+/// One format's blocks as `w = scale · u − offset`.
+pub(super) trait Unpack {
+    const BLOCK_BYTES: usize;
+    /// Values a block holds (32 or 256).
+    const VALUES: usize;
+    /// Columns a scale covers (16 or 32).
+    const SUB: usize;
+    /// The block's codes, 32 values a vector, and each sub-block's scale and
+    /// offset.
+    unsafe fn unpack(
+        b: &[u8],
+        codes: &mut [__m256i; 8],
+        scale: &mut [f32; 16],
+        offset: &mut [f32; 16],
+    );
+}
+
+pub(super) struct Q4_0;
+pub(super) struct Q4_1;
+pub(super) struct Q5_0;
+pub(super) struct Q5_1;
+pub(super) struct Q8_0;
+pub(super) struct Q2K;
+pub(super) struct Q3K;
+pub(super) struct Q4K;
+pub(super) struct Q5K;
+pub(super) struct Q6K;
+
+impl Unpack for Q4_0 {
+    const BLOCK_BYTES: usize = 18;
+    const VALUES: usize = 32;
+    const SUB: usize = 32;
+    #[inline(always)]
+    unsafe fn unpack(
+        b: &[u8],
+        codes: &mut [__m256i; 8],
+        scale: &mut [f32; 16],
+        offset: &mut [f32; 16],
+    ) {
+        let d = f16_at(b);
+        codes[0] = nibbles16(&b[2..]);
+        (scale[0], offset[0]) = (d, 8.0 * d);
+    }
+}
+
+impl Unpack for Q4_1 {
+    const BLOCK_BYTES: usize = 20;
+    const VALUES: usize = 32;
+    const SUB: usize = 32;
+    #[inline(always)]
+    unsafe fn unpack(
+        b: &[u8],
+        codes: &mut [__m256i; 8],
+        scale: &mut [f32; 16],
+        offset: &mut [f32; 16],
+    ) {
+        codes[0] = nibbles16(&b[4..]);
+        (scale[0], offset[0]) = (f16_at(b), -f16_at(&b[2..]));
+    }
+}
+
+impl Unpack for Q5_0 {
+    const BLOCK_BYTES: usize = 22;
+    const VALUES: usize = 32;
+    const SUB: usize = 32;
+    #[inline(always)]
+    unsafe fn unpack(
+        b: &[u8],
+        codes: &mut [__m256i; 8],
+        scale: &mut [f32; 16],
+        offset: &mut [f32; 16],
+    ) {
+        let d = f16_at(b);
+        codes[0] = q5_codes(&b[6..], u32::from_le_bytes([b[2], b[3], b[4], b[5]]));
+        (scale[0], offset[0]) = (d, 16.0 * d);
+    }
+}
+
+impl Unpack for Q5_1 {
+    const BLOCK_BYTES: usize = 24;
+    const VALUES: usize = 32;
+    const SUB: usize = 32;
+    #[inline(always)]
+    unsafe fn unpack(
+        b: &[u8],
+        codes: &mut [__m256i; 8],
+        scale: &mut [f32; 16],
+        offset: &mut [f32; 16],
+    ) {
+        codes[0] = q5_codes(&b[8..], u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
+        (scale[0], offset[0]) = (f16_at(b), -f16_at(&b[2..]));
+    }
+}
+
+impl Unpack for Q8_0 {
+    const BLOCK_BYTES: usize = 34;
+    const VALUES: usize = 32;
+    const SUB: usize = 32;
+    #[inline(always)]
+    unsafe fn unpack(
+        b: &[u8],
+        codes: &mut [__m256i; 8],
+        scale: &mut [f32; 16],
+        offset: &mut [f32; 16],
+    ) {
+        let d = f16_at(b);
+        // q + 128 as an unsigned byte is q with its top bit flipped.
+        codes[0] = _mm256_xor_si256(load32(&b[2..]), _mm256_set1_epi8(-128));
+        (scale[0], offset[0]) = (d, 128.0 * d);
+    }
+}
+
+impl Unpack for Q2K {
+    const BLOCK_BYTES: usize = 84;
+    const VALUES: usize = 256;
+    const SUB: usize = 16;
+    #[inline(always)]
+    unsafe fn unpack(
+        b: &[u8],
+        codes: &mut [__m256i; 8],
+        scale: &mut [f32; 16],
+        offset: &mut [f32; 16],
+    ) {
+        let (d, dmin) = (f16_at(&b[80..]), f16_at(&b[82..]));
+        for half in 0..2 {
+            let qs = load32(&b[16 + half * 32..]);
+            for shift in 0..4 {
+                codes[half * 4 + shift] = crumbs(qs, shift);
+            }
+        }
+        for g in 0..16 {
+            scale[g] = d * f32::from(b[g] & 0xF);
+            offset[g] = dmin * f32::from(b[g] >> 4);
+        }
+    }
+}
+
+impl Unpack for Q3K {
+    const BLOCK_BYTES: usize = 110;
+    const VALUES: usize = 256;
+    const SUB: usize = 16;
+    #[inline(always)]
+    unsafe fn unpack(
+        b: &[u8],
+        codes: &mut [__m256i; 8],
+        scale: &mut [f32; 16],
+        offset: &mut [f32; 16],
+    ) {
+        let d = f16_at(&b[108..]);
+        let hmask = load32(b);
+        for half in 0..2 {
+            let qs = load32(&b[32 + half * 32..]);
+            for shift in 0..4 {
+                let j = half * 4 + shift;
+                // q + 4: the high bit set adds 4.
+                codes[j] =
+                    _mm256_or_si256(crumbs(qs, shift), masked_bit(hmask, (1u8 << j) as i8, 4));
+            }
+        }
+        for (g, s) in q3k_scales(b).into_iter().enumerate() {
+            scale[g] = d * f32::from(s);
+            offset[g] = 4.0 * scale[g];
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn k_with_min<const FIFTH_BIT: bool>(
+    b: &[u8],
+    codes: &mut [__m256i; 8],
+    scale: &mut [f32; 16],
+    offset: &mut [f32; 16],
+) {
+    let qs_at = if FIFTH_BIT { 48 } else { 16 };
+    let (d, dmin) = (f16_at(b), f16_at(&b[2..]));
+    let (sc, min) = k_scale_min(&b[4..16]);
+    let m4 = _mm256_set1_epi8(0x0F);
+    for chunk in 0..4 {
+        let bytes = load32(&b[qs_at + chunk * 32..]);
+        codes[2 * chunk] = _mm256_and_si256(bytes, m4);
+        codes[2 * chunk + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4);
+    }
+    if FIFTH_BIT {
+        let qh = load32(&b[16..]);
+        for (j, c) in codes.iter_mut().enumerate() {
+            *c = _mm256_or_si256(*c, masked_bit(qh, (1u8 << j) as i8, 0x10));
+        }
+    }
+    for j in 0..8 {
+        scale[j] = d * f32::from(sc[j]);
+        offset[j] = dmin * f32::from(min[j]);
+    }
+}
+
+impl Unpack for Q4K {
+    const BLOCK_BYTES: usize = 144;
+    const VALUES: usize = 256;
+    const SUB: usize = 32;
+    #[inline(always)]
+    unsafe fn unpack(
+        b: &[u8],
+        codes: &mut [__m256i; 8],
+        scale: &mut [f32; 16],
+        offset: &mut [f32; 16],
+    ) {
+        k_with_min::<false>(b, codes, scale, offset)
+    }
+}
+
+impl Unpack for Q5K {
+    const BLOCK_BYTES: usize = 176;
+    const VALUES: usize = 256;
+    const SUB: usize = 32;
+    #[inline(always)]
+    unsafe fn unpack(
+        b: &[u8],
+        codes: &mut [__m256i; 8],
+        scale: &mut [f32; 16],
+        offset: &mut [f32; 16],
+    ) {
+        k_with_min::<true>(b, codes, scale, offset)
+    }
+}
+
+impl Unpack for Q6K {
+    const BLOCK_BYTES: usize = 210;
+    const VALUES: usize = 256;
+    const SUB: usize = 16;
+    #[inline(always)]
+    unsafe fn unpack(
+        b: &[u8],
+        codes: &mut [__m256i; 8],
+        scale: &mut [f32; 16],
+        offset: &mut [f32; 16],
+    ) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        // Bits `shift..shift + 2` of each byte of `qh`, moved to bits 4..6.
+        let high = |qh: __m256i, shift: i64| {
+            let two = _mm256_and_si256(
+                _mm256_srlv_epi64(qh, _mm256_set1_epi64x(shift)),
+                _mm256_set1_epi8(3),
+            );
+            _mm256_slli_epi16(two, 4)
+        };
+        for half in 0..2 {
+            let ql0 = load32(&b[half * 64..]);
+            let ql1 = load32(&b[half * 64 + 32..]);
+            let qh = load32(&b[128 + half * 32..]);
+            let j = half * 4;
+            codes[j] = _mm256_or_si256(_mm256_and_si256(ql0, m4), high(qh, 0));
+            codes[j + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), high(qh, 2));
+            codes[j + 2] =
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(qh, 4));
+            codes[j + 3] =
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(qh, 6));
+        }
+        let d = f16_at(&b[208..]);
+        for g in 0..16 {
+            scale[g] = d * f32::from(b[192 + g] as i8);
+            offset[g] = 32.0 * scale[g];
+        }
+    }
+}
+
+/// Transposes eight rows of eight 32-bit elements: out[k] holds element k of
+/// every row, row r in lane r.
+#[inline(always)]
+unsafe fn transpose8(a: [__m256i; 8]) -> [__m256i; 8] {
+    let t = [
+        _mm256_unpacklo_epi32(a[0], a[1]),
+        _mm256_unpackhi_epi32(a[0], a[1]),
+        _mm256_unpacklo_epi32(a[2], a[3]),
+        _mm256_unpackhi_epi32(a[2], a[3]),
+        _mm256_unpacklo_epi32(a[4], a[5]),
+        _mm256_unpackhi_epi32(a[4], a[5]),
+        _mm256_unpacklo_epi32(a[6], a[7]),
+        _mm256_unpackhi_epi32(a[6], a[7]),
+    ];
+    // u[k] holds elements k and k + 4 of four rows (rows 0..4, then 4..8).
+    let u = [
+        _mm256_unpacklo_epi64(t[0], t[2]),
+        _mm256_unpackhi_epi64(t[0], t[2]),
+        _mm256_unpacklo_epi64(t[1], t[3]),
+        _mm256_unpackhi_epi64(t[1], t[3]),
+        _mm256_unpacklo_epi64(t[4], t[6]),
+        _mm256_unpackhi_epi64(t[4], t[6]),
+        _mm256_unpacklo_epi64(t[5], t[7]),
+        _mm256_unpackhi_epi64(t[5], t[7]),
+    ];
+    [
+        _mm256_permute2x128_si256(u[0], u[4], 0x20),
+        _mm256_permute2x128_si256(u[1], u[5], 0x20),
+        _mm256_permute2x128_si256(u[2], u[6], 0x20),
+        _mm256_permute2x128_si256(u[3], u[7], 0x20),
+        _mm256_permute2x128_si256(u[0], u[4], 0x31),
+        _mm256_permute2x128_si256(u[1], u[5], 0x31),
+        _mm256_permute2x128_si256(u[2], u[6], 0x31),
+        _mm256_permute2x128_si256(u[3], u[7], 0x31),
+    ]
+}
+
+/// Unpacks `PANEL_ROWS` rows of `row_bytes` bytes (`rows` holds exactly
+/// those) into `panel`.
+#[inline(always)]
+pub(super) unsafe fn pack<F: Unpack>(rows: &[u8], row_bytes: usize, panel: &mut Panel) {
+    let n_blocks = row_bytes / F::BLOCK_BYTES;
+    assert!(
+        rows.len() == PANEL_ROWS * row_bytes
+            && row_bytes == n_blocks * F::BLOCK_BYTES
+            && panel.sub == F::SUB
+            && panel.cols == n_blocks * F::VALUES,
+        "a panel of {} columns by {} for {} bytes a row",
+        panel.cols,
+        panel.sub,
+        row_bytes
+    );
+    let (groups, subs) = (F::VALUES / 32, F::VALUES / F::SUB);
+    let mut codes = [[_mm256_setzero_si256(); 8]; PANEL_ROWS];
+    let mut scale = [[0f32; 16]; PANEL_ROWS];
+    let mut offset = [[0f32; 16]; PANEL_ROWS];
+    for blk in 0..n_blocks {
+        for r in 0..PANEL_ROWS {
+            let at = r * row_bytes + blk * F::BLOCK_BYTES;
+            F::unpack(
+                &rows[at..at + F::BLOCK_BYTES],
+                &mut codes[r],
+                &mut scale[r],
+                &mut offset[r],
+            );
+        }
+        for j in 0..groups {
+            let chunks = transpose8(std::array::from_fn(|r| codes[r][j]));
+            // Group j's eight chunks of 32 bytes.
+            let out = &mut panel.codes[(blk * groups + j) * 256..][..256];
+            for (k, c) in chunks.into_iter().enumerate() {
+                _mm256_storeu_si256(out[k * 32..].as_mut_ptr().cast(), c);
+            }
+        }
+        for g in 0..subs {
+            let f = &mut panel.factors[(blk * subs + g) * 2 * PANEL_ROWS..][..2 * PANEL_ROWS];
+            for r in 0..PANEL_ROWS {
+                f[r] = scale[r][g];
+                f[PANEL_ROWS + r] = offset[r][g];
+            }
+        }
+    }
+}
+
+/// The panel's rows dotted with `T` tokens, whose blocks start at `acts[t]`:
+/// lane r of result t is row r · token t.
+///
+/// # Safety
+/// `acts[t]` points to `panel.cols / 32` blocks; `panel.sub == SUB`.
+#[inline(always)]
+unsafe fn tile<D: IntDot, const SUB: usize, const T: usize>(
+    panel: &Panel,
+    acts: [*const Q8Block; T],
+) -> [__m256; T] {
+    let mut acc = [_mm256_setzero_ps(); T];
+    let codes = panel.codes.as_ptr();
+    let factors = panel.factors.as_ptr();
+    for g in 0..panel.cols / SUB {
+        let (block, first) = (g * SUB / 32, g * SUB % 32);
+        let mut isum = [_mm256_setzero_si256(); T];
+        for k in 0..SUB / 4 {
+            // SAFETY (all pointer reads): chunk g·SUB/4 + k < cols/4 of the
+            // panel's codes, block < cols/32 of each token's activations,
+            // sub-block g < cols/SUB of the factors.
+            let w = _mm256_loadu_si256(codes.add((g * SUB / 4 + k) * 32).cast());
+            for t in 0..T {
+                let q = (*acts[t].add(block)).qs.as_ptr().add(first + 4 * k);
+                let four = _mm256_set1_epi32(q.cast::<i32>().read_unaligned());
+                isum[t] = D::dot_add(isum[t], w, four);
+            }
+        }
+        let scale = _mm256_loadu_ps(factors.add(g * 2 * PANEL_ROWS));
+        let offset = _mm256_loadu_ps(factors.add(g * 2 * PANEL_ROWS + PANEL_ROWS));
+        for t in 0..T {
+            let a = &*acts[t].add(block);
+            // d · Σ q over the sub-block.
+            let q_sum = if SUB == 32 {
+                a.d_sum
+            } else {
+                a.d * f32::from(a.half_sums[first / 16])
+            };
+            let scaled = _mm256_mul_ps(scale, _mm256_set1_ps(a.d));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), scaled, acc[t]);
+            acc[t] = _mm256_fnmadd_ps(offset, _mm256_set1_ps(q_sum), acc[t]);
+        }
+    }
+    acc
+}
+
+/// `out[t · 8 + r]` = panel row r · token t for every token of `acts`, `MAX`
+/// tokens a tile.
+#[inline(always)]
+pub(super) unsafe fn product<D: IntDot, const SUB: usize, const MAX: usize>(
+    panel: &Panel,
+    acts: &[Q8Block],
+    out: &mut [f32],
+) {
+    let blocks = panel.cols / 32;
+    assert!(
+        panel.sub == SUB
+            && blocks > 0
+            && acts.len().is_multiple_of(blocks)
+            && out.len() == acts.len() / blocks * PANEL_ROWS
+            && panel.codes.len() == panel.cols * PANEL_ROWS
+            && panel.factors.len() == panel.cols / SUB * 2 * PANEL_ROWS,
+        "panel product shapes"
+    );
+    let n_tokens = acts.len() / blocks;
+    let mut t0 = 0;
+    while t0 < n_tokens {
+        let n = (n_tokens - t0).min(MAX);
+        let token = |t: usize| acts[(t0 + t) * blocks..].as_ptr();
+        let out = &mut out[t0 * PANEL_ROWS..(t0 + n) * PANEL_ROWS];
+        macro_rules! tiles {
+            ($($n:literal),*) => {
+                match n {
+                    $($n => {
+                        // SAFETY: each token's pointer starts `blocks` blocks
+                        // inside `acts` (checked above).
+                        let sums = tile::<D, SUB, $n>(panel, std::array::from_fn(token));
+                        for (t, s) in sums.into_iter().enumerate() {
+                            _mm256_storeu_ps(out[t * PANEL_ROWS..][..PANEL_ROWS].as_mut_ptr(), s);
+                        }
+                    })*
+                    _ => unreachable!("{n} tokens a tile"),
+                }
+            };
+        }
+        tiles!(1, 2, 3, 4, 5, 6, 7, 8);
+        t0 += n;
+    }
+}
