@@ -367,15 +367,21 @@ fn matmul_is_within_bound_for_every_type_odd_row_counts_and_1_to_4_threads() {
 }
 
 #[test]
-fn four_token_dots_equal_four_one_token_dots_exactly() {
+fn four_token_dots_are_within_the_bound_of_each_tokens_reference() {
+    // The four-token kernels sum in another order than the one-token ones
+    // (a single token spreads its blocks over several running sums), so the
+    // two agree up to f32 rounding; both are held to the f64 reference.
     let mut rng = Rng(0xF00D);
+    let cols = 512;
     for ty in TYPES {
-        let raw = random_weights(ty, 1, 512, &mut rng);
-        let acts: Vec<Vec<Q8Block>> = (0..4)
-            .map(|_| {
-                let x = random_activations(512, &mut rng);
-                let mut a = vec![Q8Block::default(); 16];
-                quantize_row_q8(&x, &mut a);
+        let raw = random_weights(ty, 1, cols, &mut rng);
+        let w = dequantized(ty, &raw, cols);
+        let xs: Vec<Vec<f32>> = (0..4).map(|_| random_activations(cols, &mut rng)).collect();
+        let acts: Vec<Vec<Q8Block>> = xs
+            .iter()
+            .map(|x| {
+                let mut a = vec![Q8Block::default(); cols / 32];
+                quantize_row_q8(x, &mut a);
                 a
             })
             .collect();
@@ -385,11 +391,14 @@ fn four_token_dots_equal_four_one_token_dots_exactly() {
             {
                 let together = four(&raw, std::array::from_fn(|t| &acts[t][..]));
                 for t in 0..4 {
-                    assert_eq!(
-                        together[t].to_bits(),
-                        one(&raw, &acts[t]).to_bits(),
-                        "{ty} {isa:?} token {t}"
-                    );
+                    let reference = reference_dot(&w, &xs[t]);
+                    let bound = allowed_error(ty, &w, &xs[t]);
+                    for (how, got) in [("four", together[t]), ("one", one(&raw, &acts[t]))] {
+                        assert!(
+                            (got as f64 - reference).abs() <= bound,
+                            "{ty} {isa:?} token {t}, {how}-token kernel: {got} vs {reference}"
+                        );
+                    }
                 }
             }
         }

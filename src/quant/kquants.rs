@@ -120,15 +120,28 @@ pub fn dot_q3_k(row: &[u8], act: &[Q8Block]) -> f32 {
 
 /// The eight 6-bit (scale, min) pairs packed into 12 bytes.
 pub fn k_scale_min(sc: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let mut scale = [0u8; 8];
-    let mut min = [0u8; 8];
-    for j in 0..4 {
-        scale[j] = sc[j] & 63;
-        min[j] = sc[j + 4] & 63;
-        scale[j + 4] = (sc[j + 8] & 0x0F) | ((sc[j] >> 2) & 0x30);
-        min[j + 4] = (sc[j + 8] >> 4) | ((sc[j + 4] >> 2) & 0x30);
-    }
-    (scale, min)
+    let (scale, min) = k_scale_min_words(sc);
+    (scale.to_le_bytes(), min.to_le_bytes())
+}
+
+/// [`k_scale_min`] as two little-endian words of eight bytes, unpacked four
+/// bytes at a time: scales 0..4 and minimums 0..4 are the low 6 bits of
+/// bytes 0..4 and 4..8; scales and minimums 4..8 take their low 4 bits from
+/// the nibbles of bytes 8..12 and their top 2 from the top bits of bytes
+/// 0..4 and 4..8.
+pub fn k_scale_min_words(sc: &[u8]) -> (u64, u64) {
+    const LOW6: u32 = 0x3F3F_3F3F;
+    const LOW4: u32 = 0x0F0F_0F0F;
+    const LOW2: u32 = 0x0303_0303;
+    let word =
+        |i: usize| u32::from_le_bytes([sc[4 * i], sc[4 * i + 1], sc[4 * i + 2], sc[4 * i + 3]]);
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    let scale_high = (w2 & LOW4) | (((w0 >> 6) & LOW2) << 4);
+    let min_high = ((w2 >> 4) & LOW4) | (((w1 >> 6) & LOW2) << 4);
+    (
+        u64::from(w0 & LOW6) | u64::from(scale_high) << 32,
+        u64::from(w1 & LOW6) | u64::from(min_high) << 32,
+    )
 }
 
 fn q4k_codes(qs: &[u8]) -> Codes {
@@ -263,4 +276,39 @@ fn int_dot32(q: &[i8; 32], a: &[i8; 32]) -> i32 {
         .zip(a)
         .map(|(&w, &x)| i32::from(w) * i32::from(x))
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_min_words_match_ggmls_byte_by_byte_unpacking() {
+        // get_scale_min_k4 of ggml-quants.c, for every j.
+        let reference = |j: usize, q: &[u8]| -> (u8, u8) {
+            if j < 4 {
+                (q[j] & 63, q[j + 4] & 63)
+            } else {
+                (
+                    (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+                    (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+                )
+            }
+        };
+        let mut state = 0x2545_F491u32;
+        for _ in 0..1000 {
+            let q: Vec<u8> = (0..12)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 17;
+                    state ^= state << 5;
+                    state as u8
+                })
+                .collect();
+            let (scale, min) = k_scale_min(&q);
+            for j in 0..8 {
+                assert_eq!((scale[j], min[j]), reference(j, &q), "{q:?} {j}");
+            }
+        }
+    }
 }

@@ -42,6 +42,11 @@ pub type Q8DotFn = fn(&[u8], &[Q8Block]) -> f32;
 /// unpacked once for all four (prefill).
 pub type Q8Dot4Fn = fn(&[u8], [&[Q8Block]; DOT_TOKENS]) -> [f32; DOT_TOKENS];
 
+/// Consecutive quantized rows (`row_bytes` each) dotted with one token's Q8
+/// activations: `out[r]` = row r · act (decode: one call per band of rows
+/// rather than per row).
+pub type Q8RowsFn = fn(&[u8], usize, &[Q8Block], &mut [f32]);
+
 /// A dot product of one weight row (its raw bytes) with activations.
 #[derive(Clone, Copy)]
 pub enum DotKernel {
@@ -162,6 +167,19 @@ impl Kernels {
             // `is_available` was checked when this `Kernels` was made.
             Isa::Avx2 | Isa::Avx512 => x86::avx2_quantize,
             _ => quantize_row_q8,
+        }
+    }
+
+    /// The one-token dot of `ty` over many rows, where this instruction set
+    /// has it.
+    pub fn dot_rows(self, ty: GgmlType) -> Option<Q8RowsFn> {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // `is_available` was checked when this `Kernels` was made.
+            Isa::Avx2 => x86::avx2_dot_rows(ty),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::avx512_dot_rows(ty),
+            _ => None,
         }
     }
 

@@ -33,7 +33,7 @@ impl WeightMatrix<'_> {
 /// spread the matrix evenly over the threads.
 fn rows_per_task(m: &WeightMatrix, n_threads: usize) -> usize {
     let per_thread = m.rows.div_ceil(n_threads * 8);
-    per_thread.clamp(1, 64)
+    per_thread.clamp(1, 4096)
 }
 
 /// The output matrix, written by tasks at disjoint (token, row) positions.
@@ -52,6 +52,17 @@ impl Output {
     unsafe fn write(&self, i: usize, v: f32) {
         assert!(i < self.len);
         unsafe { *self.ptr.add(i) = v };
+    }
+
+    /// Elements `i..i + len`.
+    ///
+    /// # Safety
+    /// No other task touches those elements while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, i: usize, len: usize) -> &mut [f32] {
+        assert!(i + len <= self.len);
+        // SAFETY: in bounds (checked), and the caller owns these elements.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i), len) }
     }
 
     /// # Safety
@@ -136,10 +147,12 @@ pub fn matmul(
             } else {
                 0
             };
+            let dot_rows = kernels.dot_rows(w.ty);
             pool.run(n_tasks, &|task| {
-                for r in task * band..((task + 1) * band).min(rows) {
-                    let row = row_at(r);
-                    if let Some(dot4) = dot4 {
+                let (first, end) = (task * band, ((task + 1) * band).min(rows));
+                if let Some(dot4) = dot4 {
+                    for r in first..end {
+                        let row = row_at(r);
                         for t0 in (0..grouped).step_by(DOT_TOKENS) {
                             let sums = dot4(row, std::array::from_fn(|k| token(t0 + k)));
                             for (k, v) in sums.into_iter().enumerate() {
@@ -148,9 +161,18 @@ pub fn matmul(
                             }
                         }
                     }
-                    for t in grouped..n_tokens {
-                        // SAFETY: row r belongs to this task alone.
-                        unsafe { out.write(t * rows + r, dot(row, token(t))) };
+                }
+                for t in grouped..n_tokens {
+                    if let Some(dot_rows) = dot_rows {
+                        let band = &w.data[first * row_bytes..end * row_bytes];
+                        // SAFETY: rows first..end belong to this task alone.
+                        let y = unsafe { out.slice(t * rows + first, end - first) };
+                        dot_rows(band, row_bytes, token(t), y);
+                    } else {
+                        for r in first..end {
+                            // SAFETY: row r belongs to this task alone.
+                            unsafe { out.write(t * rows + r, dot(row_at(r), token(t))) };
+                        }
                     }
                 }
             })

@@ -8,13 +8,13 @@
 //! codes and fold offsets and minimums in through the activation block sums:
 //! Σ (q − o)·a = Σ q·a − o·Σ a.
 
-// The kernels index several per-token arrays (acts[t], acc.v[t], acc.s[t])
+// The kernels index several per-token arrays (acts[t] and the sums' slots)
 // in step; one index reads better than zipped iterators.
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
-use crate::quant::kquants::k_scale_min;
+use crate::quant::kquants::{k_scale_min, k_scale_min_words};
 use crate::quant::Q8Block;
 
 /// Σ of 4 adjacent byte products per i32 lane: `u` unsigned, `s` signed.
@@ -86,7 +86,7 @@ unsafe fn prefetch(block: &[u8]) {
     );
 }
 
-const PREFETCH_AHEAD: usize = 1024;
+const PREFETCH_AHEAD: usize = 4096;
 
 #[inline(always)]
 pub(super) unsafe fn load32(bytes: &[u8]) -> __m256i {
@@ -99,11 +99,13 @@ unsafe fn act(a: &Q8Block) -> __m256i {
 }
 
 /// 16 bytes of packed nibbles → 32 codes: low nibbles first, then high.
+/// The bytes go to both halves of the vector, and the upper half is
+/// shifted by 4 (in 64-bit lanes: the bits that cross bytes are masked off).
 #[inline(always)]
 pub(super) unsafe fn nibbles16(bytes: &[u8]) -> __m256i {
-    let b = _mm_loadu_si128(bytes[..16].as_ptr().cast());
-    let m = _mm_set1_epi8(0x0F);
-    _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m))
+    let b = _mm256_broadcastsi128_si256(_mm_loadu_si128(bytes[..16].as_ptr().cast()));
+    let shifted = _mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4));
+    _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
 }
 
 /// Byte i is 0xFF when bit i of `x` is set, else 0.
@@ -138,33 +140,76 @@ unsafe fn halves(x0: f32, x1: f32) -> __m256 {
     _mm256_set_m128(_mm_set1_ps(x1), _mm_set1_ps(x0))
 }
 
-/// Running sums for `T` tokens: a vector of scaled integer sums and a scalar
-/// for the offset / minimum terms.
+/// Independent sums a one-token kernel spreads its blocks over: a single
+/// running sum would wait on each fused multiply-add's latency (4 cycles),
+/// which bounds a short row (Gemma's 640 columns) more than the loads do.
+const CHAINS: usize = 4;
+
+/// Running sums for `T` (at most [`CHAINS`]) tokens: vectors of scaled
+/// integer sums and scalars for the offset / minimum terms. Token t's
+/// sums are slot t; one token's are spread over all slots by a counter `k`.
 struct Acc<const T: usize> {
-    v: [__m256; T],
-    s: [f32; T],
+    v: [__m256; CHAINS],
+    s: [f32; CHAINS],
 }
 
 impl<const T: usize> Acc<T> {
     #[inline(always)]
     unsafe fn new() -> Self {
         Acc {
-            v: [_mm256_setzero_ps(); T],
-            s: [0.0; T],
+            v: [_mm256_setzero_ps(); CHAINS],
+            s: [0.0; CHAINS],
         }
     }
 
-    /// v[t] += (Σ q·a_t per lane) · scale.
     #[inline(always)]
-    unsafe fn add<D: IntDot>(&mut self, t: usize, q: __m256i, a: &Q8Block, scale: __m256) {
-        self.v[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(D::dot(q, act(a))), scale, self.v[t]);
+    fn slot(t: usize, k: usize) -> usize {
+        if T == 1 {
+            k % CHAINS
+        } else {
+            t
+        }
+    }
+
+    /// Token t's vector sum += isum · scale.
+    #[inline(always)]
+    unsafe fn add_isum(&mut self, t: usize, k: usize, isum: __m256i, scale: __m256) {
+        let v = &mut self.v[Self::slot(t, k)];
+        *v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, *v);
+    }
+
+    /// Token t's vector sum += (Σ q·a_t per lane) · scale.
+    #[inline(always)]
+    unsafe fn add<D: IntDot>(
+        &mut self,
+        t: usize,
+        k: usize,
+        q: __m256i,
+        a: &Q8Block,
+        scale: __m256,
+    ) {
+        self.add_isum(t, k, D::dot(q, act(a)), scale);
+    }
+
+    /// Token t's scalar sum += x.
+    #[inline(always)]
+    fn add_scalar(&mut self, t: usize, k: usize, x: f32) {
+        self.s[Self::slot(t, k)] += x;
     }
 
     #[inline(always)]
     unsafe fn finish(self) -> [f32; T] {
         let mut out = [0.0; T];
-        for t in 0..T {
-            out[t] = hsum(self.v[t]) + self.s[t];
+        if T == 1 {
+            let v = _mm256_add_ps(
+                _mm256_add_ps(self.v[0], self.v[1]),
+                _mm256_add_ps(self.v[2], self.v[3]),
+            );
+            out[0] = hsum(v) + ((self.s[0] + self.s[1]) + (self.s[2] + self.s[3]));
+        } else {
+            for t in 0..T {
+                out[t] = hsum(self.v[t]) + self.s[t];
+            }
         }
         out
     }
@@ -180,14 +225,14 @@ impl<const T: usize> Acc<T> {
 unsafe fn add_signed<D: IntDot, const T: usize>(
     acc: &mut Acc<T>,
     t: usize,
+    k: usize,
     q: __m256i,
     abs_q: __m256i,
     a: &Q8Block,
     d: __m256,
 ) {
     let isum = D::dot(abs_q, _mm256_sign_epi8(act(a), q));
-    let scale = _mm256_mul_ps(d, _mm256_set1_ps(a.d));
-    acc.v[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc.v[t]);
+    acc.add_isum(t, k, isum, _mm256_mul_ps(d, _mm256_set1_ps(a.d)));
 }
 
 // Q4_0 and Q5_0 subtract their offset from the codes once per block, so the
@@ -201,7 +246,7 @@ unsafe fn q4_0<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
         let q = _mm256_sub_epi8(nibbles16(&b[2..]), _mm256_set1_epi8(8));
         let (d, abs_q) = (f16x8(b, 0), _mm256_sign_epi8(q, q));
         for t in 0..T {
-            add_signed::<D, T>(&mut acc, t, q, abs_q, &acts[t][i], d);
+            add_signed::<D, T>(&mut acc, t, i, q, abs_q, &acts[t][i], d);
         }
     }
     acc.finish()
@@ -215,8 +260,8 @@ unsafe fn q4_1<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
         let (d, m, q) = (f16x8(b, 0), f16(b, 2), nibbles16(&b[4..]));
         for t in 0..T {
             let a = &acts[t][i];
-            acc.add::<D>(t, q, a, _mm256_mul_ps(d, _mm256_set1_ps(a.d)));
-            acc.s[t] += m * a.d_sum;
+            acc.add::<D>(t, i, q, a, _mm256_mul_ps(d, _mm256_set1_ps(a.d)));
+            acc.add_scalar(t, i, m * a.d_sum);
         }
     }
     acc.finish()
@@ -239,7 +284,7 @@ unsafe fn q5_0<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
         let q = _mm256_sub_epi8(codes, _mm256_set1_epi8(16));
         let (d, abs_q) = (f16x8(b, 0), _mm256_sign_epi8(q, q));
         for t in 0..T {
-            add_signed::<D, T>(&mut acc, t, q, abs_q, &acts[t][i], d);
+            add_signed::<D, T>(&mut acc, t, i, q, abs_q, &acts[t][i], d);
         }
     }
     acc.finish()
@@ -254,8 +299,8 @@ unsafe fn q5_1<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
         let q = q5_codes(&b[8..], u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
         for t in 0..T {
             let a = &acts[t][i];
-            acc.add::<D>(t, q, a, _mm256_mul_ps(d, _mm256_set1_ps(a.d)));
-            acc.s[t] += m * a.d_sum;
+            acc.add::<D>(t, i, q, a, _mm256_mul_ps(d, _mm256_set1_ps(a.d)));
+            acc.add_scalar(t, i, m * a.d_sum);
         }
     }
     acc.finish()
@@ -269,7 +314,7 @@ unsafe fn q8_0<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
         let q = load32(&b[2..]);
         let (d, abs_q) = (f16x8(b, 0), _mm256_sign_epi8(q, q));
         for t in 0..T {
-            add_signed::<D, T>(&mut acc, t, q, abs_q, &acts[t][i], d);
+            add_signed::<D, T>(&mut acc, t, i, q, abs_q, &acts[t][i], d);
         }
     }
     acc.finish()
@@ -300,9 +345,9 @@ unsafe fn q2_k<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
                 let (m0, m1) = (i32::from(s0 >> 4), i32::from(s1 >> 4));
                 for t in 0..T {
                     let a = &acts[t][i * 8 + j];
-                    acc.add::<D>(t, q, a, _mm256_mul_ps(d, halves(sc0 * a.d, sc1 * a.d)));
+                    acc.add::<D>(t, j, q, a, _mm256_mul_ps(d, halves(sc0 * a.d, sc1 * a.d)));
                     let m = m0 * i32::from(a.half_sums[0]) + m1 * i32::from(a.half_sums[1]);
-                    acc.s[t] -= dmin * a.d * m as f32;
+                    acc.add_scalar(t, j, -(dmin * a.d * m as f32));
                 }
             }
         }
@@ -334,12 +379,13 @@ unsafe fn q3_k<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
                     let a = &acts[t][i * 8 + j];
                     acc.add::<D>(
                         t,
+                        j,
                         q,
                         a,
                         _mm256_mul_ps(d, halves(a.d * s0 as f32, a.d * s1 as f32)),
                     );
                     let o = s0 * i32::from(a.half_sums[0]) + s1 * i32::from(a.half_sums[1]);
-                    acc.s[t] += _mm256_cvtss_f32(d) * a.d * (-4 * o) as f32;
+                    acc.add_scalar(t, j, _mm256_cvtss_f32(d) * a.d * (-4 * o) as f32);
                 }
             }
         }
@@ -378,8 +424,8 @@ unsafe fn k_with_min<D: IntDot, const T: usize, const FIFTH_BIT: bool>(
                 let (sc, dm) = (f32::from(scale[j]), dmin * f32::from(min[j]));
                 for t in 0..T {
                     let a = &acts[t][i * 8 + j];
-                    acc.add::<D>(t, q, a, _mm256_mul_ps(d, _mm256_set1_ps(sc * a.d)));
-                    acc.s[t] -= dm * a.d_sum;
+                    acc.add::<D>(t, j, q, a, _mm256_mul_ps(d, _mm256_set1_ps(sc * a.d)));
+                    acc.add_scalar(t, j, -(dm * a.d_sum));
                 }
             }
         }
@@ -387,13 +433,101 @@ unsafe fn k_with_min<D: IntDot, const T: usize, const FIFTH_BIT: bool>(
     acc.finish()
 }
 
+/// Lane j of the result is the sum of v[j]'s lanes.
+#[inline(always)]
+unsafe fn lane_sums(v: [__m256i; 8]) -> __m256i {
+    // Pairwise sums within each 128-bit half, then the two halves' partial
+    // sums added: [Σ v0 .. Σ v3 | Σ v4 .. Σ v7].
+    let s01 = _mm256_hadd_epi32(v[0], v[1]);
+    let s23 = _mm256_hadd_epi32(v[2], v[3]);
+    let s45 = _mm256_hadd_epi32(v[4], v[5]);
+    let s67 = _mm256_hadd_epi32(v[6], v[7]);
+    let t0 = _mm256_hadd_epi32(s01, s23);
+    let t1 = _mm256_hadd_epi32(s45, s67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256(t0, t1, 0x20),
+        _mm256_permute2x128_si256(t0, t1, 0x31),
+    )
+}
+
+/// Eight bytes as eight f32 lanes.
+#[inline(always)]
+unsafe fn bytes_to_f32(w: u64) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(w as i64)))
+}
+
+/// Q4_K / Q5_K dotted with one token (decode). A super-block's eight
+/// sub-block sums are gathered into one vector's lanes, so its scales,
+/// minimums and the activations' scales are applied as vectors, once a
+/// super-block, rather than as scalars per sub-block.
+#[inline(always)]
+unsafe fn k_with_min_1<D: IntDot, const FIFTH_BIT: bool>(row: &[u8], acts: &[Q8Block]) -> f32 {
+    let (block_bytes, qs_at) = if FIFTH_BIT { (176, 48) } else { (144, 16) };
+    let n = row.len() / block_bytes;
+    assert!(acts.len() >= n * 8, "activations for every sub-block");
+    // The activation blocks' d and d_sum fields, 8 blocks apart in f32s.
+    const STRIDE: i32 = (std::mem::size_of::<Q8Block>() / 4) as i32;
+    let index = _mm256_mullo_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        _mm256_set1_epi32(STRIDE),
+    );
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut mins = _mm256_setzero_ps();
+    for (i, b) in row.chunks_exact(block_bytes).enumerate() {
+        prefetch(b);
+        let (scales, min) = k_scale_min_words(&b[4..16]);
+        let blocks = &acts[i * 8..i * 8 + 8];
+        // SAFETY: the eight blocks of `blocks` are in bounds, and d and
+        // d_sum are their first two f32 fields (repr(C)).
+        let first = blocks.as_ptr().cast::<f32>();
+        let a_d = _mm256_i32gather_ps::<4>(first, index);
+        let a_sum = _mm256_i32gather_ps::<4>(first.add(1), index);
+        let scale = _mm256_mul_ps(_mm256_mul_ps(bytes_to_f32(scales), f16x8(b, 0)), a_d);
+        mins = _mm256_fmadd_ps(_mm256_mul_ps(bytes_to_f32(min), f16x8(b, 2)), a_sum, mins);
+        let qh = if FIFTH_BIT {
+            load32(&b[16..])
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut isum = [_mm256_setzero_si256(); 8];
+        for chunk in 0..4 {
+            let bytes = load32(&b[qs_at + chunk * 32..]);
+            let nibbles = [
+                _mm256_and_si256(bytes, m4),
+                _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4),
+            ];
+            for (h, mut q) in nibbles.into_iter().enumerate() {
+                let j = chunk * 2 + h;
+                if FIFTH_BIT {
+                    q = _mm256_or_si256(q, masked_bit(qh, (1u8 << j) as i8, 0x10));
+                }
+                isum[j] = D::dot(q, act(&blocks[j]));
+            }
+        }
+        let sums = _mm256_cvtepi32_ps(lane_sums(isum));
+        acc[i % 2] = _mm256_fmadd_ps(sums, scale, acc[i % 2]);
+    }
+    hsum(_mm256_add_ps(acc[0], acc[1])) - hsum(mins)
+}
+
 #[inline(always)]
 unsafe fn q4_k<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    if T == 1 {
+        let mut out = [0.0; T];
+        out[0] = k_with_min_1::<D, false>(row, acts[0]);
+        return out;
+    }
     k_with_min::<D, T, false>(row, acts)
 }
 
 #[inline(always)]
 unsafe fn q5_k<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    if T == 1 {
+        let mut out = [0.0; T];
+        out[0] = k_with_min_1::<D, true>(row, acts[0]);
+        return out;
+    }
     k_with_min::<D, T, true>(row, acts)
 }
 
@@ -441,12 +575,13 @@ unsafe fn q6_k<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
                     let a = &acts[t][i * 8 + j];
                     acc.add::<D>(
                         t,
+                        j,
                         q,
                         a,
                         _mm256_mul_ps(d, halves(a.d * s0 as f32, a.d * s1 as f32)),
                     );
                     let o = s0 * i32::from(a.half_sums[0]) + s1 * i32::from(a.half_sums[1]);
-                    acc.s[t] += _mm256_cvtss_f32(d) * a.d * (-32 * o) as f32;
+                    acc.add_scalar(t, j, _mm256_cvtss_f32(d) * a.d * (-32 * o) as f32);
                 }
             }
         }
@@ -462,7 +597,21 @@ macro_rules! instantiate {
         pub mod $module {
             use super::*;
             macro_rules! one {
-                ($name:ident, $many:ident) => {
+                ($name:ident, $many:ident, $rows:ident) => {
+                    /// # Safety
+                    /// The CPU supports the enabled target features.
+                    #[target_feature(enable = $features)]
+                    pub unsafe fn $rows(
+                        rows: &[u8],
+                        row_bytes: usize,
+                        act: &[Q8Block],
+                        out: &mut [f32],
+                    ) {
+                        for (row, y) in rows.chunks_exact(row_bytes).zip(out) {
+                            *y = super::$name::<$dot, 1>(row, [act])[0];
+                        }
+                    }
+
                     /// # Safety
                     /// The CPU supports the enabled target features.
                     #[target_feature(enable = $features)]
@@ -478,16 +627,16 @@ macro_rules! instantiate {
                     }
                 };
             }
-            one!(q4_0, q4_0_x4);
-            one!(q4_1, q4_1_x4);
-            one!(q5_0, q5_0_x4);
-            one!(q5_1, q5_1_x4);
-            one!(q8_0, q8_0_x4);
-            one!(q2_k, q2_k_x4);
-            one!(q3_k, q3_k_x4);
-            one!(q4_k, q4_k_x4);
-            one!(q5_k, q5_k_x4);
-            one!(q6_k, q6_k_x4);
+            one!(q4_0, q4_0_x4, q4_0_rows);
+            one!(q4_1, q4_1_x4, q4_1_rows);
+            one!(q5_0, q5_0_x4, q5_0_rows);
+            one!(q5_1, q5_1_x4, q5_1_rows);
+            one!(q8_0, q8_0_x4, q8_0_rows);
+            one!(q2_k, q2_k_x4, q2_k_rows);
+            one!(q3_k, q3_k_x4, q3_k_rows);
+            one!(q4_k, q4_k_x4, q4_k_rows);
+            one!(q5_k, q5_k_x4, q5_k_rows);
+            one!(q6_k, q6_k_x4, q6_k_rows);
         }
     };
 }

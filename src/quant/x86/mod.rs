@@ -12,7 +12,7 @@ mod int_dot;
 mod quantize;
 
 use super::panel::{GemmKernels, Panel};
-use super::{AttentionKernels, DotKernel, GgmlType, Q8Block, DOT_TOKENS};
+use super::{AttentionKernels, DotKernel, GgmlType, Q8Block, Q8RowsFn, DOT_TOKENS};
 
 pub fn avx2_available() -> bool {
     is_x86_feature_detected!("avx2")
@@ -38,7 +38,11 @@ pub fn avx512_available() -> bool {
 
 /// Safe wrappers of `int_dot::$int`'s kernels (see the SAFETY note above).
 macro_rules! q8_wrappers {
-    ($int:ident; $($name:ident / $many:ident),*) => {$(
+    ($int:ident; $($name:ident / $many:ident / $rows:ident),*) => {$(
+        pub fn $rows(rows: &[u8], row_bytes: usize, act: &[Q8Block], out: &mut [f32]) {
+            // SAFETY: only handed out when the CPU has the features (see above).
+            unsafe { int_dot::$int::$rows(rows, row_bytes, act, out) }
+        }
         pub fn $name(row: &[u8], act: &[Q8Block]) -> f32 {
             // SAFETY: only handed out when the CPU has the features (see above).
             unsafe { int_dot::$int::$name(row, act) }
@@ -115,8 +119,10 @@ mod avx2 {
     use super::*;
     use int_dot::Avx2Dot;
     panel_products!(Avx2Dot, "avx2,fma,f16c", 4; product_by16: 16, product_by32: 32);
-    q8_wrappers!(avx2; q4_0 / q4_0_x4, q4_1 / q4_1_x4, q5_0 / q5_0_x4, q5_1 / q5_1_x4, q8_0 / q8_0_x4,
-        q2_k / q2_k_x4, q3_k / q3_k_x4, q4_k / q4_k_x4, q5_k / q5_k_x4, q6_k / q6_k_x4);
+    q8_wrappers!(avx2; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
+        q5_0 / q5_0_x4 / q5_0_rows, q5_1 / q5_1_x4 / q5_1_rows, q8_0 / q8_0_x4 / q8_0_rows,
+        q2_k / q2_k_x4 / q2_k_rows, q3_k / q3_k_x4 / q3_k_rows, q4_k / q4_k_x4 / q4_k_rows,
+        q5_k / q5_k_x4 / q5_k_rows, q6_k / q6_k_x4 / q6_k_rows);
     f32_wrappers!(avx2; f32, f16, bf16);
     attention_wrappers!(avx2);
 }
@@ -126,8 +132,10 @@ mod avx512 {
     use int_dot::VnniDot;
     panel_products!(VnniDot, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", 8;
         product_by16: 16, product_by32: 32);
-    q8_wrappers!(vnni; q4_0 / q4_0_x4, q4_1 / q4_1_x4, q5_0 / q5_0_x4, q5_1 / q5_1_x4, q8_0 / q8_0_x4,
-        q2_k / q2_k_x4, q3_k / q3_k_x4, q4_k / q4_k_x4, q5_k / q5_k_x4, q6_k / q6_k_x4);
+    q8_wrappers!(vnni; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
+        q5_0 / q5_0_x4 / q5_0_rows, q5_1 / q5_1_x4 / q5_1_rows, q8_0 / q8_0_x4 / q8_0_rows,
+        q2_k / q2_k_x4 / q2_k_rows, q3_k / q3_k_x4 / q3_k_rows, q4_k / q4_k_x4 / q4_k_rows,
+        q5_k / q5_k_x4 / q5_k_rows, q6_k / q6_k_x4 / q6_k_rows);
     f32_wrappers!(avx512; f32, f16, bf16);
     attention_wrappers!(avx512);
 }
@@ -186,6 +194,35 @@ macro_rules! gemm_table {
             _ => None,
         }
     }};
+}
+
+macro_rules! rows_table {
+    ($module:ident, $ty:expr) => {{
+        use GgmlType::*;
+        Some(match $ty {
+            Q4_0 => $module::q4_0_rows,
+            Q4_1 => $module::q4_1_rows,
+            Q5_0 => $module::q5_0_rows,
+            Q5_1 => $module::q5_1_rows,
+            Q8_0 => $module::q8_0_rows,
+            Q2K => $module::q2_k_rows,
+            Q3K => $module::q3_k_rows,
+            Q4K => $module::q4_k_rows,
+            Q5K => $module::q5_k_rows,
+            Q6K => $module::q6_k_rows,
+            _ => return None,
+        })
+    }};
+}
+
+/// The AVX2 many-row dot for `ty`. Call only after `avx2_available()`.
+pub fn avx2_dot_rows(ty: GgmlType) -> Option<Q8RowsFn> {
+    rows_table!(avx2, ty)
+}
+
+/// The AVX-512 many-row dot for `ty`. Call only after `avx512_available()`.
+pub fn avx512_dot_rows(ty: GgmlType) -> Option<Q8RowsFn> {
+    rows_table!(avx512, ty)
 }
 
 /// The AVX2 panel code for `ty`. Call only after `avx2_available()`. Not
