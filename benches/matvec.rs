@@ -7,6 +7,7 @@
 //!     cargo bench --bench matvec -- --isa=avx2   # scalar, avx2 or avx512 kernels
 //!     cargo bench --bench matvec -- --n=1024     # an n x n matrix instead
 //!     cargo bench --bench matvec -- --rows=262144 --cols=640 q8_0   # any shape
+//!     cargo bench --bench matvec -- --interleaved q8_0   # Q8_0 stored interleaved
 //!
 //! "hot": one 4096 × 4096 matrix multiplied again and again (it stays in the
 //! CPU caches when they hold it). "cold": a different matrix each time, from a
@@ -16,7 +17,7 @@
 use std::time::Instant;
 
 use m40llm::backend::cpu::{matmul, ThreadPool, WeightMatrix};
-use m40llm::quant::{GgmlType, Isa, Kernels};
+use m40llm::quant::{interleave_q8_0, GgmlType, Isa, Kernels};
 
 /// Weights cycled through in the cold runs: well past any L3 cache.
 const COLD_BYTES: usize = 1 << 30;
@@ -92,35 +93,33 @@ fn gbps(
     pool: &ThreadPool,
     kernels: Kernels,
     ty: GgmlType,
-    matrices: &[&[u8]],
+    matrices: &[(&[u8], Option<&[u8]>)],
     x: &[f32],
     y: &mut [f32],
     reps: usize,
 ) -> f64 {
     let (rows, cols) = (y.len(), x.len());
-    let run = |m: &[u8], y: &mut [f32]| {
+    let run = |&(m, interleaved): &(&[u8], Option<&[u8]>), y: &mut [f32]| {
         let w = WeightMatrix {
-            ty,
-            rows,
-            cols,
-            data: m,
+            interleaved,
+            ..WeightMatrix::new(ty, rows, cols, m)
         };
         matmul(pool, kernels, &w, x, 1, y).unwrap();
     };
-    run(matrices[0], y); // warm-up
-                         // The fastest of several timed rounds: on a shared machine the others'
-                         // work only ever slows a round down.
+    run(&matrices[0], y); // warm-up
+                          // The fastest of several timed rounds: on a shared machine the others'
+                          // work only ever slows a round down.
     let rounds = 5;
     let per_round = reps.div_ceil(rounds).max(1);
     let mut best = f64::MAX;
     for round in 0..rounds {
         let t = Instant::now();
         for i in 0..per_round {
-            run(matrices[(round * per_round + i) % matrices.len()], y);
+            run(&matrices[(round * per_round + i) % matrices.len()], y);
         }
         best = best.min(t.elapsed().as_secs_f64());
     }
-    (matrices[0].len() * per_round) as f64 / best / 1e9
+    (matrices[0].0.len() * per_round) as f64 / best / 1e9
 }
 
 fn main() {
@@ -153,6 +152,7 @@ fn main() {
             .map_or(n, |v| v.parse().expect("a number of rows or columns"))
     };
     let (rows, cols) = (dim("--rows="), dim("--cols="));
+    let interleave = args.iter().any(|a| a == "--interleaved");
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     let buffer = vec![1u64; COLD_BYTES / 8];
     let bandwidth: Vec<f64> = pools.iter().map(|p| read_bandwidth(&buffer, p)).collect();
@@ -179,7 +179,18 @@ fn main() {
             // Distinct copies: the same bytes at different addresses defeat the caches.
             (0..n_cold).map(|_| one.clone()).collect()
         };
-        let cold_refs: Vec<&[u8]> = cold.iter().map(Vec::as_slice).collect();
+        let copies: Vec<Option<Vec<u8>>> = cold
+            .iter()
+            .map(|m| {
+                let wanted = interleave && ty == GgmlType::Q8_0;
+                wanted.then(|| interleave_q8_0(m, rows, cols)).flatten()
+            })
+            .collect();
+        let cold_refs: Vec<(&[u8], Option<&[u8]>)> = cold
+            .iter()
+            .zip(&copies)
+            .map(|(m, c)| (m.as_slice(), c.as_deref()))
+            .collect();
         let hot_refs = &cold_refs[..1];
         let hot: Vec<f64> = pools
             .iter()

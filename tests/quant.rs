@@ -9,8 +9,8 @@ use std::path::Path;
 use m40llm::backend::cpu::{matmul, ThreadPool, WeightMatrix};
 use m40llm::quant::q8::dot_error_bound;
 use m40llm::quant::{
-    dequantize_row, quantize_row_q8, DotKernel, GgmlType, Isa, Kernels, Panel, Q8Block,
-    GEMM_MIN_TOKENS, PANEL_ROWS,
+    dequantize_row, interleave_q8_0, quantize_row_q8, DotKernel, GgmlType, Isa, Kernels, Panel,
+    Q8Block, GEMM_MIN_TOKENS, PANEL_ROWS,
 };
 
 const TYPES: [GgmlType; 13] = GgmlType::SUPPORTED;
@@ -329,12 +329,7 @@ fn matmul_is_within_bound_for_every_type_odd_row_counts_and_1_to_4_threads() {
             let raw = random_weights(ty, rows, cols, &mut rng);
             let w = dequantized(ty, &raw, cols);
             let x = random_activations(n_tokens * cols, &mut rng);
-            let matrix = WeightMatrix {
-                ty,
-                rows,
-                cols,
-                data: &raw,
-            };
+            let matrix = WeightMatrix::new(ty, rows, cols, &raw);
             for isa in Isa::all_available() {
                 for pool in &pools {
                     let mut y = vec![f32::NAN; n_tokens * rows];
@@ -453,23 +448,51 @@ fn panels_hold_the_dequantized_rows() {
 }
 
 #[test]
+fn interleaved_q8_0_products_are_within_bound_for_one_to_many_tokens() {
+    let mut rng = Rng(0x1A7E);
+    let ty = GgmlType::Q8_0;
+    let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
+    for (rows, cols) in [(16, 256), (40, 96)] {
+        let raw = random_weights(ty, rows, cols, &mut rng);
+        let w = dequantized(ty, &raw, cols);
+        let copy = interleave_q8_0(&raw, rows, cols).unwrap();
+        let matrix = WeightMatrix {
+            interleaved: Some(&copy),
+            ..WeightMatrix::new(ty, rows, cols, &raw)
+        };
+        for n_tokens in [1, 3, GEMM_MIN_TOKENS, 11] {
+            let x = random_activations(n_tokens * cols, &mut rng);
+            for isa in Isa::all_available() {
+                for pool in &pools {
+                    let mut y = vec![f32::NAN; n_tokens * rows];
+                    let kernels = Kernels::for_isa(isa).unwrap();
+                    matmul(pool, kernels, &matrix, &x, n_tokens, &mut y).unwrap();
+                    for t in 0..n_tokens {
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        for r in 0..rows {
+                            let wr = &w[r * cols..(r + 1) * cols];
+                            let reference = reference_dot(wr, xt);
+                            let got = y[t * rows + r] as f64;
+                            assert!(
+                                (got - reference).abs() <= allowed_error(ty, wr, xt),
+                                "{isa:?} {rows}x{cols}, {n_tokens} tokens, token {t} row {r}: {got} vs {reference}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn matmul_rejects_mismatched_shapes() {
     let pool = ThreadPool::new(1);
     let raw = vec![0u8; 18 * 2];
-    let matrix = WeightMatrix {
-        ty: GgmlType::Q4_0,
-        rows: 2,
-        cols: 32,
-        data: &raw,
-    };
+    let matrix = WeightMatrix::new(GgmlType::Q4_0, 2, 32, &raw);
     let mut y = vec![0f32; 2];
     assert!(matmul(&pool, Kernels::best(), &matrix, &[0.0; 31], 1, &mut y).is_err());
     assert!(matmul(&pool, Kernels::best(), &matrix, &[0.0; 32], 1, &mut y).is_ok());
-    let bad = WeightMatrix {
-        ty: GgmlType::Q4_0,
-        rows: 3,
-        cols: 32,
-        data: &raw,
-    };
+    let bad = WeightMatrix::new(GgmlType::Q4_0, 3, 32, &raw);
     assert!(matmul(&pool, Kernels::best(), &bad, &[0.0; 32], 1, &mut [0.0; 3]).is_err());
 }

@@ -55,6 +55,34 @@ impl TensorData {
     pub fn is_mapped(&self) -> bool {
         matches!(self, TensorData::Mapped { .. })
     }
+
+    /// Tells the system that bytes `range` of the data section will not be
+    /// read for a while, so that a mapped file's pages holding only them
+    /// can leave memory (a later read maps them in again from the file).
+    /// Nothing for a copy in memory. Best effort: a failure changes nothing.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        #[cfg(unix)]
+        if let TensorData::Mapped { map, data_offset } = self {
+            const PAGE: usize = 4096;
+            // Whole pages inside the range only: the pages at its ends may
+            // hold other tensors' bytes.
+            let start = (data_offset + range.start).next_multiple_of(PAGE);
+            let end = ((data_offset + range.end).min(map.len()) / PAGE) * PAGE;
+            if start < end {
+                // SAFETY: the map is a read-only private file mapping, so
+                // dropping its pages changes no byte that any reference
+                // sees: a later read faults the file's same bytes back in.
+                // The range lies inside the map (clamped above).
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start,
+                        end - start,
+                    )
+                };
+            }
+        }
+    }
 }
 
 #[cfg(test)]

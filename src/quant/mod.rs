@@ -15,6 +15,7 @@
 //! - Dequantization (`dequantize`) is bit-exact with ggml's definitions.
 
 mod float;
+pub mod interleaved;
 mod kquants;
 mod legacy;
 pub mod panel;
@@ -23,6 +24,7 @@ mod types;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use interleaved::{interleave_q8_0, InterleavedKernels, INTERLEAVED_ROWS};
 pub use panel::{GemmKernels, Panel, GEMM_MIN_TOKENS, PANEL_ROWS};
 pub(crate) use q8::Q8_BLOCK;
 pub use q8::{quantize_row_q8, Q8Block};
@@ -179,6 +181,17 @@ impl Kernels {
             Isa::Avx2 => x86::avx2_dot_rows(ty),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => x86::avx512_dot_rows(ty),
+            _ => None,
+        }
+    }
+
+    /// The code for Q8_0 matrices stored interleaved, where this
+    /// instruction set has it.
+    pub fn interleaved_q8_0(self) -> Option<InterleavedKernels> {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // `is_available` was checked when this `Kernels` was made.
+            Isa::Avx512 => Some(x86::avx512_interleaved()),
             _ => None,
         }
     }

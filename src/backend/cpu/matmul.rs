@@ -8,8 +8,8 @@
 use super::ThreadPool;
 use crate::error::{Error, Result};
 use crate::quant::{
-    DotKernel, GemmKernels, GgmlType, Kernels, Panel, Q8Block, DOT_TOKENS, GEMM_MIN_TOKENS,
-    PANEL_ROWS, Q8_BLOCK,
+    DotKernel, GgmlType, InterleavedKernels, Kernels, Panel, Q8Block, DOT_TOKENS, GEMM_MIN_TOKENS,
+    INTERLEAVED_ROWS, PANEL_ROWS, Q8_BLOCK,
 };
 
 /// A weight matrix in its stored format: `rows` rows of `cols` values.
@@ -19,6 +19,22 @@ pub struct WeightMatrix<'a> {
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
+    /// The same Q8_0 matrix interleaved ([`crate::quant::interleave_q8_0`]),
+    /// used where the kernels have code for it.
+    pub interleaved: Option<&'a [u8]>,
+}
+
+impl<'a> WeightMatrix<'a> {
+    /// `rows` rows of `cols` values of `ty` in `data`.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> WeightMatrix<'a> {
+        WeightMatrix {
+            ty,
+            rows,
+            cols,
+            data,
+            interleaved: None,
+        }
+    }
 }
 
 impl WeightMatrix<'_> {
@@ -134,9 +150,30 @@ pub fn matmul(
                 let x = &x[i * per_task * w.cols..][..acts.len() * Q8_BLOCK];
                 quantize(x, acts);
             });
+            if let Some((data, code)) = interleaved(kernels, w) {
+                let group_bytes = INTERLEAVED_ROWS * row_bytes;
+                if n_tokens >= GEMM_MIN_TOKENS {
+                    let pack = |g: usize, panel: &mut Panel| {
+                        (code.pack)(&data[g * group_bytes..(g + 1) * group_bytes], panel)
+                    };
+                    let product = kernels.gemm(GgmlType::Q8_0).map(|g| g.product);
+                    if let Some(product) = product {
+                        panel_product(pool, w, 32, &pack, product, &act, n_tokens, &out);
+                        return Ok(());
+                    }
+                } else {
+                    interleaved_rows(pool, code, w, data, &act, n_tokens, &out);
+                    return Ok(());
+                }
+            }
             if let Some(gemm) = kernels.gemm(w.ty) {
                 if n_tokens >= GEMM_MIN_TOKENS && rows.is_multiple_of(PANEL_ROWS) {
-                    panel_product(pool, gemm, w, &act, n_tokens, &out);
+                    let panel_bytes = PANEL_ROWS * row_bytes;
+                    let pack = |p: usize, panel: &mut Panel| {
+                        let rows = &w.data[p * panel_bytes..(p + 1) * panel_bytes];
+                        (gemm.pack)(rows, row_bytes, panel)
+                    };
+                    panel_product(pool, w, gemm.sub, &pack, gemm.product, &act, n_tokens, &out);
                     return Ok(());
                 }
             }
@@ -181,30 +218,66 @@ pub fn matmul(
     Ok(())
 }
 
+/// The interleaved copy of `w` and its code, where both exist and fit.
+fn interleaved<'a>(
+    kernels: Kernels,
+    w: &WeightMatrix<'a>,
+) -> Option<(&'a [u8], InterleavedKernels)> {
+    let data = w.interleaved?;
+    let fits = w.ty == GgmlType::Q8_0
+        && w.rows.is_multiple_of(INTERLEAVED_ROWS)
+        && data.len() == w.data.len();
+    fits.then_some(())?;
+    Some((data, kernels.interleaved_q8_0()?))
+}
+
+/// `out[t][r]` = row r · token t over an interleaved Q8_0 matrix, a band of
+/// whole groups of rows a task.
+fn interleaved_rows(
+    pool: &ThreadPool,
+    code: InterleavedKernels,
+    w: &WeightMatrix,
+    data: &[u8],
+    act: &[Q8Block],
+    n_tokens: usize,
+    out: &Output,
+) {
+    let band = rows_per_task(w, pool.n_threads()).next_multiple_of(INTERLEAVED_ROWS);
+    let row_bytes = w.row_bytes();
+    let blocks = w.cols / Q8_BLOCK;
+    pool.run(w.rows.div_ceil(band), &|task| {
+        let (first, end) = (task * band, ((task + 1) * band).min(w.rows));
+        let rows = &data[first * row_bytes..end * row_bytes];
+        for t in 0..n_tokens {
+            // SAFETY: rows first..end belong to this task alone.
+            let y = unsafe { out.slice(t * w.rows + first, end - first) };
+            (code.dot_rows)(rows, w.cols, &act[t * blocks..(t + 1) * blocks], y);
+        }
+    })
+}
+
 /// `out[t][r]` = row r · token t through panels: each task unpacks a band
-/// of its rows a panel at a time and multiplies the panel with every token.
+/// of its rows a panel at a time (`pack(p, panel)` fills panel p, rows
+/// 8p..8p + 8) and multiplies the panel with every token.
+#[allow(clippy::too_many_arguments)]
 fn panel_product(
     pool: &ThreadPool,
-    gemm: GemmKernels,
     w: &WeightMatrix,
+    sub: usize,
+    pack: &(dyn Fn(usize, &mut Panel) + Sync),
+    product: fn(&Panel, &[Q8Block], &mut [f32]),
     act: &[Q8Block],
     n_tokens: usize,
     out: &Output,
 ) {
     let panels = w.rows / PANEL_ROWS;
     let per_task = panels.div_ceil(pool.n_threads() * 4).clamp(1, 16);
-    let row_bytes = w.row_bytes();
-    let panel_bytes = PANEL_ROWS * row_bytes;
     pool.run(panels.div_ceil(per_task), &|task| {
-        let mut panel = Panel::new(w.cols, gemm.sub);
+        let mut panel = Panel::new(w.cols, sub);
         let mut sums = vec![0f32; n_tokens * PANEL_ROWS];
         for p in task * per_task..((task + 1) * per_task).min(panels) {
-            (gemm.pack)(
-                &w.data[p * panel_bytes..(p + 1) * panel_bytes],
-                row_bytes,
-                &mut panel,
-            );
-            (gemm.product)(&panel, act, &mut sums);
+            pack(p, &mut panel);
+            product(&panel, act, &mut sums);
             for (t, s) in sums.chunks_exact(PANEL_ROWS).enumerate() {
                 // SAFETY: the panel's rows belong to this task alone.
                 unsafe { out.write_run(t * w.rows + p * PANEL_ROWS, s) };

@@ -6,7 +6,8 @@ mod matmul;
 mod ops;
 mod pool;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 pub use matmul::{matmul, WeightMatrix};
 pub use pool::{check_thread_count, ThreadPool, MAX_THREADS};
@@ -18,12 +19,15 @@ use super::{
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv_cache::KvCache;
-use crate::quant::{dequantize_row, Kernels};
+use crate::quant::{dequantize_row, interleave_q8_0, GgmlType, Kernels, INTERLEAVED_ROWS};
 
 pub struct CpuBackend {
     file: Arc<GgufFile>,
     pool: ThreadPool,
     kernels: Kernels,
+    /// Q8_0 matrices interleaved for the products, by their offset in the
+    /// data section: made on a matrix's first product and kept.
+    interleaved: Mutex<HashMap<usize, Arc<Vec<u8>>>>,
 }
 
 impl CpuBackend {
@@ -36,6 +40,7 @@ impl CpuBackend {
             file,
             pool: ThreadPool::try_new(threads)?,
             kernels: Kernels::best(),
+            interleaved: Mutex::new(HashMap::new()),
         })
     }
 
@@ -58,6 +63,29 @@ impl CpuBackend {
         let piece = rows_per_task * width.max(1);
         self.pool
             .for_each_chunk(data, piece, &|i, part| f(i * piece, part));
+    }
+
+    /// `w` interleaved, for a Q8_0 matrix these kernels have code for: made
+    /// on first use, after which the mapped file's pages of `w` are let go
+    /// (embedding lookups of a tied output matrix read them again as needed).
+    fn interleaved_copy(&self, w: &Weight) -> Option<Arc<Vec<u8>>> {
+        let fits = w.ty == GgmlType::Q8_0
+            && w.rows.is_multiple_of(INTERLEAVED_ROWS)
+            && w.rows > INTERLEAVED_ROWS
+            && self.kernels.interleaved_q8_0().is_some();
+        if !fits {
+            return None;
+        }
+        let mut copies = self.interleaved.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(copy) = copies.get(&w.offset) {
+            return Some(Arc::clone(copy));
+        }
+        // Out of memory for the copy: the products read the rows as stored.
+        let copy = Arc::new(interleave_q8_0(self.bytes(w), w.rows, w.cols)?);
+        let data = self.file.data().expect("checked in new");
+        data.release(w.offset..w.offset + w.n_bytes);
+        copies.insert(w.offset, Arc::clone(&copy));
+        Some(copy)
     }
 
     fn bytes(&self, w: &Weight) -> &[u8] {
@@ -204,11 +232,10 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, w: &Weight, x: &Vec<f32>, rows: usize, out: &mut Vec<f32>) -> Result<()> {
+        let interleaved = self.interleaved_copy(w);
         let m = WeightMatrix {
-            ty: w.ty,
-            rows: w.rows,
-            cols: w.cols,
-            data: self.bytes(w),
+            interleaved: interleaved.as_ref().map(|v| v.as_slice()),
+            ..WeightMatrix::new(w.ty, w.rows, w.cols, self.bytes(w))
         };
         matmul(
             &self.pool,

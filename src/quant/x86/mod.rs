@@ -11,6 +11,7 @@ mod gemm;
 mod int_dot;
 mod quantize;
 
+use super::interleaved::InterleavedKernels;
 use super::panel::{GemmKernels, Panel};
 use super::{AttentionKernels, DotKernel, GgmlType, Q8Block, Q8RowsFn, DOT_TOKENS};
 
@@ -223,6 +224,29 @@ pub fn avx2_dot_rows(ty: GgmlType) -> Option<Q8RowsFn> {
 /// The AVX-512 many-row dot for `ty`. Call only after `avx512_available()`.
 pub fn avx512_dot_rows(ty: GgmlType) -> Option<Q8RowsFn> {
     rows_table!(avx512, ty)
+}
+
+/// The interleaved Q8_0 code: AVX-512 VNNI only (its codes are unsigned
+/// bytes up to 255, which `vpmaddubsw` would saturate). Call only after
+/// `avx512_available()`.
+pub fn avx512_interleaved() -> InterleavedKernels {
+    fn dot_rows(data: &[u8], cols: usize, act: &[Q8Block], out: &mut [f32]) {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn inner(data: &[u8], cols: usize, act: &[Q8Block], out: &mut [f32]) {
+            gemm::interleaved_q8_0_rows::<int_dot::VnniDot>(data, cols, act, out)
+        }
+        // SAFETY: only handed out when the CPU has the features (see above).
+        unsafe { inner(data, cols, act, out) }
+    }
+    fn pack(group: &[u8], panel: &mut Panel) {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn inner(group: &[u8], panel: &mut Panel) {
+            gemm::pack_interleaved_q8_0(group, panel)
+        }
+        // SAFETY: as above.
+        unsafe { inner(group, panel) }
+    }
+    InterleavedKernels { dot_rows, pack }
 }
 
 /// The AVX2 panel code for `ty`. Call only after `avx2_available()`. Not
