@@ -246,46 +246,85 @@ fn float_dots_handle_rows_that_are_not_a_multiple_of_the_vector_width() {
 }
 
 #[test]
-fn attention_kernels_match_f64_on_every_instruction_set_width_and_stride() {
+fn attention_kernels_match_f64_on_every_instruction_set_width_stride_and_head_count() {
     let mut rng = Rng(13);
     for width in [1, 7, 16, 17, 64, 100, 256] {
         for (n, stride_values) in [(1, width), (5, width + 3), (33, 2 * width)] {
-            // n rows of `width` F16 values, `stride_values` apart.
-            let raw = random_weights(GgmlType::F16, 1, n * stride_values, &mut rng);
-            let all = dequantized(GgmlType::F16, &raw, n * stride_values);
-            let row = |j: usize| &all[j * stride_values..][..width];
-            let stride = stride_values * 2;
-            let x = random_activations(width, &mut rng);
-            let a = random_activations(n, &mut rng);
-            let y0 = random_activations(width, &mut rng);
-            for isa in Isa::all_available() {
-                let kernels = Kernels::for_isa(isa).unwrap().attention();
-                let mut dots = vec![0f32; n];
-                (kernels.dots)(&raw, stride, &x, &mut dots);
-                for (j, &got) in dots.iter().enumerate() {
-                    let reference = reference_dot(row(j), &x);
-                    let bound = allowed_error(GgmlType::F16, row(j), &x);
-                    assert!(
-                        (f64::from(got) - reference).abs() <= bound,
-                        "{isa:?} width {width} row {j}: {got} vs {reference}"
-                    );
+            for heads in [1, 3, 4, 6] {
+                // n rows of `width` F16 values, `stride_values` apart.
+                let raw = random_weights(GgmlType::F16, 1, n * stride_values, &mut rng);
+                let all = dequantized(GgmlType::F16, &raw, n * stride_values);
+                let row = |j: usize| &all[j * stride_values..][..width];
+                let stride = stride_values * 2;
+                let q = random_activations(heads * width, &mut rng);
+                let a = random_activations(heads * n, &mut rng);
+                let y0 = random_activations(heads * width, &mut rng);
+                for isa in Isa::all_available() {
+                    let kernels = Kernels::for_isa(isa).unwrap().attention();
+                    let mut dots = vec![0f32; heads * n];
+                    (kernels.dots)(&raw, stride, &q, width, &mut dots);
+                    for (at, &got) in dots.iter().enumerate() {
+                        let (g, j) = (at / n, at % n);
+                        let query = &q[g * width..(g + 1) * width];
+                        let reference = reference_dot(row(j), query);
+                        let bound = allowed_error(GgmlType::F16, row(j), query);
+                        assert!(
+                            (f64::from(got) - reference).abs() <= bound,
+                            "{isa:?} width {width} head {g} row {j}: {got} vs {reference}"
+                        );
+                    }
+                    let mut y = y0.clone();
+                    (kernels.axpys)(&raw, stride, &a, n, &mut y);
+                    for (at, &got) in y.iter().enumerate() {
+                        let (g, i) = (at / width, at % width);
+                        let terms: Vec<f64> = (0..n)
+                            .map(|j| f64::from(a[g * n + j]) * f64::from(row(j)[i]))
+                            .collect();
+                        let reference = f64::from(y0[at]) + terms.iter().sum::<f64>();
+                        // n + 1 f32 roundings of partial sums no larger than Σ|terms| + |y0|.
+                        let magnitude =
+                            f64::from(y0[at]).abs() + terms.iter().map(|t| t.abs()).sum::<f64>();
+                        let bound = (n as f64 + 1.0) * f64::from(f32::EPSILON) * magnitude;
+                        assert!(
+                            (f64::from(got) - reference).abs() <= bound,
+                            "{isa:?} width {width} head {g} value {i}: {got} vs {reference}"
+                        );
+                    }
                 }
-                let mut y = y0.clone();
-                (kernels.axpys)(&raw, stride, &a, &mut y);
-                for (i, &got) in y.iter().enumerate() {
-                    let terms: Vec<f64> = (0..n)
-                        .map(|j| f64::from(a[j]) * f64::from(row(j)[i]))
-                        .collect();
-                    let reference = f64::from(y0[i]) + terms.iter().sum::<f64>();
-                    // n + 1 f32 roundings of partial sums no larger than Σ|terms| + |y0|.
-                    let magnitude =
-                        f64::from(y0[i]).abs() + terms.iter().map(|t| t.abs()).sum::<f64>();
-                    let bound = (n as f64 + 1.0) * f64::from(f32::EPSILON) * magnitude;
-                    assert!(
-                        (f64::from(got) - reference).abs() <= bound,
-                        "{isa:?} width {width} value {i}: {got} vs {reference}"
-                    );
-                }
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_kernels_match_f64_on_every_instruction_set() {
+    let mut rng = Rng(17);
+    for n in [1, 5, 16, 37, 300] {
+        let x = random_activations(n, &mut rng);
+        let scale = 0.125;
+        let max = x
+            .iter()
+            .map(|&v| f64::from(v * scale))
+            .fold(f64::MIN, f64::max);
+        let e: Vec<f64> = x
+            .iter()
+            .map(|&v| (f64::from(v * scale) - max).exp())
+            .collect();
+        let sum: f64 = e.iter().sum();
+        for isa in Isa::all_available() {
+            let mut s = x.clone();
+            let (got_max, got_sum) =
+                (Kernels::for_isa(isa).unwrap().attention().softmax)(&mut s, scale);
+            assert_eq!(f64::from(got_max), max, "{isa:?} {n}");
+            assert!(
+                (f64::from(got_sum) - sum).abs() <= 1e-6 * sum,
+                "{isa:?} {n}: {got_sum} vs {sum}"
+            );
+            for (g, w) in s.iter().zip(&e) {
+                assert!(
+                    (f64::from(*g) - w).abs() <= 1e-6 * w.max(1e-30),
+                    "{isa:?} {n}: {g} vs {w}"
+                );
             }
         }
     }

@@ -72,3 +72,83 @@ pub fn f16_axpys(rows: &[u8], stride: usize, a: &[f32], y: &mut [f32]) {
         }
     }
 }
+
+/// [`f16_dots`] for each of the `q.len() / dk` queries of `q` (dk values
+/// each): `out[g · n + j]` = row j · query g, `n = out.len() / queries`.
+pub fn f16_dots_many(rows: &[u8], stride: usize, q: &[f32], dk: usize, out: &mut [f32]) {
+    let n = out.len() / (q.len() / dk).max(1);
+    for (query, o) in q.chunks_exact(dk).zip(out.chunks_exact_mut(n.max(1))) {
+        f16_dots(rows, stride, query, o);
+    }
+}
+
+/// [`f16_axpys`] for each of the `a.len() / n` weight vectors of `a` (n
+/// each): `y_g += Σ_j a[g · n + j] · row j`, y_g the g-th of y's equal parts.
+pub fn f16_axpys_many(rows: &[u8], stride: usize, a: &[f32], n: usize, y: &mut [f32]) {
+    let dv = y.len() / (a.len() / n.max(1)).max(1);
+    for (weights, y) in a.chunks_exact(n.max(1)).zip(y.chunks_exact_mut(dv.max(1))) {
+        f16_axpys(rows, stride, weights, y);
+    }
+}
+
+/// Softmax numerators in place, `L` lanes at a time: scores[i] becomes
+/// e^(scale · scores[i] − max); returns (max, Σ), max = max_i scale ·
+/// scores[i]. Written lane by lane so that the compiler keeps each lane's
+/// maximum and sum in a vector register (a single running sum of floats
+/// would be a serial chain).
+#[inline(always)]
+pub fn softmax_lanes<const L: usize>(scores: &mut [f32], scale: f32) -> (f32, f32) {
+    let mut lane_max = [f32::NEG_INFINITY; L];
+    let mut chunks = scores.chunks_exact_mut(L);
+    for c in &mut chunks {
+        for l in 0..L {
+            c[l] *= scale;
+            lane_max[l] = lane_max[l].max(c[l]);
+        }
+    }
+    let mut max = lane_max.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    for x in chunks.into_remainder() {
+        *x *= scale;
+        max = max.max(*x);
+    }
+    let mut lane_sum = [0f32; L];
+    let mut chunks = scores.chunks_exact_mut(L);
+    for c in &mut chunks {
+        for l in 0..L {
+            c[l] = exp(c[l] - max);
+            lane_sum[l] += c[l];
+        }
+    }
+    let mut sum: f32 = lane_sum.iter().sum();
+    for x in chunks.into_remainder() {
+        *x = exp(*x - max);
+        sum += *x;
+    }
+    (max, sum)
+}
+
+/// [`softmax_lanes`] for the portable build.
+pub fn softmax(scores: &mut [f32], scale: f32) -> (f32, f32) {
+    softmax_lanes::<4>(scores, scale)
+}
+
+/// e^x within 3e-7 relative (two f32 ulps), in straight-line f32 arithmetic that the
+/// compiler vectorizes (libm's `expf` is a call per value; the activations
+/// of a prompt are millions of values).
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2_E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split so that n · LN2_HI is exact for the n that occur.
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    // Beyond these e^x is 0 or infinite in f32 anyway.
+    let x = x.clamp(-87.0, 88.0);
+    let n = crate::quant::q8::round_small(x * LOG2_E);
+    let r = x - n * LN2_HI - n * LN2_LO;
+    // Taylor series of e^r for |r| ≤ ln 2 / 2: the next term is < 1.3e-7.
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    f32::from_bits(((n as i32 + 127) as u32) << 23) * p
+}

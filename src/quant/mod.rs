@@ -24,6 +24,7 @@ mod types;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use float::exp;
 pub use interleaved::{interleave_q8_0, InterleavedKernels, INTERLEAVED_ROWS};
 pub use panel::{GemmKernels, Panel, GEMM_MIN_TOKENS, PANEL_ROWS};
 pub(crate) use q8::Q8_BLOCK;
@@ -60,13 +61,19 @@ pub enum DotKernel {
 }
 
 /// Attention's products over F16 rows of a cache, row j starting at byte
-/// j · stride: `dots(rows, stride, x, out)` sets out[j] = row j · x
-/// (x.len() values a row); `axpys(rows, stride, a, y)` adds Σ_j a[j] · row j
-/// to y (y.len() values a row).
+/// j · stride, for the G query heads that share a KV head at once (each row
+/// converted once for all of them):
+/// - `dots(rows, stride, q, dk, out)`: `out[g · n + j]` = row j · query g,
+///   for the G = q.len() / dk queries of q and n = out.len() / G rows;
+/// - `axpys(rows, stride, a, n, y)`: y_g += Σ_j a[g · n + j] · row j, for
+///   the G = a.len() / n weight vectors and y's G equal parts y_g;
+/// - `softmax(scores, scale)`: scores[i] = e^(scale · scores[i] − max),
+///   returning (max, Σ).
 #[derive(Clone, Copy)]
 pub struct AttentionKernels {
-    pub dots: fn(&[u8], usize, &[f32], &mut [f32]),
-    pub axpys: fn(&[u8], usize, &[f32], &mut [f32]),
+    pub dots: fn(&[u8], usize, &[f32], usize, &mut [f32]),
+    pub axpys: fn(&[u8], usize, &[f32], usize, &mut [f32]),
+    pub softmax: fn(&mut [f32], f32) -> (f32, f32),
 }
 
 /// Converts a row of whole blocks to f32 (bit-exact with ggml).
@@ -155,8 +162,9 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => x86::avx512_attention(),
             _ => AttentionKernels {
-                dots: float::f16_dots,
-                axpys: float::f16_axpys,
+                dots: float::f16_dots_many,
+                axpys: float::f16_axpys_many,
+                softmax: float::softmax,
             },
         }
     }

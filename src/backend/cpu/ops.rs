@@ -17,26 +17,7 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     x.iter_mut().zip(w).for_each(|(v, &w)| *v = *v * scale * w);
 }
 
-/// e^x within 3e-7 relative (two f32 ulps), in straight-line f32 arithmetic that the
-/// compiler vectorizes (libm's `expf` is a call per value; the activations
-/// of a prompt are millions of values).
-#[inline(always)]
-pub fn exp(x: f32) -> f32 {
-    const LOG2_E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 split so that n · LN2_HI is exact for the n that occur.
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    // Beyond these e^x is 0 or infinite in f32 anyway.
-    let x = x.clamp(-87.0, 88.0);
-    let n = crate::quant::q8::round_small(x * LOG2_E);
-    let r = x - n * LN2_HI - n * LN2_LO;
-    // Taylor series of e^r for |r| ≤ ln 2 / 2: the next term is < 1.3e-7.
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    f32::from_bits(((n as i32 + 127) as u32) << 23) * p
-}
+pub use crate::quant::exp;
 
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {
@@ -156,28 +137,18 @@ fn span_partials(
     let n = keys.len() / k_width;
     let key_rows = &f16_bytes(keys)[kv_head * dk * 2..];
     let value_rows = &f16_bytes(values)[kv_head * dv * 2..];
-    let mut scores = vec![0f32; n];
-    for (g, part) in out.chunks_exact_mut(dv + 2).enumerate() {
-        (kernels.dots)(
-            key_rows,
-            k_width * 2,
-            &q[(kv_head * group + g) * dk..][..dk],
-            &mut scores,
-        );
-        let mut max = f32::NEG_INFINITY;
-        for x in scores.iter_mut() {
-            *x *= s.scale;
-            max = max.max(*x);
-        }
-        let mut sum = 0f32;
-        for x in scores.iter_mut() {
-            *x = exp(*x - max);
-            sum += *x;
-        }
+    let queries = &q[kv_head * group * dk..][..group * dk];
+    let mut scores = vec![0f32; group * n];
+    (kernels.dots)(key_rows, k_width * 2, queries, dk, &mut scores);
+    let mut weighted = vec![0f32; group * dv];
+    for (part, head_scores) in out.chunks_exact_mut(dv + 2).zip(scores.chunks_exact_mut(n)) {
+        let (max, sum) = (kernels.softmax)(head_scores, s.scale);
         part[0] = max;
         part[1] = sum;
-        part[2..].fill(0.0);
-        (kernels.axpys)(value_rows, v_width * 2, &scores, &mut part[2..]);
+    }
+    (kernels.axpys)(value_rows, v_width * 2, &scores, n, &mut weighted);
+    for (part, w) in out.chunks_exact_mut(dv + 2).zip(weighted.chunks_exact(dv)) {
+        part[2..].copy_from_slice(w);
     }
 }
 

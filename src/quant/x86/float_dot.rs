@@ -4,15 +4,29 @@
 //! sixteen (AVX-512) lanes of f32 fused multiply-adds; a row length that is
 //! not a multiple of the width ends in scalar code.
 
+// The attention kernels index per-head arrays (acc[g], the queries) in step.
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 
-use crate::quant::float::{bf16_to_f32, f16_at};
+use crate::quant::float::{bf16_to_f32, f16_at, softmax_lanes};
 
 #[inline(always)]
 unsafe fn hsum256(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// The lane sums of four vectors at once (three horizontal adds and one
+/// fold instead of four reductions).
+#[inline(always)]
+unsafe fn sums4_256(v: [__m256; 4]) -> [f32; 4] {
+    let h = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    let s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), s);
+    out
 }
 
 /// The scalar tail: values `from..n` of the row.
@@ -83,51 +97,144 @@ pub mod avx2 {
         hsum256(acc) + tail(row, x, n, 2, bf16_at)
     }
 
-    /// out[j] = row j · x for `out.len()` F16 rows of x.len() values, row j
-    /// starting at byte j · stride (attention's scores of one query).
-    ///
-    /// # Safety
-    /// The CPU supports AVX2, FMA and F16C.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn f16_dots(rows: &[u8], stride: usize, x: &[f32], out: &mut [f32]) {
-        let n = x.len() / 8 * 8;
-        for (j, o) in out.iter_mut().enumerate() {
-            let row = &rows[j * stride..][..x.len() * 2];
-            let mut acc = _mm256_setzero_ps();
-            for i in (0..n).step_by(8) {
-                let w = _mm256_cvtph_ps(_mm_loadu_si128(row[i * 2..i * 2 + 16].as_ptr().cast()));
-                acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x[i..i + 8].as_ptr()), acc);
+    /// Query heads a pass over the rows serves at once.
+    const HEADS: usize = 4;
+
+    #[inline(always)]
+    unsafe fn dots_group<const G: usize>(
+        rows: &[u8],
+        stride: usize,
+        q: &[f32],
+        dk: usize,
+        out: &mut [f32],
+        n: usize,
+    ) {
+        let full = dk / 8 * 8;
+        assert!(q.len() == G * dk && out.len() == G * n);
+        let qp = q.as_ptr();
+        for j in 0..n {
+            let row = &rows[j * stride..][..dk * 2];
+            let rp = row.as_ptr();
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i < full {
+                // SAFETY: i + 8 ≤ dk: inside the row and each query.
+                let k = _mm256_cvtph_ps(_mm_loadu_si128(rp.add(i * 2).cast()));
+                for g in 0..G {
+                    acc[g] = _mm256_fmadd_ps(k, _mm256_loadu_ps(qp.add(g * dk + i)), acc[g]);
+                }
+                i += 8;
             }
-            *o = hsum256(acc) + tail(row, x, n, 2, f16_at);
+            let sums = sums4_256(acc);
+            for g in 0..G {
+                out[g * n + j] = sums[g] + tail(row, &q[g * dk..(g + 1) * dk], full, 2, f16_at);
+            }
         }
     }
 
-    /// y += Σ_j a[j] · row j for `a.len()` F16 rows of y.len() values, row j
-    /// starting at byte j · stride (attention's weighted sum of values).
+    /// As `crate::quant::float::f16_dots_many`: each key row converted once
+    /// for up to four query heads.
     ///
     /// # Safety
-    /// The CPU supports AVX2, FMA and F16C.
+    /// The CPU supports avx2,fma,f16c.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn f16_axpys(rows: &[u8], stride: usize, a: &[f32], y: &mut [f32]) {
-        let n = y.len() / 8 * 8;
-        for c in (0..n).step_by(8) {
-            let mut acc = _mm256_loadu_ps(y[c..c + 8].as_ptr());
-            for (j, &aj) in a.iter().enumerate() {
-                let at = j * stride + c * 2;
-                let w = _mm256_cvtph_ps(_mm_loadu_si128(rows[at..at + 16].as_ptr().cast()));
-                acc = _mm256_fmadd_ps(w, _mm256_set1_ps(aj), acc);
+    pub unsafe fn f16_dots_many(rows: &[u8], stride: usize, q: &[f32], dk: usize, out: &mut [f32]) {
+        let heads = q.len() / dk.max(1);
+        let n = out.len() / heads.max(1);
+        let mut g0 = 0;
+        while g0 < heads {
+            let g = (heads - g0).min(HEADS);
+            let (q, out) = (&q[g0 * dk..(g0 + g) * dk], &mut out[g0 * n..(g0 + g) * n]);
+            match g {
+                4 => dots_group::<4>(rows, stride, q, dk, out, n),
+                3 => dots_group::<3>(rows, stride, q, dk, out, n),
+                2 => dots_group::<2>(rows, stride, q, dk, out, n),
+                _ => dots_group::<1>(rows, stride, q, dk, out, n),
             }
-            _mm256_storeu_ps(y[c..c + 8].as_mut_ptr(), acc);
+            g0 += g;
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn axpys_group<const G: usize>(
+        rows: &[u8],
+        stride: usize,
+        a: &[f32],
+        n: usize,
+        y: &mut [f32],
+        dv: usize,
+    ) {
+        let full = dv / 8 * 8;
+        for c in (0..full).step_by(8) {
+            let mut acc: [__m256; G] =
+                std::array::from_fn(|g| _mm256_loadu_ps(y[g * dv + c..g * dv + c + 8].as_ptr()));
+            for j in 0..n {
+                let at = j * stride + c * 2;
+                let v = _mm256_cvtph_ps(_mm_loadu_si128(rows[at..at + 8 * 2].as_ptr().cast()));
+                for g in 0..G {
+                    acc[g] = _mm256_fmadd_ps(v, _mm256_set1_ps(a[g * n + j]), acc[g]);
+                }
+            }
+            for g in 0..G {
+                _mm256_storeu_ps(y[g * dv + c..g * dv + c + 8].as_mut_ptr(), acc[g]);
+            }
         }
         // The columns past the last whole vector: the scalar kernel.
-        if n < y.len() {
-            crate::quant::float::f16_axpys(&rows[n * 2..], stride, a, &mut y[n..]);
+        if full < dv {
+            for g in 0..G {
+                let weights = &a[g * n..(g + 1) * n];
+                crate::quant::float::f16_axpys(
+                    &rows[full * 2..],
+                    stride,
+                    weights,
+                    &mut y[g * dv + full..(g + 1) * dv],
+                );
+            }
         }
+    }
+
+    /// As `crate::quant::float::f16_axpys_many`: each value row converted
+    /// once for up to four query heads.
+    ///
+    /// # Safety
+    /// The CPU supports avx2,fma,f16c.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f16_axpys_many(rows: &[u8], stride: usize, a: &[f32], n: usize, y: &mut [f32]) {
+        let heads = a.len() / n.max(1);
+        let dv = y.len() / heads.max(1);
+        let mut g0 = 0;
+        while g0 < heads {
+            let g = (heads - g0).min(HEADS);
+            let (a, y) = (&a[g0 * n..(g0 + g) * n], &mut y[g0 * dv..(g0 + g) * dv]);
+            match g {
+                4 => axpys_group::<4>(rows, stride, a, n, y, dv),
+                3 => axpys_group::<3>(rows, stride, a, n, y, dv),
+                2 => axpys_group::<2>(rows, stride, a, n, y, dv),
+                _ => axpys_group::<1>(rows, stride, a, n, y, dv),
+            }
+            g0 += g;
+        }
+    }
+
+    /// As `crate::quant::float::softmax`, 8 lanes.
+    ///
+    /// # Safety
+    /// The CPU supports avx2,fma,f16c.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn softmax(scores: &mut [f32], scale: f32) -> (f32, f32) {
+        softmax_lanes::<8>(scores, scale)
     }
 }
 
 pub mod avx512 {
     use super::*;
+
+    /// The two 256-bit halves of `v` added.
+    #[inline(always)]
+    unsafe fn fold(v: __m512) -> __m256 {
+        let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        _mm256_add_ps(_mm512_castps512_ps256(v), high)
+    }
 
     /// # Safety
     /// The CPU supports AVX-512 F and BW.
@@ -173,43 +280,132 @@ pub mod avx512 {
         _mm512_reduce_add_ps(acc) + tail(row, x, n, 2, bf16_at)
     }
 
-    /// As `avx2::f16_dots`.
-    ///
-    /// # Safety
-    /// The CPU supports AVX-512 F and BW.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-    pub unsafe fn f16_dots(rows: &[u8], stride: usize, x: &[f32], out: &mut [f32]) {
-        let n = x.len() / 16 * 16;
-        for (j, o) in out.iter_mut().enumerate() {
-            let row = &rows[j * stride..][..x.len() * 2];
-            let mut acc = _mm512_setzero_ps();
-            for i in (0..n).step_by(16) {
-                let w = _mm512_cvtph_ps(_mm256_loadu_si256(row[i * 2..i * 2 + 32].as_ptr().cast()));
-                acc = _mm512_fmadd_ps(w, _mm512_loadu_ps(x[i..i + 16].as_ptr()), acc);
+    /// Query heads a pass over the rows serves at once.
+    const HEADS: usize = 4;
+
+    #[inline(always)]
+    unsafe fn dots_group<const G: usize>(
+        rows: &[u8],
+        stride: usize,
+        q: &[f32],
+        dk: usize,
+        out: &mut [f32],
+        n: usize,
+    ) {
+        let full = dk / 16 * 16;
+        assert!(q.len() == G * dk && out.len() == G * n);
+        let qp = q.as_ptr();
+        for j in 0..n {
+            let row = &rows[j * stride..][..dk * 2];
+            let rp = row.as_ptr();
+            let mut acc = [_mm512_setzero_ps(); 4];
+            let mut i = 0;
+            while i < full {
+                // SAFETY: i + 16 ≤ dk: inside the row and each query.
+                let k = _mm512_cvtph_ps(_mm256_loadu_si256(rp.add(i * 2).cast()));
+                for g in 0..G {
+                    acc[g] = _mm512_fmadd_ps(k, _mm512_loadu_ps(qp.add(g * dk + i)), acc[g]);
+                }
+                i += 16;
             }
-            *o = _mm512_reduce_add_ps(acc) + tail(row, x, n, 2, f16_at);
+            // Each 512-bit sum folded to 256 bits, then all four at once.
+            let sums = sums4_256([fold(acc[0]), fold(acc[1]), fold(acc[2]), fold(acc[3])]);
+            for g in 0..G {
+                out[g * n + j] = sums[g] + tail(row, &q[g * dk..(g + 1) * dk], full, 2, f16_at);
+            }
         }
     }
 
-    /// As `avx2::f16_axpys`.
+    /// As `crate::quant::float::f16_dots_many`: each key row converted once
+    /// for up to four query heads.
     ///
     /// # Safety
-    /// The CPU supports AVX-512 F and BW.
+    /// The CPU supports avx2,fma,f16c,avx512f,avx512bw.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-    pub unsafe fn f16_axpys(rows: &[u8], stride: usize, a: &[f32], y: &mut [f32]) {
-        let n = y.len() / 16 * 16;
-        for c in (0..n).step_by(16) {
-            let mut acc = _mm512_loadu_ps(y[c..c + 16].as_ptr());
-            for (j, &aj) in a.iter().enumerate() {
-                let at = j * stride + c * 2;
-                let w = _mm512_cvtph_ps(_mm256_loadu_si256(rows[at..at + 32].as_ptr().cast()));
-                acc = _mm512_fmadd_ps(w, _mm512_set1_ps(aj), acc);
+    pub unsafe fn f16_dots_many(rows: &[u8], stride: usize, q: &[f32], dk: usize, out: &mut [f32]) {
+        let heads = q.len() / dk.max(1);
+        let n = out.len() / heads.max(1);
+        let mut g0 = 0;
+        while g0 < heads {
+            let g = (heads - g0).min(HEADS);
+            let (q, out) = (&q[g0 * dk..(g0 + g) * dk], &mut out[g0 * n..(g0 + g) * n]);
+            match g {
+                4 => dots_group::<4>(rows, stride, q, dk, out, n),
+                3 => dots_group::<3>(rows, stride, q, dk, out, n),
+                2 => dots_group::<2>(rows, stride, q, dk, out, n),
+                _ => dots_group::<1>(rows, stride, q, dk, out, n),
             }
-            _mm512_storeu_ps(y[c..c + 16].as_mut_ptr(), acc);
+            g0 += g;
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn axpys_group<const G: usize>(
+        rows: &[u8],
+        stride: usize,
+        a: &[f32],
+        n: usize,
+        y: &mut [f32],
+        dv: usize,
+    ) {
+        let full = dv / 16 * 16;
+        for c in (0..full).step_by(16) {
+            let mut acc: [__m512; G] =
+                std::array::from_fn(|g| _mm512_loadu_ps(y[g * dv + c..g * dv + c + 16].as_ptr()));
+            for j in 0..n {
+                let at = j * stride + c * 2;
+                let v = _mm512_cvtph_ps(_mm256_loadu_si256(rows[at..at + 16 * 2].as_ptr().cast()));
+                for g in 0..G {
+                    acc[g] = _mm512_fmadd_ps(v, _mm512_set1_ps(a[g * n + j]), acc[g]);
+                }
+            }
+            for g in 0..G {
+                _mm512_storeu_ps(y[g * dv + c..g * dv + c + 16].as_mut_ptr(), acc[g]);
+            }
         }
         // The columns past the last whole vector: the scalar kernel.
-        if n < y.len() {
-            crate::quant::float::f16_axpys(&rows[n * 2..], stride, a, &mut y[n..]);
+        if full < dv {
+            for g in 0..G {
+                let weights = &a[g * n..(g + 1) * n];
+                crate::quant::float::f16_axpys(
+                    &rows[full * 2..],
+                    stride,
+                    weights,
+                    &mut y[g * dv + full..(g + 1) * dv],
+                );
+            }
         }
+    }
+
+    /// As `crate::quant::float::f16_axpys_many`: each value row converted
+    /// once for up to four query heads.
+    ///
+    /// # Safety
+    /// The CPU supports avx2,fma,f16c,avx512f,avx512bw.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+    pub unsafe fn f16_axpys_many(rows: &[u8], stride: usize, a: &[f32], n: usize, y: &mut [f32]) {
+        let heads = a.len() / n.max(1);
+        let dv = y.len() / heads.max(1);
+        let mut g0 = 0;
+        while g0 < heads {
+            let g = (heads - g0).min(HEADS);
+            let (a, y) = (&a[g0 * n..(g0 + g) * n], &mut y[g0 * dv..(g0 + g) * dv]);
+            match g {
+                4 => axpys_group::<4>(rows, stride, a, n, y, dv),
+                3 => axpys_group::<3>(rows, stride, a, n, y, dv),
+                2 => axpys_group::<2>(rows, stride, a, n, y, dv),
+                _ => axpys_group::<1>(rows, stride, a, n, y, dv),
+            }
+            g0 += g;
+        }
+    }
+
+    /// As `crate::quant::float::softmax`, 16 lanes.
+    ///
+    /// # Safety
+    /// The CPU supports avx2,fma,f16c,avx512f,avx512bw.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+    pub unsafe fn softmax(scores: &mut [f32], scale: f32) -> (f32, f32) {
+        softmax_lanes::<16>(scores, scale)
     }
 }

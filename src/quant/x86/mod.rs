@@ -68,13 +68,17 @@ macro_rules! f32_wrappers {
 /// Safe wrappers of `float_dot::$float`'s attention kernels (see the SAFETY note above).
 macro_rules! attention_wrappers {
     ($float:ident) => {
-        pub fn f16_dots(rows: &[u8], stride: usize, x: &[f32], out: &mut [f32]) {
+        pub fn f16_dots_many(rows: &[u8], stride: usize, q: &[f32], dk: usize, out: &mut [f32]) {
             // SAFETY: only handed out when the CPU has the features (see above).
-            unsafe { float_dot::$float::f16_dots(rows, stride, x, out) }
+            unsafe { float_dot::$float::f16_dots_many(rows, stride, q, dk, out) }
         }
-        pub fn f16_axpys(rows: &[u8], stride: usize, a: &[f32], y: &mut [f32]) {
+        pub fn f16_axpys_many(rows: &[u8], stride: usize, a: &[f32], n: usize, y: &mut [f32]) {
             // SAFETY: as above.
-            unsafe { float_dot::$float::f16_axpys(rows, stride, a, y) }
+            unsafe { float_dot::$float::f16_axpys_many(rows, stride, a, n, y) }
+        }
+        pub fn softmax(scores: &mut [f32], scale: f32) -> (f32, f32) {
+            // SAFETY: as above.
+            unsafe { float_dot::$float::softmax(scores, scale) }
         }
     };
 }
@@ -270,15 +274,17 @@ pub fn avx2_quantize(x: &[f32], out: &mut [Q8Block]) {
 /// The AVX2 attention kernels. Call only after `avx2_available()`.
 pub fn avx2_attention() -> AttentionKernels {
     AttentionKernels {
-        dots: avx2::f16_dots,
-        axpys: avx2::f16_axpys,
+        dots: avx2::f16_dots_many,
+        axpys: avx2::f16_axpys_many,
+        softmax: avx2::softmax,
     }
 }
 
 /// The AVX-512 attention kernels. Call only after `avx512_available()`.
 pub fn avx512_attention() -> AttentionKernels {
     AttentionKernels {
-        dots: avx512::f16_dots,
-        axpys: avx512::f16_axpys,
+        dots: avx512::f16_dots_many,
+        axpys: avx512::f16_axpys_many,
+        softmax: avx512::softmax,
     }
 }
