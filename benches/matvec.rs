@@ -7,7 +7,7 @@
 //!     cargo bench --bench matvec -- --isa=avx2   # scalar, avx2 or avx512 kernels
 //!     cargo bench --bench matvec -- --n=1024     # an n x n matrix instead
 //!     cargo bench --bench matvec -- --rows=262144 --cols=640 q8_0   # any shape
-//!     cargo bench --bench matvec -- --interleaved q8_0   # Q8_0 stored interleaved
+//!     cargo bench --bench matvec -- --interleaved q8_0 q4_k   # stored interleaved
 //!
 //! "hot": one 4096 × 4096 matrix multiplied again and again (it stays in the
 //! CPU caches when they hold it). "cold": a different matrix each time, from a
@@ -17,7 +17,7 @@
 use std::time::Instant;
 
 use m40llm::backend::cpu::{matmul, ThreadPool, WeightMatrix};
-use m40llm::quant::{interleave_q8_0, GgmlType, Isa, Kernels};
+use m40llm::quant::{has_interleaved_layout, GgmlType, Isa, Kernels};
 
 /// Weights cycled through in the cold runs: well past any L3 cache.
 const COLD_BYTES: usize = 1 << 30;
@@ -182,8 +182,10 @@ fn main() {
         let copies: Vec<Option<Vec<u8>>> = cold
             .iter()
             .map(|m| {
-                let wanted = interleave && ty == GgmlType::Q8_0;
-                wanted.then(|| interleave_q8_0(m, rows, cols)).flatten()
+                let wanted = interleave && has_interleaved_layout(ty);
+                wanted
+                    .then(|| m40llm::quant::interleave(ty, m, rows, cols))
+                    .flatten()
             })
             .collect();
         let cold_refs: Vec<(&[u8], Option<&[u8]>)> = cold

@@ -9,8 +9,8 @@ use std::path::Path;
 use m40llm::backend::cpu::{matmul, ThreadPool, WeightMatrix};
 use m40llm::quant::q8::dot_error_bound;
 use m40llm::quant::{
-    dequantize_row, interleave_q8_0, quantize_row_q8, DotKernel, GgmlType, Isa, Kernels, Panel,
-    Q8Block, GEMM_MIN_TOKENS, PANEL_ROWS,
+    dequantize_row, interleave, quantize_row_q8, DotKernel, GgmlType, Isa, Kernels, Panel, Q8Block,
+    GEMM_MIN_TOKENS, PANEL_ROWS,
 };
 
 const TYPES: [GgmlType; 13] = GgmlType::SUPPORTED;
@@ -487,14 +487,18 @@ fn panels_hold_the_dequantized_rows() {
 }
 
 #[test]
-fn interleaved_q8_0_products_are_within_bound_for_one_to_many_tokens() {
+fn interleaved_products_are_within_bound_for_one_to_many_tokens() {
     let mut rng = Rng(0x1A7E);
-    let ty = GgmlType::Q8_0;
     let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
-    for (rows, cols) in [(16, 256), (40, 96)] {
+    for (ty, rows, cols) in [
+        (GgmlType::Q8_0, 16, 256),
+        (GgmlType::Q8_0, 40, 96),
+        (GgmlType::Q4K, 16, 256),
+        (GgmlType::Q4K, 40, 512),
+    ] {
         let raw = random_weights(ty, rows, cols, &mut rng);
         let w = dequantized(ty, &raw, cols);
-        let copy = interleave_q8_0(&raw, rows, cols).unwrap();
+        let copy = interleave(ty, &raw, rows, cols).unwrap();
         let matrix = WeightMatrix {
             interleaved: Some(&copy),
             ..WeightMatrix::new(ty, rows, cols, &raw)
@@ -514,7 +518,7 @@ fn interleaved_q8_0_products_are_within_bound_for_one_to_many_tokens() {
                             let got = y[t * rows + r] as f64;
                             assert!(
                                 (got - reference).abs() <= allowed_error(ty, wr, xt),
-                                "{isa:?} {rows}x{cols}, {n_tokens} tokens, token {t} row {r}: {got} vs {reference}"
+                                "{ty} {isa:?} {rows}x{cols}, {n_tokens} tokens, token {t} row {r}: {got} vs {reference}"
                             );
                         }
                     }

@@ -117,8 +117,10 @@ pub fn norm_matmuls<B: Backend + ?Sized>(
     products: &mut [Product<B::Buffer>],
 ) -> Result<()> {
     normalize(b, x, norm, rows, normed)?;
+    let ws: Vec<&Weight> = products.iter().map(|p| p.w).collect();
+    let mut outs: Vec<&mut B::Buffer> = products.iter_mut().map(|p| &mut *p.out).collect();
+    b.matmuls(&ws, normed, rows, &mut outs)?;
     for p in products.iter_mut() {
-        b.matmul(p.w, normed, rows, p.out)?;
         if let Some(bias) = p.bias {
             b.add_bias(p.out, bias, rows)?;
         }
@@ -137,8 +139,8 @@ pub fn norm_gated_ffn<B: Backend + ?Sized>(
     out: &mut B::Buffer,
 ) -> Result<()> {
     normalize(b, x, norm, rows, scratch.normed)?;
-    b.matmul(ffn.gate, scratch.normed, rows, scratch.product)?;
-    b.matmul(ffn.up, scratch.normed, rows, scratch.product2)?;
+    let mut outs = [&mut *scratch.product, &mut *scratch.product2];
+    b.matmuls(&[ffn.gate, ffn.up], scratch.normed, rows, &mut outs)?;
     b.glu(
         ffn.glu,
         scratch.product,

@@ -269,6 +269,20 @@ pub trait Backend {
         rows: usize,
         out: &mut Self::Buffer,
     ) -> Result<()>;
+    /// outs[i] = x · ws[i]ᵀ for `rows` rows of x: products of one input
+    /// (Q/K/V, gate and up), which a backend may run together.
+    fn matmuls(
+        &self,
+        ws: &[&Weight],
+        x: &Self::Buffer,
+        rows: usize,
+        outs: &mut [&mut Self::Buffer],
+    ) -> Result<()> {
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(w, x, rows, out)?;
+        }
+        Ok(())
+    }
     /// x[r] += bias for every row.
     fn add_bias(&self, x: &mut Self::Buffer, bias: &Weight, rows: usize) -> Result<()>;
     /// Normalizes every `weight.cols`-wide group of x by its RMS and scales

@@ -1,76 +1,139 @@
-//! Q8_0 matrices stored eight rows interleaved, for the CPU's products.
+//! Q8_0 and Q4_K matrices stored eight rows interleaved, for the CPU's
+//! products.
 //!
-//! A one-token dot over Q8_0 rows spends about eight vector instructions a
-//! block of 32 weights (scale conversion, signs, the dot, its conversion and
+//! A one-token dot over a row spends several vector instructions a block of
+//! weights (unpacking, scale conversion, the dot, its conversion and
 //! scaling) and a horizontal sum a row: more than a core's memory bandwidth
-//! leaves it, so a large Q8_0 matrix (an output projection of a 262k
-//! vocabulary) does not stream at the bandwidth. Interleaved, one integer
-//! dot instruction multiplies four columns of eight rows with a token's
-//! four activations, and the conversion and scaling happen once per eight
-//! rows: about 1.6 instructions a block. The layout is the
-//! [`crate::quant::panel`] layout with the codes stored rather than
-//! unpacked, so it is no larger than the rows it is made from.
+//! leaves it, so large matrices do not stream at the bandwidth (Q8_0 at
+//! ~22 GB/s a core, Q4_K at ~9). Interleaved, one integer dot instruction
+//! multiplies four columns of eight rows with a token's four activations,
+//! and the conversions and scaling happen once per eight rows. The layouts
+//! keep the codes as stored, so a copy is (nearly) no larger than the rows
+//! it is made from.
 //!
-//! Layout: for each group of [`INTERLEAVED_ROWS`] rows, for each block of
-//! 32 columns, [`INTERLEAVED_BLOCK_BYTES`] bytes: the eight rows' f16
-//! scales, then eight chunks of 32 bytes, chunk k holding columns 4k..4k + 4
-//! of each row, row r at bytes 4r..4r + 4, each code q stored as q + 128
-//! (an unsigned byte).
+//! Both layouts go group by group of [`INTERLEAVED_ROWS`] rows, and within
+//! a group block by block (32 columns for Q8_0, 256 for Q4_K). A *chunk* is
+//! 32 bytes holding four columns of each row, row r at bytes 4r..4r + 4.
+//! - Q8_0, [`Q8_0_GROUP_BLOCK`] bytes a block: the eight rows' f16 scales,
+//!   then eight chunks (columns 4k..4k + 4), each code q stored as q + 128
+//!   (an unsigned byte). The same size as the rows.
+//! - Q4_K, [`Q4_K_GROUP_BLOCK`] bytes a super-block: the eight rows' f16 d,
+//!   their f16 dmin, the 6-bit scales as bytes (sub-block j's eight rows at
+//!   32 + 8j), the 6-bit minimums likewise (at 96 + 8j), then for each pair
+//!   of sub-blocks (2p, 2p + 1) eight chunks whose bytes hold a code of
+//!   sub-block 2p in the low nibble and the same column's code of 2p + 1 in
+//!   the high one: exactly how Q4_K stores them, four bytes of a row at a
+//!   time. 2.8% larger than the rows (the scales unpacked).
+
+use crate::quant::kquants::k_scale_min;
+use crate::quant::GgmlType;
 
 /// Rows interleaved together.
 pub const INTERLEAVED_ROWS: usize = 8;
 
-/// Bytes of one block of 32 columns of the eight rows: what the rows' eight
+/// Bytes of one block of 32 columns of a Q8_0 group: what the rows' eight
 /// Q8_0 blocks take.
-pub const INTERLEAVED_BLOCK_BYTES: usize = INTERLEAVED_ROWS * 34;
+pub const Q8_0_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 34;
 
-/// `rows` (Q8_0, `n_rows` rows of `cols` values, `n_rows` a multiple of 8)
-/// interleaved eight rows at a time; `None` when the memory for the copy
-/// cannot be had.
-pub fn interleave_q8_0(rows: &[u8], n_rows: usize, cols: usize) -> Option<Vec<u8>> {
-    let blocks = cols / 32;
-    let row_bytes = blocks * 34;
-    assert!(
-        cols.is_multiple_of(32)
-            && n_rows.is_multiple_of(INTERLEAVED_ROWS)
-            && rows.len() == n_rows * row_bytes,
-        "Q8_0 rows of {cols} columns in {} bytes for {n_rows} rows",
-        rows.len()
-    );
+/// Bytes of one super-block of 256 columns of a Q4_K group.
+pub const Q4_K_GROUP_BLOCK: usize = 32 + 2 * 64 + 4 * 8 * 32;
+
+/// Whether `ty` has an interleaved layout.
+pub fn has_interleaved_layout(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4K)
+}
+
+/// Bytes of [`INTERLEAVED_ROWS`] rows of `cols` values of `ty` interleaved.
+pub fn interleaved_group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
+    match ty {
+        GgmlType::Q8_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q8_0_GROUP_BLOCK),
+        GgmlType::Q4K if cols.is_multiple_of(256) => Some(cols / 256 * Q4_K_GROUP_BLOCK),
+        _ => None,
+    }
+}
+
+/// `rows` (`n_rows` rows of `cols` values of `ty`, `n_rows` a multiple of
+/// 8) interleaved eight rows at a time; `None` for a type or shape without
+/// a layout, or when the memory for the copy cannot be had.
+pub fn interleave(ty: GgmlType, rows: &[u8], n_rows: usize, cols: usize) -> Option<Vec<u8>> {
+    let group_bytes = interleaved_group_bytes(ty, cols)?;
+    let row_bytes = ty.row_bytes(cols as u64)? as usize;
+    if !n_rows.is_multiple_of(INTERLEAVED_ROWS) || rows.len() != n_rows * row_bytes {
+        return None;
+    }
+    let len = n_rows / INTERLEAVED_ROWS * group_bytes;
     let mut out = Vec::new();
-    out.try_reserve_exact(rows.len()).ok()?;
-    out.resize(rows.len(), 0);
-    for (group, dst) in rows
+    out.try_reserve_exact(len).ok()?;
+    out.resize(len, 0);
+    let groups = rows
         .chunks_exact(INTERLEAVED_ROWS * row_bytes)
-        .zip(out.chunks_exact_mut(INTERLEAVED_ROWS * row_bytes))
-    {
-        for (b, block) in dst.chunks_exact_mut(INTERLEAVED_BLOCK_BYTES).enumerate() {
-            for r in 0..INTERLEAVED_ROWS {
-                let src = &group[r * row_bytes + b * 34..][..34];
-                block[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
-                for k in 0..8 {
-                    let four = u32::from_le_bytes([
-                        src[2 + 4 * k],
-                        src[3 + 4 * k],
-                        src[4 + 4 * k],
-                        src[5 + 4 * k],
-                    ]);
-                    let at = 16 + k * 32 + r * 4;
-                    block[at..at + 4].copy_from_slice(&(four ^ 0x8080_8080).to_le_bytes());
-                }
-            }
+        .zip(out.chunks_exact_mut(group_bytes));
+    for (group, dst) in groups {
+        let row = |r: usize| &group[r * row_bytes..(r + 1) * row_bytes];
+        match ty {
+            GgmlType::Q8_0 => interleave_q8_0_group(row, dst),
+            _ => interleave_q4_k_group(row, dst),
         }
     }
     Some(out)
 }
 
-/// The code for interleaved Q8_0 matrices.
+/// Copies four bytes of each row into a chunk, `flip` xored into each.
+fn chunk(dst: &mut [u8], four: impl Fn(usize) -> [u8; 4], flip: u8) {
+    for r in 0..INTERLEAVED_ROWS {
+        for (d, b) in dst[4 * r..4 * r + 4].iter_mut().zip(four(r)) {
+            *d = b ^ flip;
+        }
+    }
+}
+
+fn interleave_q8_0_group<'a>(row: impl Fn(usize) -> &'a [u8], dst: &mut [u8]) {
+    for (b, block) in dst.chunks_exact_mut(Q8_0_GROUP_BLOCK).enumerate() {
+        let src = |r: usize| &row(r)[b * 34..(b + 1) * 34];
+        for r in 0..INTERLEAVED_ROWS {
+            block[2 * r..2 * r + 2].copy_from_slice(&src(r)[..2]);
+        }
+        for k in 0..8 {
+            let four = |r: usize| src(r)[2 + 4 * k..6 + 4 * k].try_into().unwrap();
+            chunk(&mut block[16 + 32 * k..48 + 32 * k], four, 0x80);
+        }
+    }
+}
+
+fn interleave_q4_k_group<'a>(row: impl Fn(usize) -> &'a [u8], dst: &mut [u8]) {
+    for (s, block) in dst.chunks_exact_mut(Q4_K_GROUP_BLOCK).enumerate() {
+        let src = |r: usize| &row(r)[s * 144..(s + 1) * 144];
+        for r in 0..INTERLEAVED_ROWS {
+            let b = src(r);
+            block[2 * r..2 * r + 2].copy_from_slice(&b[..2]);
+            block[16 + 2 * r..18 + 2 * r].copy_from_slice(&b[2..4]);
+            let (scale, min) = k_scale_min(&b[4..16]);
+            for j in 0..8 {
+                block[32 + 8 * j + r] = scale[j];
+                block[96 + 8 * j + r] = min[j];
+            }
+        }
+        for p in 0..4 {
+            for k in 0..8 {
+                let four = |r: usize| {
+                    let at = 16 + 32 * p + 4 * k;
+                    src(r)[at..at + 4].try_into().unwrap()
+                };
+                let at = 160 + (8 * p + k) * 32;
+                chunk(&mut block[at..at + 32], four, 0);
+            }
+        }
+    }
+}
+
+/// The code for one type's interleaved matrices.
 #[derive(Clone, Copy)]
 pub struct InterleavedKernels {
     /// `dot_rows(data, cols, act, out)`: `out[r]` = row r · act for the
     /// `out.len()` rows (a multiple of 8) that `data` holds interleaved.
     pub dot_rows: fn(&[u8], usize, &[crate::quant::Q8Block], &mut [f32]),
     /// `pack(group, panel)`: eight interleaved rows (one group) as a
-    /// [`crate::quant::Panel`] for products with many tokens.
+    /// [`crate::quant::Panel`] (made with `sub` 32) for products with many
+    /// tokens.
     pub pack: fn(&[u8], &mut crate::quant::Panel),
 }

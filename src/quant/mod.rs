@@ -25,7 +25,10 @@ mod types;
 mod x86;
 
 pub use float::exp;
-pub use interleaved::{interleave_q8_0, InterleavedKernels, INTERLEAVED_ROWS};
+pub use interleaved::{
+    has_interleaved_layout, interleave, interleaved_group_bytes, InterleavedKernels,
+    INTERLEAVED_ROWS,
+};
 pub use panel::{GemmKernels, Panel, GEMM_MIN_TOKENS, PANEL_ROWS};
 pub(crate) use q8::Q8_BLOCK;
 pub use q8::{quantize_row_q8, Q8Block};
@@ -193,13 +196,15 @@ impl Kernels {
         }
     }
 
-    /// The code for Q8_0 matrices stored interleaved, where this
-    /// instruction set has it.
-    pub fn interleaved_q8_0(self) -> Option<InterleavedKernels> {
+    /// The code for `ty` matrices stored interleaved
+    /// ([`interleave`]), where this instruction set has it.
+    pub fn interleaved(self, ty: GgmlType) -> Option<InterleavedKernels> {
         match self.isa {
             #[cfg(target_arch = "x86_64")]
             // `is_available` was checked when this `Kernels` was made.
-            Isa::Avx512 => Some(x86::avx512_interleaved()),
+            Isa::Avx2 => x86::avx2_interleaved(ty),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::avx512_interleaved(ty),
             _ => None,
         }
     }

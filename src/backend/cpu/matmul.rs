@@ -8,8 +8,8 @@
 use super::ThreadPool;
 use crate::error::{Error, Result};
 use crate::quant::{
-    DotKernel, GgmlType, InterleavedKernels, Kernels, Panel, Q8Block, DOT_TOKENS, GEMM_MIN_TOKENS,
-    INTERLEAVED_ROWS, PANEL_ROWS, Q8_BLOCK,
+    interleaved_group_bytes, DotKernel, GgmlType, InterleavedKernels, Kernels, Panel, Q8Block,
+    DOT_TOKENS, GEMM_MIN_TOKENS, INTERLEAVED_ROWS, PANEL_ROWS, Q8_BLOCK,
 };
 
 /// A weight matrix in its stored format: `rows` rows of `cols` values.
@@ -19,8 +19,8 @@ pub struct WeightMatrix<'a> {
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
-    /// The same Q8_0 matrix interleaved ([`crate::quant::interleave_q8_0`]),
-    /// used where the kernels have code for it.
+    /// The same matrix interleaved ([`crate::quant::interleave`]), used
+    /// where the kernels have code for it.
     pub interleaved: Option<&'a [u8]>,
 }
 
@@ -45,11 +45,16 @@ impl WeightMatrix<'_> {
     }
 }
 
-/// Rows per task: enough work to amortize claiming it, few enough bytes to
-/// spread the matrix evenly over the threads.
-fn rows_per_task(m: &WeightMatrix, n_threads: usize) -> usize {
-    let per_thread = m.rows.div_ceil(n_threads * 8);
-    per_thread.clamp(1, 4096)
+/// Tasks a product is split into when it runs alone: enough to even out
+/// the threads' shares, few enough that each streams a long run of rows.
+fn tasks_alone(n_threads: usize) -> usize {
+    n_threads * 8
+}
+
+/// Rows per task for about `tasks` tasks (bands of more than 4096 rows do
+/// not stream faster).
+fn rows_per_task(m: &WeightMatrix, tasks: usize) -> usize {
+    m.rows.div_ceil(tasks.max(1)).clamp(1, 4096)
 }
 
 /// The output matrix, written by tasks at disjoint (token, row) positions.
@@ -100,6 +105,69 @@ pub fn matmul(
     n_tokens: usize,
     y: &mut [f32],
 ) -> Result<()> {
+    let plan = plan(
+        pool,
+        kernels,
+        w,
+        x,
+        n_tokens,
+        y,
+        tasks_alone(pool.n_threads()),
+    )?;
+    pool.run(plan.n_tasks, &*plan.task);
+    Ok(())
+}
+
+/// One product of [`matmul_many`].
+pub struct Product<'a> {
+    pub w: WeightMatrix<'a>,
+    pub x: &'a [f32],
+    pub n_tokens: usize,
+    pub y: &'a mut [f32],
+}
+
+/// Several products in one parallel loop (a mixture layer's experts, each
+/// with its own rows): one wait for all of them rather than one each.
+pub fn matmul_many(pool: &ThreadPool, kernels: Kernels, products: &mut [Product]) -> Result<()> {
+    // The products share the tasks one product alone would have.
+    let tasks = tasks_alone(pool.n_threads()) / products.len().max(1);
+    let plans = products
+        .iter_mut()
+        .map(|p| plan(pool, kernels, &p.w, p.x, p.n_tokens, p.y, tasks))
+        .collect::<Result<Vec<_>>>()?;
+    let starts: Vec<usize> = plans
+        .iter()
+        .scan(0, |at, p| {
+            let start = *at;
+            *at += p.n_tasks;
+            Some(start)
+        })
+        .collect();
+    let total = plans.iter().map(|p| p.n_tasks).sum();
+    pool.run(total, &|task| {
+        let i = starts.partition_point(|&s| s <= task) - 1;
+        (plans[i].task)(task - starts[i]);
+    });
+    Ok(())
+}
+
+/// A product's parallel loop: `task(i)` for i in 0..n_tasks.
+struct Plan<'a> {
+    n_tasks: usize,
+    task: Box<dyn Fn(usize) + Sync + 'a>,
+}
+
+/// Checks a product's shapes, quantizes its activations and chooses its
+/// kernels and its split into about `tasks` tasks.
+fn plan<'a>(
+    pool: &ThreadPool,
+    kernels: Kernels,
+    w: &WeightMatrix<'a>,
+    x: &'a [f32],
+    n_tokens: usize,
+    y: &'a mut [f32],
+    tasks: usize,
+) -> Result<Plan<'a>> {
     let format = kernels
         .format(w.ty)
         .ok_or_else(|| Error::unsupported(format!("no CPU kernels for {} weights", w.ty)))?;
@@ -118,7 +186,8 @@ pub fn matmul(
             y.len()
         )));
     }
-    let band = rows_per_task(w, pool.n_threads());
+    let w = *w;
+    let band = rows_per_task(&w, tasks);
     let n_tasks = w.rows.div_ceil(band);
     let out = Output {
         ptr: y.as_mut_ptr(),
@@ -128,94 +197,111 @@ pub fn matmul(
     // Computed once: `GgmlType::row_bytes` (checked arithmetic) showed in
     // profiles of a decode step when called for every row.
     let row_bytes = w.row_bytes();
-    let row_at = |r: usize| &w.data[r * row_bytes..(r + 1) * row_bytes];
-    match format.dot {
-        DotKernel::F32(dot) => pool.run(n_tasks, &|task| {
-            for r in task * band..((task + 1) * band).min(rows) {
-                let row = row_at(r);
-                for (t, xt) in x.chunks_exact(w.cols).enumerate() {
-                    // SAFETY: row r belongs to this task alone.
-                    unsafe { out.write(t * rows + r, dot(row, xt)) };
-                }
-            }
-        }),
-        DotKernel::Q8(dot, dot4) => {
-            let blocks = w.cols / Q8_BLOCK;
-            let mut act = vec![Q8Block::default(); n_tokens * blocks];
-            let quantize = kernels.quantizer();
-            // Tokens a task: a few thousand values each, so that a prompt's
-            // quantization spreads over the threads and a token's does not.
-            let per_task = 4096usize.div_ceil(w.cols);
-            pool.for_each_chunk(&mut act, per_task * blocks, &|i, acts| {
-                let x = &x[i * per_task * w.cols..][..acts.len() * Q8_BLOCK];
-                quantize(x, acts);
-            });
-            if let Some((data, code)) = interleaved(kernels, w) {
-                let group_bytes = INTERLEAVED_ROWS * row_bytes;
-                if n_tokens >= GEMM_MIN_TOKENS {
-                    let pack = |g: usize, panel: &mut Panel| {
-                        (code.pack)(&data[g * group_bytes..(g + 1) * group_bytes], panel)
-                    };
-                    let product = kernels.gemm(GgmlType::Q8_0).map(|g| g.product);
-                    if let Some(product) = product {
-                        panel_product(pool, w, 32, &pack, product, &act, n_tokens, &out);
-                        return Ok(());
+    let row_at = move |r: usize| &w.data[r * row_bytes..(r + 1) * row_bytes];
+    let (dot, dot4) = match format.dot {
+        DotKernel::F32(dot) => {
+            let task = move |task: usize| {
+                for r in task * band..((task + 1) * band).min(rows) {
+                    let row = row_at(r);
+                    for (t, xt) in x.chunks_exact(w.cols).enumerate() {
+                        // SAFETY: row r belongs to this task alone.
+                        unsafe { out.write(t * rows + r, dot(row, xt)) };
                     }
-                } else {
-                    interleaved_rows(pool, code, w, data, &act, n_tokens, &out);
-                    return Ok(());
                 }
-            }
-            if let Some(gemm) = kernels.gemm(w.ty) {
-                if n_tokens >= GEMM_MIN_TOKENS && rows.is_multiple_of(PANEL_ROWS) {
-                    let panel_bytes = PANEL_ROWS * row_bytes;
-                    let pack = |p: usize, panel: &mut Panel| {
-                        let rows = &w.data[p * panel_bytes..(p + 1) * panel_bytes];
-                        (gemm.pack)(rows, row_bytes, panel)
-                    };
-                    panel_product(pool, w, gemm.sub, &pack, gemm.product, &act, n_tokens, &out);
-                    return Ok(());
-                }
-            }
-            let token = |t: usize| &act[t * blocks..(t + 1) * blocks];
-            // Tokens in groups of four where a four-token kernel exists.
-            let grouped = if dot4.is_some() {
-                n_tokens / DOT_TOKENS * DOT_TOKENS
-            } else {
-                0
             };
-            let dot_rows = kernels.dot_rows(w.ty);
-            pool.run(n_tasks, &|task| {
-                let (first, end) = (task * band, ((task + 1) * band).min(rows));
-                if let Some(dot4) = dot4 {
-                    for r in first..end {
-                        let row = row_at(r);
-                        for t0 in (0..grouped).step_by(DOT_TOKENS) {
-                            let sums = dot4(row, std::array::from_fn(|k| token(t0 + k)));
-                            for (k, v) in sums.into_iter().enumerate() {
-                                // SAFETY: row r belongs to this task alone.
-                                unsafe { out.write((t0 + k) * rows + r, v) };
-                            }
-                        }
-                    }
-                }
-                for t in grouped..n_tokens {
-                    if let Some(dot_rows) = dot_rows {
-                        let band = &w.data[first * row_bytes..end * row_bytes];
-                        // SAFETY: rows first..end belong to this task alone.
-                        let y = unsafe { out.slice(t * rows + first, end - first) };
-                        dot_rows(band, row_bytes, token(t), y);
-                    } else {
-                        for r in first..end {
-                            // SAFETY: row r belongs to this task alone.
-                            unsafe { out.write(t * rows + r, dot(row_at(r), token(t))) };
-                        }
-                    }
-                }
-            })
+            return Ok(Plan {
+                n_tasks,
+                task: Box::new(task),
+            });
+        }
+        DotKernel::Q8(dot, dot4) => (dot, dot4),
+    };
+    let blocks = w.cols / Q8_BLOCK;
+    let mut act = Vec::new();
+    act.try_reserve_exact(n_tokens * blocks)
+        .map_err(|_| Error::out_of_memory("the activations of a matrix product"))?;
+    act.resize(n_tokens * blocks, Q8Block::default());
+    let quantize = kernels.quantizer();
+    // Tokens a task: a few thousand values each, so that a prompt's
+    // quantization spreads over the threads and a token's does not.
+    let per_task = 4096usize.div_ceil(w.cols);
+    pool.for_each_chunk(&mut act, per_task * blocks, &|i, acts| {
+        let x = &x[i * per_task * w.cols..][..acts.len() * Q8_BLOCK];
+        quantize(x, acts);
+    });
+    if let Some((data, code)) = interleaved(kernels, &w) {
+        let group_bytes = data.len() / (w.rows / INTERLEAVED_ROWS);
+        // Both layouts unpack to panels with a scale per 32 columns.
+        let product = kernels.gemm(GgmlType::Q4_0).map(|g| g.product);
+        match product {
+            Some(product) if n_tokens >= GEMM_MIN_TOKENS => {
+                let pack = move |g: usize, panel: &mut Panel| {
+                    (code.pack)(&data[g * group_bytes..(g + 1) * group_bytes], panel)
+                };
+                return Ok(panel_product(
+                    pool, w, 32, pack, product, act, n_tokens, out,
+                ));
+            }
+            _ if n_tokens < GEMM_MIN_TOKENS => {
+                let band = band.next_multiple_of(INTERLEAVED_ROWS);
+                return Ok(interleaved_rows(band, code, w, data, act, n_tokens, out));
+            }
+            _ => {}
         }
     }
-    Ok(())
+    if let Some(gemm) = kernels.gemm(w.ty) {
+        if n_tokens >= GEMM_MIN_TOKENS && rows.is_multiple_of(PANEL_ROWS) {
+            let panel_bytes = PANEL_ROWS * row_bytes;
+            let pack = move |p: usize, panel: &mut Panel| {
+                let rows = &w.data[p * panel_bytes..(p + 1) * panel_bytes];
+                (gemm.pack)(rows, row_bytes, panel)
+            };
+            let (sub, product) = (gemm.sub, gemm.product);
+            return Ok(panel_product(
+                pool, w, sub, pack, product, act, n_tokens, out,
+            ));
+        }
+    }
+    // Tokens in groups of four where a four-token kernel exists.
+    let grouped = if dot4.is_some() {
+        n_tokens / DOT_TOKENS * DOT_TOKENS
+    } else {
+        0
+    };
+    let dot_rows = kernels.dot_rows(w.ty);
+    let task = move |task: usize| {
+        let token = |t: usize| &act[t * blocks..(t + 1) * blocks];
+        let (first, end) = (task * band, ((task + 1) * band).min(rows));
+        if let Some(dot4) = dot4 {
+            for r in first..end {
+                let row = row_at(r);
+                for t0 in (0..grouped).step_by(DOT_TOKENS) {
+                    let sums = dot4(row, std::array::from_fn(|k| token(t0 + k)));
+                    for (k, v) in sums.into_iter().enumerate() {
+                        // SAFETY: row r belongs to this task alone.
+                        unsafe { out.write((t0 + k) * rows + r, v) };
+                    }
+                }
+            }
+        }
+        for t in grouped..n_tokens {
+            if let Some(dot_rows) = dot_rows {
+                let band = &w.data[first * row_bytes..end * row_bytes];
+                // SAFETY: rows first..end belong to this task alone.
+                let y = unsafe { out.slice(t * rows + first, end - first) };
+                dot_rows(band, row_bytes, token(t), y);
+            } else {
+                for r in first..end {
+                    // SAFETY: row r belongs to this task alone.
+                    unsafe { out.write(t * rows + r, dot(row_at(r), token(t))) };
+                }
+            }
+        }
+    };
+    Ok(Plan {
+        n_tasks,
+        task: Box::new(task),
+    })
 }
 
 /// The interleaved copy of `w` and its code, where both exist and fit.
@@ -224,28 +310,27 @@ fn interleaved<'a>(
     w: &WeightMatrix<'a>,
 ) -> Option<(&'a [u8], InterleavedKernels)> {
     let data = w.interleaved?;
-    let fits = w.ty == GgmlType::Q8_0
-        && w.rows.is_multiple_of(INTERLEAVED_ROWS)
-        && data.len() == w.data.len();
+    let group = interleaved_group_bytes(w.ty, w.cols)?;
+    let fits =
+        w.rows.is_multiple_of(INTERLEAVED_ROWS) && data.len() == w.rows / INTERLEAVED_ROWS * group;
     fits.then_some(())?;
-    Some((data, kernels.interleaved_q8_0()?))
+    Some((data, kernels.interleaved(w.ty)?))
 }
 
-/// `out[t][r]` = row r · token t over an interleaved Q8_0 matrix, a band of
+/// `out[t][r]` = row r · token t over an interleaved matrix, a band of
 /// whole groups of rows a task.
-fn interleaved_rows(
-    pool: &ThreadPool,
+fn interleaved_rows<'a>(
+    band: usize,
     code: InterleavedKernels,
-    w: &WeightMatrix,
-    data: &[u8],
-    act: &[Q8Block],
+    w: WeightMatrix<'a>,
+    data: &'a [u8],
+    act: Vec<Q8Block>,
     n_tokens: usize,
-    out: &Output,
-) {
-    let band = rows_per_task(w, pool.n_threads()).next_multiple_of(INTERLEAVED_ROWS);
-    let row_bytes = w.row_bytes();
+    out: Output,
+) -> Plan<'a> {
+    let row_bytes = data.len() / w.rows;
     let blocks = w.cols / Q8_BLOCK;
-    pool.run(w.rows.div_ceil(band), &|task| {
+    let task = move |task: usize| {
         let (first, end) = (task * band, ((task + 1) * band).min(w.rows));
         let rows = &data[first * row_bytes..end * row_bytes];
         for t in 0..n_tokens {
@@ -253,35 +338,43 @@ fn interleaved_rows(
             let y = unsafe { out.slice(t * w.rows + first, end - first) };
             (code.dot_rows)(rows, w.cols, &act[t * blocks..(t + 1) * blocks], y);
         }
-    })
+    };
+    Plan {
+        n_tasks: w.rows.div_ceil(band),
+        task: Box::new(task),
+    }
 }
 
 /// `out[t][r]` = row r · token t through panels: each task unpacks a band
 /// of its rows a panel at a time (`pack(p, panel)` fills panel p, rows
 /// 8p..8p + 8) and multiplies the panel with every token.
 #[allow(clippy::too_many_arguments)]
-fn panel_product(
+fn panel_product<'a>(
     pool: &ThreadPool,
-    w: &WeightMatrix,
+    w: WeightMatrix<'a>,
     sub: usize,
-    pack: &(dyn Fn(usize, &mut Panel) + Sync),
+    pack: impl Fn(usize, &mut Panel) + Sync + 'a,
     product: fn(&Panel, &[Q8Block], &mut [f32]),
-    act: &[Q8Block],
+    act: Vec<Q8Block>,
     n_tokens: usize,
-    out: &Output,
-) {
+    out: Output,
+) -> Plan<'a> {
     let panels = w.rows / PANEL_ROWS;
     let per_task = panels.div_ceil(pool.n_threads() * 4).clamp(1, 16);
-    pool.run(panels.div_ceil(per_task), &|task| {
+    let task = move |task: usize| {
         let mut panel = Panel::new(w.cols, sub);
         let mut sums = vec![0f32; n_tokens * PANEL_ROWS];
         for p in task * per_task..((task + 1) * per_task).min(panels) {
             pack(p, &mut panel);
-            product(&panel, act, &mut sums);
+            product(&panel, &act, &mut sums);
             for (t, s) in sums.chunks_exact(PANEL_ROWS).enumerate() {
                 // SAFETY: the panel's rows belong to this task alone.
                 unsafe { out.write_run(t * w.rows + p * PANEL_ROWS, s) };
             }
         }
-    })
+    };
+    Plan {
+        n_tasks: panels.div_ceil(per_task),
+        task: Box::new(task),
+    }
 }

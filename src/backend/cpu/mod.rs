@@ -9,7 +9,7 @@ mod pool;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-pub use matmul::{matmul, WeightMatrix};
+pub use matmul::{matmul, matmul_many, Product, WeightMatrix};
 pub use pool::{check_thread_count, ThreadPool, MAX_THREADS};
 
 use super::{
@@ -19,7 +19,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv_cache::KvCache;
-use crate::quant::{dequantize_row, interleave_q8_0, GgmlType, Kernels, INTERLEAVED_ROWS};
+use crate::quant::{dequantize_row, interleave, Kernels, INTERLEAVED_ROWS};
 
 pub struct CpuBackend {
     file: Arc<GgufFile>,
@@ -65,14 +65,14 @@ impl CpuBackend {
             .for_each_chunk(data, piece, &|i, part| f(i * piece, part));
     }
 
-    /// `w` interleaved, for a Q8_0 matrix these kernels have code for: made
-    /// on first use, after which the mapped file's pages of `w` are let go
-    /// (embedding lookups of a tied output matrix read them again as needed).
+    /// `w` interleaved, for a matrix whose type these kernels have
+    /// interleaved code for: made on first use, after which the mapped
+    /// file's pages of `w` are let go (embedding lookups of a tied output
+    /// matrix read them again as needed).
     fn interleaved_copy(&self, w: &Weight) -> Option<Arc<Vec<u8>>> {
-        let fits = w.ty == GgmlType::Q8_0
-            && w.rows.is_multiple_of(INTERLEAVED_ROWS)
+        let fits = w.rows.is_multiple_of(INTERLEAVED_ROWS)
             && w.rows > INTERLEAVED_ROWS
-            && self.kernels.interleaved_q8_0().is_some();
+            && self.kernels.interleaved(w.ty).is_some();
         if !fits {
             return None;
         }
@@ -80,12 +80,44 @@ impl CpuBackend {
         if let Some(copy) = copies.get(&w.offset) {
             return Some(Arc::clone(copy));
         }
-        // Out of memory for the copy: the products read the rows as stored.
-        let copy = Arc::new(interleave_q8_0(self.bytes(w), w.rows, w.cols)?);
+        // No layout for the shape, or out of memory for the copy: the
+        // products read the rows as stored.
+        let copy = Arc::new(interleave(w.ty, self.bytes(w), w.rows, w.cols)?);
         let data = self.file.data().expect("checked in new");
         data.release(w.offset..w.offset + w.n_bytes);
         copies.insert(w.offset, Arc::clone(&copy));
         Some(copy)
+    }
+
+    /// The interleaved copy of a 3-D expert tensor `whole` of `n` experts,
+    /// made whole (its experts' rows are whole groups of eight), so that the
+    /// first tokens do not each pay for the experts they happen to be the
+    /// first to use.
+    fn experts_interleaved(&self, whole: &Weight, n: usize) -> Option<Arc<Vec<u8>>> {
+        let rows = whole.rows / n;
+        rows.is_multiple_of(INTERLEAVED_ROWS)
+            .then(|| self.interleaved_copy(whole))
+            .flatten()
+    }
+
+    /// Expert `e` of the `n` experts of `whole`, with its part of the
+    /// tensor's interleaved copy.
+    fn expert_matrix<'a>(
+        &'a self,
+        whole: &Weight,
+        copy: &'a Option<Arc<Vec<u8>>>,
+        e: usize,
+        n: usize,
+    ) -> WeightMatrix<'a> {
+        let w = whole.part(e, n);
+        let part = copy.as_ref().map(|c| {
+            let per = c.len() / n;
+            &c[e * per..(e + 1) * per]
+        });
+        WeightMatrix {
+            interleaved: part,
+            ..WeightMatrix::new(w.ty, w.rows, w.cols, self.bytes(&w))
+        }
     }
 
     fn bytes(&self, w: &Weight) -> &[u8] {
@@ -121,25 +153,68 @@ impl CpuBackend {
         }
         // The weighted output of every (row, slot).
         let mut weighted = self.buffer(rows * k * d)?;
-        for (e, users) in users.iter().enumerate().filter(|(_, u)| !u.is_empty()) {
-            let m = users.len();
-            let [gate, up, down] = ex.expert(e);
-            let ff = gate.rows;
-            let mut xe = self.buffer(m * d)?;
-            for (row, &(r, _)) in xe.chunks_exact_mut(d).zip(users) {
+        let n = ex.n_expert;
+        let ff = ex.gate.part(0, n).rows;
+        let used: Vec<(usize, &Vec<(usize, usize)>)> = users
+            .iter()
+            .enumerate()
+            .filter(|(_, u)| !u.is_empty())
+            .collect();
+        // Each used expert's rows of h, then all their gate and up products
+        // in one parallel loop, and all their down products in another.
+        let mut xs = Vec::with_capacity(used.len());
+        for &(_, users) in &used {
+            let mut xe = self.buffer(users.len() * d)?;
+            for (row, &(r, _)) in xe.chunks_exact_mut(d).zip(users.iter()) {
                 row.copy_from_slice(&h[r * d..(r + 1) * d]);
             }
-            let (mut g, mut u, mut act) = (
-                self.buffer(m * ff)?,
-                self.buffer(m * ff)?,
-                self.buffer(m * ff)?,
-            );
-            self.matmul(&gate, &xe, m, &mut g)?;
-            self.matmul(&up, &xe, m, &mut u)?;
-            self.glu(glu, &g, &u, m * ff, &mut act)?;
-            let mut ye = self.buffer(m * d)?;
-            self.matmul(&down, &act, m, &mut ye)?;
-            for (y, &(r, slot)) in ye.chunks_exact(d).zip(users) {
+            xs.push(xe);
+        }
+        let buffers = |len: &dyn Fn(usize) -> usize| -> Result<Vec<Vec<f32>>> {
+            used.iter()
+                .map(|(_, u)| self.buffer(len(u.len())))
+                .collect()
+        };
+        let (mut g, mut u, mut act) = (
+            buffers(&|m| m * ff)?,
+            buffers(&|m| m * ff)?,
+            buffers(&|m| m * ff)?,
+        );
+        let mut ye = buffers(&|m| m * d)?;
+        let copies = [&ex.gate, &ex.up, &ex.down].map(|w| self.experts_interleaved(w, n));
+        let mut products = Vec::with_capacity(2 * used.len());
+        for (((&(e, users), x), g), u) in used.iter().zip(&xs).zip(&mut g).zip(&mut u) {
+            let m = users.len();
+            for (whole, copy, y) in [(&ex.gate, &copies[0], g), (&ex.up, &copies[1], u)] {
+                let w = self.expert_matrix(whole, copy, e, n);
+                products.push(Product {
+                    w,
+                    x: &x[..m * d],
+                    n_tokens: m,
+                    y: &mut y[..m * ff],
+                });
+            }
+        }
+        matmul_many(&self.pool, self.kernels, &mut products)?;
+        drop(products);
+        for (((&(_, users), g), u), a) in used.iter().zip(&g).zip(&u).zip(&mut act) {
+            self.glu(glu, g, u, users.len() * ff, a)?;
+        }
+        let mut products = Vec::with_capacity(used.len());
+        for ((&(e, users), a), y) in used.iter().zip(&act).zip(&mut ye) {
+            let m = users.len();
+            let w = self.expert_matrix(&ex.down, &copies[2], e, n);
+            products.push(Product {
+                w,
+                x: &a[..m * ff],
+                n_tokens: m,
+                y: &mut y[..m * d],
+            });
+        }
+        matmul_many(&self.pool, self.kernels, &mut products)?;
+        drop(products);
+        for (&(_, users), y) in used.iter().zip(&ye) {
+            for (y, &(r, slot)) in y.chunks_exact(d).zip(users.iter()) {
                 let w = choices[r][slot].1;
                 let dst = &mut weighted[(r * k + slot) * d..][..d];
                 dst.iter_mut().zip(y).for_each(|(o, &v)| *o = v * w);
@@ -245,6 +320,30 @@ impl Backend for CpuBackend {
             rows,
             &mut out[..rows * w.rows],
         )
+    }
+
+    fn matmuls(
+        &self,
+        ws: &[&Weight],
+        x: &Vec<f32>,
+        rows: usize,
+        outs: &mut [&mut Vec<f32>],
+    ) -> Result<()> {
+        let copies: Vec<Option<Arc<Vec<u8>>>> =
+            ws.iter().map(|w| self.interleaved_copy(w)).collect();
+        let mut products = Vec::with_capacity(ws.len());
+        for ((w, copy), out) in ws.iter().zip(&copies).zip(outs.iter_mut()) {
+            products.push(Product {
+                w: WeightMatrix {
+                    interleaved: copy.as_ref().map(|v| v.as_slice()),
+                    ..WeightMatrix::new(w.ty, w.rows, w.cols, self.bytes(w))
+                },
+                x: &x[..rows * w.cols],
+                n_tokens: rows,
+                y: &mut out[..rows * w.rows],
+            });
+        }
+        matmul_many(&self.pool, self.kernels, &mut products)
     }
 
     fn add_bias(&self, x: &mut Vec<f32>, bias: &Weight, rows: usize) -> Result<()> {

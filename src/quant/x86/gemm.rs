@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 
 use super::int_dot::{crumbs, load32, masked_bit, nibbles16, q5_codes, IntDot};
-use crate::quant::interleaved::INTERLEAVED_BLOCK_BYTES;
+use crate::quant::interleaved::{Q4_K_GROUP_BLOCK, Q8_0_GROUP_BLOCK};
 use crate::quant::kquants::{k_scale_min, q3k_scales};
 use crate::quant::panel::{Panel, PANEL_ROWS};
 use crate::quant::Q8Block;
@@ -468,7 +468,7 @@ pub(super) unsafe fn interleaved_q8_0_rows<D: IntDot>(
     act: &[Q8Block],
     out: &mut [f32],
 ) {
-    const BLOCK: usize = INTERLEAVED_BLOCK_BYTES;
+    const BLOCK: usize = Q8_0_GROUP_BLOCK;
     let blocks = cols / 32;
     assert!(
         cols.is_multiple_of(32)
@@ -509,7 +509,7 @@ pub(super) unsafe fn interleaved_q8_0_rows<D: IntDot>(
 /// Eight interleaved Q8_0 rows as a panel.
 #[inline(always)]
 pub(super) unsafe fn pack_interleaved_q8_0(group: &[u8], panel: &mut Panel) {
-    const BLOCK: usize = INTERLEAVED_BLOCK_BYTES;
+    const BLOCK: usize = Q8_0_GROUP_BLOCK;
     let blocks = panel.cols / 32;
     assert!(
         panel.sub == 32 && group.len() == blocks * BLOCK,
@@ -526,5 +526,125 @@ pub(super) unsafe fn pack_interleaved_q8_0(group: &[u8], panel: &mut Panel) {
             f[PANEL_ROWS..].as_mut_ptr(),
             _mm256_mul_ps(d, _mm256_set1_ps(128.0)),
         );
+    }
+}
+
+/// Eight bytes at `p` as eight f32 lanes.
+#[inline(always)]
+unsafe fn bytes8_to_f32(p: *const u8) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast())))
+}
+
+/// Interleaved Q4_K rows (`crate::quant::interleaved`) dotted with one
+/// token: `out[r]` = row r · act.
+#[inline(always)]
+pub(super) unsafe fn interleaved_q4_k_rows<D: IntDot>(
+    data: &[u8],
+    cols: usize,
+    act: &[Q8Block],
+    out: &mut [f32],
+) {
+    const BLOCK: usize = Q4_K_GROUP_BLOCK;
+    let supers = cols / 256;
+    assert!(
+        cols.is_multiple_of(256)
+            && act.len() == supers * 8
+            && out.len().is_multiple_of(PANEL_ROWS)
+            && data.len() == out.len() / PANEL_ROWS * supers * BLOCK,
+        "interleaved Q4_K shapes"
+    );
+    let m4 = _mm256_set1_epi8(0x0F);
+    for (group, y) in data
+        .chunks_exact(supers * BLOCK)
+        .zip(out.chunks_exact_mut(PANEL_ROWS))
+    {
+        let (mut total, mut total_min) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for (s, block) in group.chunks_exact(BLOCK).enumerate() {
+            _mm_prefetch(block.as_ptr().wrapping_add(2 * BLOCK).cast(), _MM_HINT_T0);
+            _mm_prefetch(
+                block.as_ptr().wrapping_add(2 * BLOCK + 512).cast(),
+                _MM_HINT_T0,
+            );
+            let b = block.as_ptr();
+            let blocks = &act[s * 8..s * 8 + 8];
+            // Σ_j sc_j · a_j.d · isum_j and Σ_j min_j · a_j.d_sum, d and dmin
+            // applied once a super-block.
+            let (mut sums, mut mins) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for p in 0..4 {
+                let (low, high) = (&blocks[2 * p], &blocks[2 * p + 1]);
+                let mut isum = [_mm256_setzero_si256(); 2];
+                for k in 0..8 {
+                    // SAFETY (all pointer reads): chunk 8p + k, the scale and
+                    // minimum bytes and activation bytes 4k..4k + 4 are in
+                    // bounds of the block and the activations.
+                    let w = _mm256_loadu_si256(b.add(160 + (8 * p + k) * 32).cast());
+                    let codes = [
+                        _mm256_and_si256(w, m4),
+                        _mm256_and_si256(_mm256_srli_epi16(w, 4), m4),
+                    ];
+                    for (h, a) in [low, high].into_iter().enumerate() {
+                        let four = _mm256_set1_epi32(
+                            a.qs.as_ptr().add(4 * k).cast::<i32>().read_unaligned(),
+                        );
+                        isum[h] = D::dot_add(isum[h], codes[h], four);
+                    }
+                }
+                for (h, a) in [low, high].into_iter().enumerate() {
+                    let j = 2 * p + h;
+                    let scale =
+                        _mm256_mul_ps(bytes8_to_f32(b.add(32 + 8 * j)), _mm256_set1_ps(a.d));
+                    sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[h]), scale, sums);
+                    mins = _mm256_fmadd_ps(
+                        bytes8_to_f32(b.add(96 + 8 * j)),
+                        _mm256_set1_ps(a.d_sum),
+                        mins,
+                    );
+                }
+            }
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(b.cast()));
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(b.add(16).cast()));
+            total = _mm256_fmadd_ps(sums, d, total);
+            total_min = _mm256_fmadd_ps(mins, dmin, total_min);
+        }
+        _mm256_storeu_ps(y.as_mut_ptr(), _mm256_sub_ps(total, total_min));
+    }
+}
+
+/// Eight interleaved Q4_K rows as a panel.
+#[inline(always)]
+pub(super) unsafe fn pack_interleaved_q4_k(group: &[u8], panel: &mut Panel) {
+    const BLOCK: usize = Q4_K_GROUP_BLOCK;
+    let supers = panel.cols / 256;
+    assert!(
+        panel.sub == 32 && group.len() == supers * BLOCK,
+        "an interleaved Q4_K group of {} bytes for a panel of {} columns",
+        group.len(),
+        panel.cols
+    );
+    let m4 = _mm256_set1_epi8(0x0F);
+    for (s, block) in group.chunks_exact(BLOCK).enumerate() {
+        let b = block.as_ptr();
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(b.cast()));
+        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(b.add(16).cast()));
+        for j in 0..8 {
+            let f = &mut panel.factors[(s * 8 + j) * 2 * PANEL_ROWS..][..2 * PANEL_ROWS];
+            _mm256_storeu_ps(
+                f.as_mut_ptr(),
+                _mm256_mul_ps(d, bytes8_to_f32(b.add(32 + 8 * j))),
+            );
+            let min = _mm256_mul_ps(dmin, bytes8_to_f32(b.add(96 + 8 * j)));
+            _mm256_storeu_ps(f[PANEL_ROWS..].as_mut_ptr(), min);
+        }
+        for p in 0..4 {
+            for k in 0..8 {
+                let w = load32(&block[160 + (8 * p + k) * 32..]);
+                // Sub-blocks 2p and 2p + 1, chunk k of each.
+                let low = &mut panel.codes[((s * 8 + 2 * p) * 8 + k) * 32..][..32];
+                _mm256_storeu_si256(low.as_mut_ptr().cast(), _mm256_and_si256(w, m4));
+                let high = &mut panel.codes[((s * 8 + 2 * p + 1) * 8 + k) * 32..][..32];
+                let codes = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                _mm256_storeu_si256(high.as_mut_ptr().cast(), codes);
+            }
+        }
     }
 }

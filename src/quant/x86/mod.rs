@@ -120,10 +120,35 @@ macro_rules! panel_products {
     )*};
 }
 
+/// Safe wrappers of the interleaved-matrix kernels with `$dot` (see the
+/// SAFETY note above).
+macro_rules! interleaved_wrappers {
+    ($dot:ty, $features:literal; $($dot_rows:ident / $pack:ident: $kernel:ident / $packer:ident),*) => {$(
+        pub fn $dot_rows(data: &[u8], cols: usize, act: &[Q8Block], out: &mut [f32]) {
+            #[target_feature(enable = $features)]
+            unsafe fn inner(data: &[u8], cols: usize, act: &[Q8Block], out: &mut [f32]) {
+                gemm::$kernel::<$dot>(data, cols, act, out)
+            }
+            // SAFETY: only handed out when the CPU has the features.
+            unsafe { inner(data, cols, act, out) }
+        }
+        pub fn $pack(group: &[u8], panel: &mut Panel) {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn inner(group: &[u8], panel: &mut Panel) {
+                gemm::$packer(group, panel)
+            }
+            // SAFETY: as above.
+            unsafe { inner(group, panel) }
+        }
+    )*};
+}
+
 mod avx2 {
     use super::*;
     use int_dot::Avx2Dot;
     panel_products!(Avx2Dot, "avx2,fma,f16c", 4; product_by16: 16, product_by32: 32);
+    interleaved_wrappers!(Avx2Dot, "avx2,fma,f16c";
+        q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k);
     q8_wrappers!(avx2; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
         q5_0 / q5_0_x4 / q5_0_rows, q5_1 / q5_1_x4 / q5_1_rows, q8_0 / q8_0_x4 / q8_0_rows,
         q2_k / q2_k_x4 / q2_k_rows, q3_k / q3_k_x4 / q3_k_rows, q4_k / q4_k_x4 / q4_k_rows,
@@ -137,6 +162,9 @@ mod avx512 {
     use int_dot::VnniDot;
     panel_products!(VnniDot, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", 8;
         product_by16: 16, product_by32: 32);
+    interleaved_wrappers!(VnniDot, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni";
+        q8_0_interleaved_rows / q8_0_interleaved_pack: interleaved_q8_0_rows / pack_interleaved_q8_0,
+        q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k);
     q8_wrappers!(vnni; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
         q5_0 / q5_0_x4 / q5_0_rows, q5_1 / q5_1_x4 / q5_1_rows, q8_0 / q8_0_x4 / q8_0_rows,
         q2_k / q2_k_x4 / q2_k_rows, q3_k / q3_k_x4 / q3_k_rows, q4_k / q4_k_x4 / q4_k_rows,
@@ -230,27 +258,33 @@ pub fn avx512_dot_rows(ty: GgmlType) -> Option<Q8RowsFn> {
     rows_table!(avx512, ty)
 }
 
-/// The interleaved Q8_0 code: AVX-512 VNNI only (its codes are unsigned
-/// bytes up to 255, which `vpmaddubsw` would saturate). Call only after
+/// The AVX2 code for interleaved `ty` matrices: Q4_K only (Q8_0's codes
+/// are unsigned bytes up to 255, which `vpmaddubsw` would saturate). Call
+/// only after `avx2_available()`.
+pub fn avx2_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
+    match ty {
+        GgmlType::Q4K => Some(InterleavedKernels {
+            dot_rows: avx2::q4_k_interleaved_rows,
+            pack: avx2::q4_k_interleaved_pack,
+        }),
+        _ => None,
+    }
+}
+
+/// The AVX-512 code for interleaved `ty` matrices. Call only after
 /// `avx512_available()`.
-pub fn avx512_interleaved() -> InterleavedKernels {
-    fn dot_rows(data: &[u8], cols: usize, act: &[Q8Block], out: &mut [f32]) {
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn inner(data: &[u8], cols: usize, act: &[Q8Block], out: &mut [f32]) {
-            gemm::interleaved_q8_0_rows::<int_dot::VnniDot>(data, cols, act, out)
-        }
-        // SAFETY: only handed out when the CPU has the features (see above).
-        unsafe { inner(data, cols, act, out) }
+pub fn avx512_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
+    match ty {
+        GgmlType::Q8_0 => Some(InterleavedKernels {
+            dot_rows: avx512::q8_0_interleaved_rows,
+            pack: avx512::q8_0_interleaved_pack,
+        }),
+        GgmlType::Q4K => Some(InterleavedKernels {
+            dot_rows: avx512::q4_k_interleaved_rows,
+            pack: avx512::q4_k_interleaved_pack,
+        }),
+        _ => None,
     }
-    fn pack(group: &[u8], panel: &mut Panel) {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn inner(group: &[u8], panel: &mut Panel) {
-            gemm::pack_interleaved_q8_0(group, panel)
-        }
-        // SAFETY: as above.
-        unsafe { inner(group, panel) }
-    }
-    InterleavedKernels { dot_rows, pack }
 }
 
 /// The AVX2 panel code for `ty`. Call only after `avx2_available()`. Not
