@@ -56,6 +56,19 @@ pub fn interleaved_group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
 /// 8) interleaved eight rows at a time; `None` for a type or shape without
 /// a layout, or when the memory for the copy cannot be had.
 pub fn interleave(ty: GgmlType, rows: &[u8], n_rows: usize, cols: usize) -> Option<Vec<u8>> {
+    interleave_with(ty, rows, n_rows, cols, |_| {})
+}
+
+/// [`interleave`], calling `done(range)` with each byte range of `rows`
+/// once it has been copied (so that the caller can let its pages go while
+/// the copy of a large matrix is still being made).
+pub fn interleave_with(
+    ty: GgmlType,
+    rows: &[u8],
+    n_rows: usize,
+    cols: usize,
+    mut done: impl FnMut(std::ops::Range<usize>),
+) -> Option<Vec<u8>> {
     let group_bytes = interleaved_group_bytes(ty, cols)?;
     let row_bytes = ty.row_bytes(cols as u64)? as usize;
     if !n_rows.is_multiple_of(INTERLEAVED_ROWS) || rows.len() != n_rows * row_bytes {
@@ -65,16 +78,24 @@ pub fn interleave(ty: GgmlType, rows: &[u8], n_rows: usize, cols: usize) -> Opti
     let mut out = Vec::new();
     out.try_reserve_exact(len).ok()?;
     out.resize(len, 0);
+    let source_group = INTERLEAVED_ROWS * row_bytes;
+    // Source bytes reported done at a time.
+    let step = (16 << 20) / source_group.max(1) + 1;
     let groups = rows
-        .chunks_exact(INTERLEAVED_ROWS * row_bytes)
+        .chunks_exact(source_group)
         .zip(out.chunks_exact_mut(group_bytes));
-    for (group, dst) in groups {
+    for (g, (group, dst)) in groups.enumerate() {
         let row = |r: usize| &group[r * row_bytes..(r + 1) * row_bytes];
         match ty {
             GgmlType::Q8_0 => interleave_q8_0_group(row, dst),
             _ => interleave_q4_k_group(row, dst),
         }
+        if (g + 1) % step == 0 {
+            done((g + 1 - step) * source_group..(g + 1) * source_group);
+        }
     }
+    let n_groups = n_rows / INTERLEAVED_ROWS;
+    done(n_groups / step * step * source_group..rows.len());
     Some(out)
 }
 
@@ -136,4 +157,37 @@ pub struct InterleavedKernels {
     /// [`crate::quant::Panel`] (made with `sub` 32) for products with many
     /// tokens.
     pub pack: fn(&[u8], &mut crate::quant::Panel),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_copied_ranges_cover_the_rows_once_in_order() {
+        // Matrices below the 16 MiB step: one report, of everything.
+        for (ty, n_rows, cols) in [(GgmlType::Q8_0, 4096, 256), (GgmlType::Q4K, 16, 512)] {
+            let row_bytes = ty.row_bytes(cols as u64).unwrap() as usize;
+            let rows = vec![0u8; n_rows * row_bytes];
+            let mut ranges = Vec::new();
+            let copy = interleave_with(ty, &rows, n_rows, cols, |r| ranges.push(r)).unwrap();
+            assert_eq!(
+                copy.len(),
+                n_rows / 8 * interleaved_group_bytes(ty, cols).unwrap()
+            );
+            let mut at = 0;
+            for r in ranges {
+                assert_eq!(r.start, at, "{ty}");
+                at = r.end;
+            }
+            assert_eq!(at, rows.len(), "{ty}");
+        }
+    }
+
+    #[test]
+    fn shapes_without_a_layout_have_no_copy() {
+        assert!(interleave(GgmlType::Q4_0, &[0; 18 * 8], 8, 32).is_none());
+        assert!(interleave(GgmlType::Q8_0, &[0; 34 * 7], 7, 32).is_none());
+        assert!(interleave(GgmlType::Q4K, &[0; 144 * 8], 8, 128).is_none());
+    }
 }

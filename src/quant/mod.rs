@@ -26,8 +26,8 @@ mod x86;
 
 pub use float::exp;
 pub use interleaved::{
-    has_interleaved_layout, interleave, interleaved_group_bytes, InterleavedKernels,
-    INTERLEAVED_ROWS,
+    has_interleaved_layout, interleave, interleave_with, interleaved_group_bytes,
+    InterleavedKernels, INTERLEAVED_ROWS,
 };
 pub use panel::{GemmKernels, Panel, GEMM_MIN_TOKENS, PANEL_ROWS};
 pub(crate) use q8::Q8_BLOCK;

@@ -19,7 +19,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv_cache::KvCache;
-use crate::quant::{dequantize_row, interleave, Kernels, INTERLEAVED_ROWS};
+use crate::quant::{dequantize_row, interleave_with, Kernels, INTERLEAVED_ROWS};
 
 pub struct CpuBackend {
     file: Arc<GgufFile>,
@@ -82,9 +82,16 @@ impl CpuBackend {
         }
         // No layout for the shape, or out of memory for the copy: the
         // products read the rows as stored.
-        let copy = Arc::new(interleave(w.ty, self.bytes(w), w.rows, w.cols)?);
         let data = self.file.data().expect("checked in new");
-        data.release(w.offset..w.offset + w.n_bytes);
+        let release =
+            |r: std::ops::Range<usize>| data.release(w.offset + r.start..w.offset + r.end);
+        let copy = Arc::new(interleave_with(
+            w.ty,
+            self.bytes(w),
+            w.rows,
+            w.cols,
+            release,
+        )?);
         copies.insert(w.offset, Arc::clone(&copy));
         Some(copy)
     }
