@@ -493,6 +493,8 @@ fn interleaved_products_are_within_bound_for_one_to_many_tokens() {
     for (ty, rows, cols) in [
         (GgmlType::Q8_0, 16, 256),
         (GgmlType::Q8_0, 40, 96),
+        (GgmlType::Q4_0, 16, 256),
+        (GgmlType::Q4_0, 40, 96),
         (GgmlType::Q4K, 16, 256),
         (GgmlType::Q4K, 40, 512),
     ] {

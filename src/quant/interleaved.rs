@@ -1,5 +1,5 @@
-//! Q8_0 and Q4_K matrices stored eight rows interleaved, for the CPU's
-//! products.
+//! Q8_0, Q4_0 and Q4_K matrices stored eight rows interleaved, for the
+//! CPU's products.
 //!
 //! A one-token dot over a row spends several vector instructions a block of
 //! weights (unpacking, scale conversion, the dot, its conversion and
@@ -17,6 +17,11 @@
 //! - Q8_0, [`Q8_0_GROUP_BLOCK`] bytes a block: the eight rows' f16 scales,
 //!   then eight chunks (columns 4k..4k + 4), each code q stored as q + 128
 //!   (an unsigned byte). The same size as the rows.
+//! - Q4_0, [`Q4_0_GROUP_BLOCK`] bytes a block: the eight rows' f16 scales,
+//!   then four chunks whose bytes hold the code of column c in the low
+//!   nibble and of column c + 16 in the high one (chunk k: columns
+//!   4k..4k + 4 and 16 + 4k..20 + 4k), as Q4_0 stores them. The same size
+//!   as the rows.
 //! - Q4_K, [`Q4_K_GROUP_BLOCK`] bytes a super-block: the eight rows' f16 d,
 //!   their f16 dmin, the 6-bit scales as bytes (sub-block j's eight rows at
 //!   32 + 8j), the 6-bit minimums likewise (at 96 + 8j), then for each pair
@@ -35,18 +40,22 @@ pub const INTERLEAVED_ROWS: usize = 8;
 /// Q8_0 blocks take.
 pub const Q8_0_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 34;
 
+/// Bytes of one block of 32 columns of a Q4_0 group.
+pub const Q4_0_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 18;
+
 /// Bytes of one super-block of 256 columns of a Q4_K group.
 pub const Q4_K_GROUP_BLOCK: usize = 32 + 2 * 64 + 4 * 8 * 32;
 
 /// Whether `ty` has an interleaved layout.
 pub fn has_interleaved_layout(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4K)
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4K)
 }
 
 /// Bytes of [`INTERLEAVED_ROWS`] rows of `cols` values of `ty` interleaved.
 pub fn interleaved_group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
     match ty {
         GgmlType::Q8_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q8_0_GROUP_BLOCK),
+        GgmlType::Q4_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q4_0_GROUP_BLOCK),
         GgmlType::Q4K if cols.is_multiple_of(256) => Some(cols / 256 * Q4_K_GROUP_BLOCK),
         _ => None,
     }
@@ -88,6 +97,7 @@ pub fn interleave_with(
         let row = |r: usize| &group[r * row_bytes..(r + 1) * row_bytes];
         match ty {
             GgmlType::Q8_0 => interleave_q8_0_group(row, dst),
+            GgmlType::Q4_0 => interleave_q4_0_group(row, dst),
             _ => interleave_q4_k_group(row, dst),
         }
         if (g + 1) % step == 0 {
@@ -117,6 +127,19 @@ fn interleave_q8_0_group<'a>(row: impl Fn(usize) -> &'a [u8], dst: &mut [u8]) {
         for k in 0..8 {
             let four = |r: usize| src(r)[2 + 4 * k..6 + 4 * k].try_into().unwrap();
             chunk(&mut block[16 + 32 * k..48 + 32 * k], four, 0x80);
+        }
+    }
+}
+
+fn interleave_q4_0_group<'a>(row: impl Fn(usize) -> &'a [u8], dst: &mut [u8]) {
+    for (b, block) in dst.chunks_exact_mut(Q4_0_GROUP_BLOCK).enumerate() {
+        let src = |r: usize| &row(r)[b * 18..(b + 1) * 18];
+        for r in 0..INTERLEAVED_ROWS {
+            block[2 * r..2 * r + 2].copy_from_slice(&src(r)[..2]);
+        }
+        for k in 0..4 {
+            let four = |r: usize| src(r)[2 + 4 * k..6 + 4 * k].try_into().unwrap();
+            chunk(&mut block[16 + 32 * k..48 + 32 * k], four, 0);
         }
     }
 }
@@ -166,7 +189,11 @@ mod tests {
     #[test]
     fn the_copied_ranges_cover_the_rows_once_in_order() {
         // Matrices below the 16 MiB step: one report, of everything.
-        for (ty, n_rows, cols) in [(GgmlType::Q8_0, 4096, 256), (GgmlType::Q4K, 16, 512)] {
+        for (ty, n_rows, cols) in [
+            (GgmlType::Q8_0, 4096, 256),
+            (GgmlType::Q4_0, 64, 96),
+            (GgmlType::Q4K, 16, 512),
+        ] {
             let row_bytes = ty.row_bytes(cols as u64).unwrap() as usize;
             let rows = vec![0u8; n_rows * row_bytes];
             let mut ranges = Vec::new();
@@ -186,7 +213,7 @@ mod tests {
 
     #[test]
     fn shapes_without_a_layout_have_no_copy() {
-        assert!(interleave(GgmlType::Q4_0, &[0; 18 * 8], 8, 32).is_none());
+        assert!(interleave(GgmlType::Q4_1, &[0; 20 * 8], 8, 32).is_none());
         assert!(interleave(GgmlType::Q8_0, &[0; 34 * 7], 7, 32).is_none());
         assert!(interleave(GgmlType::Q4K, &[0; 144 * 8], 8, 128).is_none());
     }
