@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use m40llm::backend::cpu::{matmul, ThreadPool, WeightMatrix};
+use m40llm::backend::cpu::{matmul, matmul_many, Product, ThreadPool, WeightMatrix};
 use m40llm::quant::q8::dot_error_bound;
 use m40llm::quant::{
     dequantize_row, interleave, quantize_row_q8, DotKernel, GgmlType, Isa, Kernels, Panel, Q8Block,
@@ -443,8 +443,9 @@ fn four_token_dots_are_within_the_bound_of_each_tokens_reference() {
 fn every_quantizer_equals_the_scalar_one_bit_for_bit() {
     let mut rng = Rng(0x51DE);
     let mut x = random_activations(32 * 64, &mut rng);
-    x[32..64].fill(0.0); // a block of zeros: scale 0
-                         // A block whose scale is 1: exact halves, which round to even.
+    // A block of zeros: scale 0.
+    x[32..64].fill(0.0);
+    // A block whose scale is 1: exact halves, which round to even.
     x[96..100].copy_from_slice(&[127.0, 2.5, -2.5, 3.5]);
     let mut want = vec![Q8Block::default(); 64];
     quantize_row_q8(&x, &mut want);
@@ -526,6 +527,69 @@ fn interleaved_products_are_within_bound_for_one_to_many_tokens() {
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn products_in_one_loop_equal_the_products_alone() {
+    let mut rng = Rng(0x3A7);
+    let pool = ThreadPool::new(3);
+    let shapes = [
+        (GgmlType::Q4K, 24, 256, 1),
+        (GgmlType::Q5_0, 40, 64, 1),
+        (GgmlType::Q8_0, 16, 96, 9),
+        (GgmlType::F16, 5, 32, 2),
+    ];
+    for isa in Isa::all_available() {
+        let kernels = Kernels::for_isa(isa).unwrap();
+        let raws: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&(ty, rows, cols, _)| random_weights(ty, rows, cols, &mut rng))
+            .collect();
+        let xs: Vec<Vec<f32>> = shapes
+            .iter()
+            .map(|&(_, _, cols, n)| random_activations(n * cols, &mut rng))
+            .collect();
+        let alone: Vec<Vec<f32>> = shapes
+            .iter()
+            .zip(&raws)
+            .zip(&xs)
+            .map(|((&(ty, rows, cols, n), raw), x)| {
+                let mut y = vec![f32::NAN; n * rows];
+                matmul(
+                    &pool,
+                    kernels,
+                    &WeightMatrix::new(ty, rows, cols, raw),
+                    x,
+                    n,
+                    &mut y,
+                )
+                .unwrap();
+                y
+            })
+            .collect();
+        let mut ys: Vec<Vec<f32>> = alone.iter().map(|y| vec![f32::NAN; y.len()]).collect();
+        let mut products: Vec<Product> = shapes
+            .iter()
+            .zip(&raws)
+            .zip(&xs)
+            .zip(&mut ys)
+            .map(|(((&(ty, rows, cols, n), raw), x), y)| Product {
+                w: WeightMatrix::new(ty, rows, cols, raw),
+                x,
+                n_tokens: n,
+                y,
+            })
+            .collect();
+        matmul_many(&pool, kernels, &mut products).unwrap();
+        drop(products);
+        for (i, (together, alone)) in ys.iter().zip(&alone).enumerate() {
+            let same = together
+                .iter()
+                .zip(alone)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{isa:?} product {i}: {together:?} vs {alone:?}");
         }
     }
 }

@@ -63,16 +63,22 @@ impl TensorData {
     pub fn release(&self, range: std::ops::Range<usize>) {
         #[cfg(unix)]
         if let TensorData::Mapped { map, data_offset } = self {
-            const PAGE: usize = 4096;
+            // SAFETY: sysconf has no preconditions.
+            let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+                p if p > 0 => p as usize,
+                _ => return,
+            };
             // Whole pages inside the range only: the pages at its ends may
             // hold other tensors' bytes.
-            let start = (data_offset + range.start).next_multiple_of(PAGE);
-            let end = ((data_offset + range.end).min(map.len()) / PAGE) * PAGE;
+            let start = (data_offset + range.start).next_multiple_of(page);
+            let end = ((data_offset + range.end).min(map.len()) / page) * page;
             if start < end {
-                // SAFETY: the map is a read-only private file mapping, so
-                // dropping its pages changes no byte that any reference
-                // sees: a later read faults the file's same bytes back in.
-                // The range lies inside the map (clamped above).
+                // SAFETY: the map is a read-only shared file mapping that
+                // this process never writes, so its pages are clean copies
+                // of the file: dropping them changes no byte that any
+                // reference sees, and a later read faults the file's same
+                // bytes back in. The range lies inside the map (clamped
+                // above) and starts on a page boundary.
                 let _ = unsafe {
                     map.unchecked_advise_range(
                         memmap2::UncheckedAdvice::DontNeed,

@@ -77,7 +77,10 @@ pub fn f16_axpys(rows: &[u8], stride: usize, a: &[f32], y: &mut [f32]) {
 /// each): `out[g · n + j]` = row j · query g, `n = out.len() / queries`.
 pub fn f16_dots_many(rows: &[u8], stride: usize, q: &[f32], dk: usize, out: &mut [f32]) {
     let n = out.len() / (q.len() / dk).max(1);
-    for (query, o) in q.chunks_exact(dk).zip(out.chunks_exact_mut(n.max(1))) {
+    for (query, o) in q
+        .chunks_exact(dk.max(1))
+        .zip(out.chunks_exact_mut(n.max(1)))
+    {
         f16_dots(rows, stride, query, o);
     }
 }

@@ -11,8 +11,8 @@
 //! keep the codes as stored, so a copy is (nearly) no larger than the rows
 //! it is made from.
 //!
-//! Both layouts go group by group of [`INTERLEAVED_ROWS`] rows, and within
-//! a group block by block (32 columns for Q8_0, 256 for Q4_K). A *chunk* is
+//! Every layout goes group by group of [`INTERLEAVED_ROWS`] rows, and within
+//! a group block by block (32 columns for Q8_0 and Q4_0, 256 for Q4_K). A *chunk* is
 //! 32 bytes holding four columns of each row, row r at bytes 4r..4r + 4.
 //! - Q8_0, [`Q8_0_GROUP_BLOCK`] bytes a block: the eight rows' f16 scales,
 //!   then eight chunks (columns 4k..4k + 4), each code q stored as q + 128
@@ -65,56 +65,52 @@ pub fn interleaved_group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
 /// 8) interleaved eight rows at a time; `None` for a type or shape without
 /// a layout, or when the memory for the copy cannot be had.
 pub fn interleave(ty: GgmlType, rows: &[u8], n_rows: usize, cols: usize) -> Option<Vec<u8>> {
-    interleave_with(ty, rows, n_rows, cols, |_| {})
-}
-
-/// [`interleave`], calling `done(range)` with each byte range of `rows`
-/// once it has been copied (so that the caller can let its pages go while
-/// the copy of a large matrix is still being made).
-pub fn interleave_with(
-    ty: GgmlType,
-    rows: &[u8],
-    n_rows: usize,
-    cols: usize,
-    mut done: impl FnMut(std::ops::Range<usize>),
-) -> Option<Vec<u8>> {
     let group_bytes = interleaved_group_bytes(ty, cols)?;
     let row_bytes = ty.row_bytes(cols as u64)? as usize;
     if !n_rows.is_multiple_of(INTERLEAVED_ROWS) || rows.len() != n_rows * row_bytes {
         return None;
     }
-    let len = n_rows / INTERLEAVED_ROWS * group_bytes;
     let mut out = Vec::new();
-    out.try_reserve_exact(len).ok()?;
-    out.resize(len, 0);
+    out.try_reserve_exact(n_rows / INTERLEAVED_ROWS * group_bytes)
+        .ok()?;
+    out.resize(n_rows / INTERLEAVED_ROWS * group_bytes, 0);
+    interleave_groups(ty, rows, cols, &mut out);
+    Some(out)
+}
+
+/// Interleaves whole groups of eight rows of `rows` into `out`, which holds
+/// [`interleaved_group_bytes`] for each (a piece of a matrix, so that
+/// pieces can be copied in parallel). Panics where `ty` has no layout or
+/// the lengths do not match.
+pub fn interleave_groups(ty: GgmlType, rows: &[u8], cols: usize, out: &mut [u8]) {
+    let group_bytes = interleaved_group_bytes(ty, cols).expect("a type with a layout");
+    let row_bytes = ty.row_bytes(cols as u64).expect("whole blocks") as usize;
     let source_group = INTERLEAVED_ROWS * row_bytes;
-    // Source bytes reported done at a time.
-    let step = (16 << 20) / source_group.max(1) + 1;
-    let groups = rows
+    assert!(
+        rows.len().is_multiple_of(source_group)
+            && out.len() == rows.len() / source_group * group_bytes,
+        "{} bytes of rows into {} bytes",
+        rows.len(),
+        out.len()
+    );
+    for (group, dst) in rows
         .chunks_exact(source_group)
-        .zip(out.chunks_exact_mut(group_bytes));
-    for (g, (group, dst)) in groups.enumerate() {
+        .zip(out.chunks_exact_mut(group_bytes))
+    {
         let row = |r: usize| &group[r * row_bytes..(r + 1) * row_bytes];
         match ty {
             GgmlType::Q8_0 => interleave_q8_0_group(row, dst),
             GgmlType::Q4_0 => interleave_q4_0_group(row, dst),
             _ => interleave_q4_k_group(row, dst),
         }
-        if (g + 1) % step == 0 {
-            done((g + 1 - step) * source_group..(g + 1) * source_group);
-        }
     }
-    let n_groups = n_rows / INTERLEAVED_ROWS;
-    done(n_groups / step * step * source_group..rows.len());
-    Some(out)
 }
 
 /// Copies four bytes of each row into a chunk, `flip` xored into each.
 fn chunk(dst: &mut [u8], four: impl Fn(usize) -> [u8; 4], flip: u8) {
     for r in 0..INTERLEAVED_ROWS {
-        for (d, b) in dst[4 * r..4 * r + 4].iter_mut().zip(four(r)) {
-            *d = b ^ flip;
-        }
+        let bytes = u32::from_le_bytes(four(r)) ^ (u32::from(flip) * 0x0101_0101);
+        dst[4 * r..4 * r + 4].copy_from_slice(&bytes.to_le_bytes());
     }
 }
 
@@ -180,6 +176,9 @@ pub struct InterleavedKernels {
     /// [`crate::quant::Panel`] (made with `sub` 32) for products with many
     /// tokens.
     pub pack: fn(&[u8], &mut crate::quant::Panel),
+    /// The product of such a panel with many tokens (as
+    /// [`crate::quant::GemmKernels::product`]).
+    pub product: fn(&crate::quant::Panel, &[crate::quant::Q8Block], &mut [f32]),
 }
 
 #[cfg(test)]
@@ -187,27 +186,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_copied_ranges_cover_the_rows_once_in_order() {
-        // Matrices below the 16 MiB step: one report, of everything.
+    fn pieces_of_whole_groups_interleave_as_the_whole_matrix_does() {
         for (ty, n_rows, cols) in [
-            (GgmlType::Q8_0, 4096, 256),
+            (GgmlType::Q8_0, 32, 256),
             (GgmlType::Q4_0, 64, 96),
-            (GgmlType::Q4K, 16, 512),
+            (GgmlType::Q4K, 24, 512),
         ] {
             let row_bytes = ty.row_bytes(cols as u64).unwrap() as usize;
-            let rows = vec![0u8; n_rows * row_bytes];
-            let mut ranges = Vec::new();
-            let copy = interleave_with(ty, &rows, n_rows, cols, |r| ranges.push(r)).unwrap();
-            assert_eq!(
-                copy.len(),
-                n_rows / 8 * interleaved_group_bytes(ty, cols).unwrap()
-            );
-            let mut at = 0;
-            for r in ranges {
-                assert_eq!(r.start, at, "{ty}");
-                at = r.end;
-            }
-            assert_eq!(at, rows.len(), "{ty}");
+            let rows: Vec<u8> = (0..n_rows * row_bytes)
+                .map(|i| (i * 7 + i / 13) as u8)
+                .collect();
+            let whole = interleave(ty, &rows, n_rows, cols).unwrap();
+            let group = interleaved_group_bytes(ty, cols).unwrap();
+            assert_eq!(whole.len(), n_rows / 8 * group);
+            let mut pieces = vec![0u8; whole.len()];
+            let (first, rest) = pieces.split_at_mut(group);
+            interleave_groups(ty, &rows[..8 * row_bytes], cols, first);
+            interleave_groups(ty, &rows[8 * row_bytes..], cols, rest);
+            assert_eq!(pieces, whole, "{ty}");
         }
     }
 

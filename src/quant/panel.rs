@@ -36,7 +36,7 @@ impl Panel {
     /// is 16 or 32).
     pub fn new(cols: usize, sub: usize) -> Panel {
         assert!(sub == 16 || sub == 32, "sub-block of {sub} columns");
-        assert_eq!(cols % sub.max(32), 0, "{cols} columns");
+        assert_eq!(cols % 32, 0, "{cols} columns");
         Panel {
             codes: vec![0; PANEL_ROWS * cols],
             factors: vec![0.0; cols / sub * 2 * PANEL_ROWS],

@@ -171,7 +171,8 @@ fn plan<'a>(
     let format = kernels
         .format(w.ty)
         .ok_or_else(|| Error::unsupported(format!("no CPU kernels for {} weights", w.ty)))?;
-    if w.ty.row_bytes(w.cols as u64).is_none()
+    if w.cols == 0
+        || w.ty.row_bytes(w.cols as u64).is_none()
         || w.data.len() != w.rows * w.row_bytes()
         || x.len() != n_tokens * w.cols
         || y.len() != n_tokens * w.rows
@@ -231,23 +232,17 @@ fn plan<'a>(
     });
     if let Some((data, code)) = interleaved(kernels, &w) {
         let group_bytes = data.len() / (w.rows / INTERLEAVED_ROWS);
-        // Both layouts unpack to panels with a scale per 32 columns.
-        let product = kernels.gemm(GgmlType::Q4_0).map(|g| g.product);
-        match product {
-            Some(product) if n_tokens >= GEMM_MIN_TOKENS => {
-                let pack = move |g: usize, panel: &mut Panel| {
-                    (code.pack)(&data[g * group_bytes..(g + 1) * group_bytes], panel)
-                };
-                return Ok(panel_product(
-                    pool, w, 32, pack, product, act, n_tokens, out,
-                ));
-            }
-            _ if n_tokens < GEMM_MIN_TOKENS => {
-                let band = band.next_multiple_of(INTERLEAVED_ROWS);
-                return Ok(interleaved_rows(band, code, w, data, act, n_tokens, out));
-            }
-            _ => {}
+        if n_tokens >= GEMM_MIN_TOKENS {
+            let pack = move |g: usize, panel: &mut Panel| {
+                (code.pack)(&data[g * group_bytes..(g + 1) * group_bytes], panel)
+            };
+            let product = code.product;
+            return Ok(panel_product(
+                pool, w, 32, pack, product, act, n_tokens, out,
+            ));
         }
+        let band = band.next_multiple_of(INTERLEAVED_ROWS);
+        return Ok(interleaved_rows(band, code, w, data, act, n_tokens, out));
     }
     if let Some(gemm) = kernels.gemm(w.ty) {
         if n_tokens >= GEMM_MIN_TOKENS && rows.is_multiple_of(PANEL_ROWS) {

@@ -19,15 +19,22 @@ use super::{
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv_cache::KvCache;
-use crate::quant::{dequantize_row, interleave_with, Kernels, INTERLEAVED_ROWS};
+use crate::quant::{
+    dequantize_row, interleave_groups, interleaved_group_bytes, Kernels, INTERLEAVED_ROWS,
+};
+
+/// A matrix's interleaved copy, shared by the products that read it.
+type InterleavedCopy = Arc<Vec<u8>>;
 
 pub struct CpuBackend {
     file: Arc<GgufFile>,
     pool: ThreadPool,
     kernels: Kernels,
-    /// Q8_0 matrices interleaved for the products, by their offset in the
-    /// data section: made on a matrix's first product and kept.
-    interleaved: Mutex<HashMap<usize, Arc<Vec<u8>>>>,
+    /// Matrices interleaved for the products (`quant::interleaved`), by
+    /// their offset in the data section and row count: made on a matrix's
+    /// first product and kept; `None` where the copy could not be made (out
+    /// of memory), so that it is not tried again.
+    interleaved: Mutex<HashMap<(usize, usize), Option<InterleavedCopy>>>,
 }
 
 impl CpuBackend {
@@ -76,24 +83,39 @@ impl CpuBackend {
         if !fits {
             return None;
         }
+        // The copy is made under the lock: a first product waits for it
+        // whichever session asked first, and no matrix is copied twice.
         let mut copies = self.interleaved.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(copy) = copies.get(&w.offset) {
-            return Some(Arc::clone(copy));
+        let key = (w.offset, w.rows);
+        if let Some(copy) = copies.get(&key) {
+            return copy.clone();
         }
-        // No layout for the shape, or out of memory for the copy: the
-        // products read the rows as stored.
-        let data = self.file.data().expect("checked in new");
-        let release =
-            |r: std::ops::Range<usize>| data.release(w.offset + r.start..w.offset + r.end);
-        let copy = Arc::new(interleave_with(
-            w.ty,
-            self.bytes(w),
-            w.rows,
-            w.cols,
-            release,
-        )?);
-        copies.insert(w.offset, Arc::clone(&copy));
-        Some(copy)
+        let copy = self.make_interleaved(w);
+        copies.insert(key, copy.clone());
+        copy
+    }
+
+    /// `w` interleaved, the mapped file's pages of `w` let go as the copy
+    /// is made; `None` for a shape without a layout or out of memory.
+    fn make_interleaved(&self, w: &Weight) -> Option<Arc<Vec<u8>>> {
+        let group = interleaved_group_bytes(w.ty, w.cols)?;
+        let source_group = INTERLEAVED_ROWS * w.row_bytes();
+        let len = w.rows / INTERLEAVED_ROWS * group;
+        let mut copy = Vec::new();
+        copy.try_reserve_exact(len).ok()?;
+        copy.resize(len, 0);
+        // About 16 MiB of the file a task, whose pages the task lets go once
+        // copied: the process never holds a large matrix twice.
+        let per_task = ((16 << 20) / source_group).max(1);
+        let (rows, data) = (self.bytes(w), self.file.data().expect("checked in new"));
+        self.pool
+            .for_each_chunk(&mut copy, per_task * group, &|i, dst| {
+                let start = i * per_task * source_group;
+                let src = &rows[start..start + dst.len() / group * source_group];
+                interleave_groups(w.ty, src, w.cols, dst);
+                data.release(w.offset + start..w.offset + start + src.len());
+            });
+        Some(Arc::new(copy))
     }
 
     /// The interleaved copy of a 3-D expert tensor `whole` of `n` experts,

@@ -427,6 +427,7 @@ pub(super) unsafe fn product<D: IntDot, const SUB: usize, const MAX: usize>(
     assert!(
         panel.sub == SUB
             && blocks > 0
+            && panel.cols == blocks * 32
             && acts.len().is_multiple_of(blocks)
             && out.len() == acts.len() / blocks * PANEL_ROWS
             && panel.codes.len() == panel.cols * PANEL_ROWS

@@ -467,6 +467,11 @@ unsafe fn k_with_min_1<D: IntDot, const FIFTH_BIT: bool>(row: &[u8], acts: &[Q8B
     assert!(acts.len() >= n * 8, "activations for every sub-block");
     // The activation blocks' d and d_sum fields, 8 blocks apart in f32s.
     const STRIDE: i32 = (std::mem::size_of::<Q8Block>() / 4) as i32;
+    const _: () = assert!(
+        std::mem::offset_of!(Q8Block, d) == 0
+            && std::mem::offset_of!(Q8Block, d_sum) == 4
+            && std::mem::size_of::<Q8Block>().is_multiple_of(4)
+    );
     let index = _mm256_mullo_epi32(
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
         _mm256_set1_epi32(STRIDE),

@@ -268,10 +268,12 @@ pub fn avx2_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
         GgmlType::Q4_0 => Some(InterleavedKernels {
             dot_rows: avx2::q4_0_interleaved_rows,
             pack: avx2::q4_0_interleaved_pack,
+            product: avx2::product_by32,
         }),
         GgmlType::Q4K => Some(InterleavedKernels {
             dot_rows: avx2::q4_k_interleaved_rows,
             pack: avx2::q4_k_interleaved_pack,
+            product: avx2::product_by32,
         }),
         _ => None,
     }
@@ -284,14 +286,17 @@ pub fn avx512_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
         GgmlType::Q8_0 => Some(InterleavedKernels {
             dot_rows: avx512::q8_0_interleaved_rows,
             pack: avx512::q8_0_interleaved_pack,
+            product: avx512::product_by32,
         }),
         GgmlType::Q4_0 => Some(InterleavedKernels {
             dot_rows: avx512::q4_0_interleaved_rows,
             pack: avx512::q4_0_interleaved_pack,
+            product: avx512::product_by32,
         }),
         GgmlType::Q4K => Some(InterleavedKernels {
             dot_rows: avx512::q4_k_interleaved_rows,
             pack: avx512::q4_k_interleaved_pack,
+            product: avx512::product_by32,
         }),
         _ => None,
     }

@@ -1,7 +1,7 @@
 //! Activations quantized to Q8 blocks in AVX2, bit-exact with the scalar
-//! [`crate::quant::quantize_row_q8`]: the same scale and inverse, products
-//! rounded to nearest with ties to even (`vcvtps2dq` in the default
-//! rounding mode).
+//! [`crate::quant::quantize_row_q8`] for finite input: the same scale and
+//! inverse, products rounded to nearest with ties to even (`vcvtps2dq` in
+//! the default rounding mode).
 
 use std::arch::x86_64::*;
 
