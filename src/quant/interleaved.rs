@@ -1,5 +1,5 @@
-//! Q8_0, Q4_0 and Q4_K matrices stored eight rows interleaved, for the
-//! CPU's products.
+//! Q8_0, Q4_0, Q5_0 and Q4_K matrices stored eight rows interleaved, for
+//! the CPU's products.
 //!
 //! A one-token dot over a row spends several vector instructions a block of
 //! weights (unpacking, scale conversion, the dot, its conversion and
@@ -12,7 +12,8 @@
 //! it is made from.
 //!
 //! Every layout goes group by group of [`INTERLEAVED_ROWS`] rows, and within
-//! a group block by block (32 columns for Q8_0 and Q4_0, 256 for Q4_K). A *chunk* is
+//! a group block by block (32 columns for Q8_0, Q4_0 and Q5_0, 256 for
+//! Q4_K). A *chunk* is
 //! 32 bytes holding four columns of each row, row r at bytes 4r..4r + 4.
 //! - Q8_0, [`Q8_0_GROUP_BLOCK`] bytes a block: the eight rows' f16 scales,
 //!   then eight chunks (columns 4k..4k + 4), each code q stored as q + 128
@@ -22,6 +23,9 @@
 //!   nibble and of column c + 16 in the high one (chunk k: columns
 //!   4k..4k + 4 and 16 + 4k..20 + 4k), as Q4_0 stores them. The same size
 //!   as the rows.
+//! - Q5_0, [`Q5_0_GROUP_BLOCK`] bytes a block: the eight rows' f16 scales,
+//!   their 32 fifth bits (a little-endian u32 each), then four chunks of
+//!   nibbles as in Q4_0. The same size as the rows.
 //! - Q4_K, [`Q4_K_GROUP_BLOCK`] bytes a super-block: the eight rows' f16 d,
 //!   their f16 dmin, the 6-bit scales as bytes (sub-block j's eight rows at
 //!   32 + 8j), the 6-bit minimums likewise (at 96 + 8j), then for each pair
@@ -43,12 +47,18 @@ pub const Q8_0_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 34;
 /// Bytes of one block of 32 columns of a Q4_0 group.
 pub const Q4_0_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 18;
 
+/// Bytes of one block of 32 columns of a Q5_0 group.
+pub const Q5_0_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 22;
+
 /// Bytes of one super-block of 256 columns of a Q4_K group.
 pub const Q4_K_GROUP_BLOCK: usize = 32 + 2 * 64 + 4 * 8 * 32;
 
 /// Whether `ty` has an interleaved layout.
 pub fn has_interleaved_layout(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4K)
+    matches!(
+        ty,
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4K
+    )
 }
 
 /// Bytes of [`INTERLEAVED_ROWS`] rows of `cols` values of `ty` interleaved.
@@ -56,6 +66,7 @@ pub fn interleaved_group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
     match ty {
         GgmlType::Q8_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q8_0_GROUP_BLOCK),
         GgmlType::Q4_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q4_0_GROUP_BLOCK),
+        GgmlType::Q5_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q5_0_GROUP_BLOCK),
         GgmlType::Q4K if cols.is_multiple_of(256) => Some(cols / 256 * Q4_K_GROUP_BLOCK),
         _ => None,
     }
@@ -101,6 +112,7 @@ pub fn interleave_groups(ty: GgmlType, rows: &[u8], cols: usize, out: &mut [u8])
         match ty {
             GgmlType::Q8_0 => interleave_q8_0_group(row, dst),
             GgmlType::Q4_0 => interleave_q4_0_group(row, dst),
+            GgmlType::Q5_0 => interleave_q5_0_group(row, dst),
             _ => interleave_q4_k_group(row, dst),
         }
     }
@@ -136,6 +148,20 @@ fn interleave_q4_0_group<'a>(row: impl Fn(usize) -> &'a [u8], dst: &mut [u8]) {
         for k in 0..4 {
             let four = |r: usize| src(r)[2 + 4 * k..6 + 4 * k].try_into().unwrap();
             chunk(&mut block[16 + 32 * k..48 + 32 * k], four, 0);
+        }
+    }
+}
+
+fn interleave_q5_0_group<'a>(row: impl Fn(usize) -> &'a [u8], dst: &mut [u8]) {
+    for (b, block) in dst.chunks_exact_mut(Q5_0_GROUP_BLOCK).enumerate() {
+        let src = |r: usize| &row(r)[b * 22..(b + 1) * 22];
+        for r in 0..INTERLEAVED_ROWS {
+            block[2 * r..2 * r + 2].copy_from_slice(&src(r)[..2]);
+            block[16 + 4 * r..20 + 4 * r].copy_from_slice(&src(r)[2..6]);
+        }
+        for k in 0..4 {
+            let four = |r: usize| src(r)[6 + 4 * k..10 + 4 * k].try_into().unwrap();
+            chunk(&mut block[48 + 32 * k..80 + 32 * k], four, 0);
         }
     }
 }
@@ -190,6 +216,7 @@ mod tests {
         for (ty, n_rows, cols) in [
             (GgmlType::Q8_0, 32, 256),
             (GgmlType::Q4_0, 64, 96),
+            (GgmlType::Q5_0, 16, 64),
             (GgmlType::Q4K, 24, 512),
         ] {
             let row_bytes = ty.row_bytes(cols as u64).unwrap() as usize;

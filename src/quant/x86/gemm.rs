@@ -8,7 +8,9 @@
 use std::arch::x86_64::*;
 
 use super::int_dot::{crumbs, load32, masked_bit, nibbles16, q5_codes, IntDot};
-use crate::quant::interleaved::{Q4_0_GROUP_BLOCK, Q4_K_GROUP_BLOCK, Q8_0_GROUP_BLOCK};
+use crate::quant::interleaved::{
+    Q4_0_GROUP_BLOCK, Q4_K_GROUP_BLOCK, Q5_0_GROUP_BLOCK, Q8_0_GROUP_BLOCK,
+};
 use crate::quant::kquants::{k_scale_min, q3k_scales};
 use crate::quant::panel::{Panel, PANEL_ROWS};
 use crate::quant::Q8Block;
@@ -724,6 +726,110 @@ pub(super) unsafe fn pack_interleaved_q4_0(group: &[u8], panel: &mut Panel) {
             let w = load32(&block[16 + 32 * k..]);
             _mm256_storeu_si256(codes[32 * k..].as_mut_ptr().cast(), _mm256_and_si256(w, m4));
             let high = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+            _mm256_storeu_si256(codes[32 * (4 + k)..].as_mut_ptr().cast(), high);
+        }
+    }
+}
+
+/// Bit 4 of byte i of each lane: bit `first + i` of the lane's u32 of fifth
+/// bits, for i in 0..4. One multiply spreads four bits a byte apart (bit i
+/// lands at 8i + 4; the four copies of the nibble never overlap, so no
+/// carries), and a mask keeps the wanted ones.
+#[inline(always)]
+unsafe fn fifth_bits(qh: __m256i, first: i32) -> __m256i {
+    let nibble = _mm256_and_si256(
+        _mm256_srl_epi32(qh, _mm_cvtsi32_si128(first)),
+        _mm256_set1_epi32(0xF),
+    );
+    let spread = _mm256_mullo_epi32(
+        nibble,
+        _mm256_set1_epi32((1 << 4) | (1 << 11) | (1 << 18) | (1 << 25)),
+    );
+    _mm256_and_si256(spread, _mm256_set1_epi32(0x1010_1010))
+}
+
+/// Interleaved Q5_0 rows (`crate::quant::interleaved`) dotted with one
+/// token: `out[r]` = row r · act.
+#[inline(always)]
+pub(super) unsafe fn interleaved_q5_0_rows<D: IntDot>(
+    data: &[u8],
+    cols: usize,
+    act: &[Q8Block],
+    out: &mut [f32],
+) {
+    const BLOCK: usize = Q5_0_GROUP_BLOCK;
+    let blocks = cols / 32;
+    assert!(
+        cols.is_multiple_of(32)
+            && act.len() == blocks
+            && out.len().is_multiple_of(PANEL_ROWS)
+            && data.len() == out.len() / PANEL_ROWS * blocks * BLOCK,
+        "interleaved Q5_0 shapes"
+    );
+    // Codes are q + 16: Σ (q + 16)·a − 16·Σ a, the second term per
+    // activation block.
+    let offsets: Vec<i32> = act.iter().map(|a| -16 * a.sum()).collect();
+    let m4 = _mm256_set1_epi8(0x0F);
+    for (group, y) in data
+        .chunks_exact(blocks * BLOCK)
+        .zip(out.chunks_exact_mut(PANEL_ROWS))
+    {
+        let mut acc = [_mm256_setzero_ps(); 2];
+        for (b, (block, a)) in group.chunks_exact(BLOCK).zip(act).enumerate() {
+            _mm_prefetch(block.as_ptr().wrapping_add(2048).cast(), _MM_HINT_T0);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()));
+            let qh = load32(&block[16..]);
+            let codes = block[48..].as_ptr();
+            let q = a.qs.as_ptr();
+            let mut isum = [_mm256_set1_epi32(offsets[b]), _mm256_setzero_si256()];
+            for k in 0..4 {
+                // SAFETY: chunk k of the block and activation bytes 4k..4k + 4
+                // and 16 + 4k..20 + 4k are in bounds.
+                let w = _mm256_loadu_si256(codes.add(32 * k).cast());
+                let low_codes =
+                    _mm256_or_si256(_mm256_and_si256(w, m4), fifth_bits(qh, 4 * k as i32));
+                let high = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                let high_codes = _mm256_or_si256(high, fifth_bits(qh, 16 + 4 * k as i32));
+                let low = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
+                let high = _mm256_set1_epi32(q.add(16 + 4 * k).cast::<i32>().read_unaligned());
+                isum[0] = D::dot_add(isum[0], low_codes, low);
+                isum[1] = D::dot_add(isum[1], high_codes, high);
+            }
+            let sums = _mm256_cvtepi32_ps(_mm256_add_epi32(isum[0], isum[1]));
+            acc[b % 2] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, _mm256_set1_ps(a.d)), acc[b % 2]);
+        }
+        _mm256_storeu_ps(y.as_mut_ptr(), _mm256_add_ps(acc[0], acc[1]));
+    }
+}
+
+/// Eight interleaved Q5_0 rows as a panel.
+#[inline(always)]
+pub(super) unsafe fn pack_interleaved_q5_0(group: &[u8], panel: &mut Panel) {
+    const BLOCK: usize = Q5_0_GROUP_BLOCK;
+    let blocks = panel.cols / 32;
+    assert!(
+        panel.sub == 32 && group.len() == blocks * BLOCK,
+        "an interleaved Q5_0 group of {} bytes for a panel of {} columns",
+        group.len(),
+        panel.cols
+    );
+    let m4 = _mm256_set1_epi8(0x0F);
+    for (b, block) in group.chunks_exact(BLOCK).enumerate() {
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()));
+        let f = &mut panel.factors[b * 2 * PANEL_ROWS..(b + 1) * 2 * PANEL_ROWS];
+        _mm256_storeu_ps(f.as_mut_ptr(), d);
+        _mm256_storeu_ps(
+            f[PANEL_ROWS..].as_mut_ptr(),
+            _mm256_mul_ps(d, _mm256_set1_ps(16.0)),
+        );
+        let qh = load32(&block[16..]);
+        let codes = &mut panel.codes[b * 256..(b + 1) * 256];
+        for k in 0..4 {
+            let w = load32(&block[48 + 32 * k..]);
+            let low = _mm256_or_si256(_mm256_and_si256(w, m4), fifth_bits(qh, 4 * k as i32));
+            _mm256_storeu_si256(codes[32 * k..].as_mut_ptr().cast(), low);
+            let high = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+            let high = _mm256_or_si256(high, fifth_bits(qh, 16 + 4 * k as i32));
             _mm256_storeu_si256(codes[32 * (4 + k)..].as_mut_ptr().cast(), high);
         }
     }

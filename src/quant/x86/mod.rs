@@ -149,6 +149,7 @@ mod avx2 {
     panel_products!(Avx2Dot, "avx2,fma,f16c", 4; product_by16: 16, product_by32: 32);
     interleaved_wrappers!(Avx2Dot, "avx2,fma,f16c";
         q4_0_interleaved_rows / q4_0_interleaved_pack: interleaved_q4_0_rows / pack_interleaved_q4_0,
+        q5_0_interleaved_rows / q5_0_interleaved_pack: interleaved_q5_0_rows / pack_interleaved_q5_0,
         q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k);
     q8_wrappers!(avx2; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
         q5_0 / q5_0_x4 / q5_0_rows, q5_1 / q5_1_x4 / q5_1_rows, q8_0 / q8_0_x4 / q8_0_rows,
@@ -166,6 +167,7 @@ mod avx512 {
     interleaved_wrappers!(VnniDot, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni";
         q8_0_interleaved_rows / q8_0_interleaved_pack: interleaved_q8_0_rows / pack_interleaved_q8_0,
         q4_0_interleaved_rows / q4_0_interleaved_pack: interleaved_q4_0_rows / pack_interleaved_q4_0,
+        q5_0_interleaved_rows / q5_0_interleaved_pack: interleaved_q5_0_rows / pack_interleaved_q5_0,
         q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k);
     q8_wrappers!(vnni; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
         q5_0 / q5_0_x4 / q5_0_rows, q5_1 / q5_1_x4 / q5_1_rows, q8_0 / q8_0_x4 / q8_0_rows,
@@ -260,7 +262,7 @@ pub fn avx512_dot_rows(ty: GgmlType) -> Option<Q8RowsFn> {
     rows_table!(avx512, ty)
 }
 
-/// The AVX2 code for interleaved `ty` matrices: Q4_0 and Q4_K (Q8_0's
+/// The AVX2 code for interleaved `ty` matrices: Q4_0, Q5_0 and Q4_K (Q8_0's
 /// codes are unsigned bytes up to 255, which `vpmaddubsw` would saturate).
 /// Call only after `avx2_available()`.
 pub fn avx2_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
@@ -268,6 +270,11 @@ pub fn avx2_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
         GgmlType::Q4_0 => Some(InterleavedKernels {
             dot_rows: avx2::q4_0_interleaved_rows,
             pack: avx2::q4_0_interleaved_pack,
+            product: avx2::product_by32,
+        }),
+        GgmlType::Q5_0 => Some(InterleavedKernels {
+            dot_rows: avx2::q5_0_interleaved_rows,
+            pack: avx2::q5_0_interleaved_pack,
             product: avx2::product_by32,
         }),
         GgmlType::Q4K => Some(InterleavedKernels {
@@ -291,6 +298,11 @@ pub fn avx512_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
         GgmlType::Q4_0 => Some(InterleavedKernels {
             dot_rows: avx512::q4_0_interleaved_rows,
             pack: avx512::q4_0_interleaved_pack,
+            product: avx512::product_by32,
+        }),
+        GgmlType::Q5_0 => Some(InterleavedKernels {
+            dot_rows: avx512::q5_0_interleaved_rows,
+            pack: avx512::q5_0_interleaved_pack,
             product: avx512::product_by32,
         }),
         GgmlType::Q4K => Some(InterleavedKernels {
