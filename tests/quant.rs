@@ -500,6 +500,8 @@ fn interleaved_products_are_within_bound_for_one_to_many_tokens() {
         (GgmlType::Q5_0, 40, 96),
         (GgmlType::Q4K, 16, 256),
         (GgmlType::Q4K, 40, 512),
+        (GgmlType::Q6K, 16, 256),
+        (GgmlType::Q6K, 40, 512),
     ] {
         let raw = random_weights(ty, rows, cols, &mut rng);
         let w = dequantized(ty, &raw, cols);

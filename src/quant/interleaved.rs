@@ -1,5 +1,5 @@
-//! Q8_0, Q4_0, Q5_0 and Q4_K matrices stored eight rows interleaved, for
-//! the CPU's products.
+//! Q8_0, Q4_0, Q5_0, Q4_K and Q6_K matrices stored eight rows
+//! interleaved, for the CPU's products.
 //!
 //! A one-token dot over a row spends several vector instructions a block of
 //! weights (unpacking, scale conversion, the dot, its conversion and
@@ -13,7 +13,7 @@
 //!
 //! Every layout goes group by group of [`INTERLEAVED_ROWS`] rows, and within
 //! a group block by block (32 columns for Q8_0, Q4_0 and Q5_0, 256 for
-//! Q4_K). A *chunk* is
+//! Q4_K and Q6_K). A *chunk* is
 //! 32 bytes holding four columns of each row, row r at bytes 4r..4r + 4.
 //! - Q8_0, [`Q8_0_GROUP_BLOCK`] bytes a block: the eight rows' f16 scales,
 //!   then eight chunks (columns 4k..4k + 4), each code q stored as q + 128
@@ -33,6 +33,12 @@
 //!   sub-block 2p in the low nibble and the same column's code of 2p + 1 in
 //!   the high one: exactly how Q4_K stores them, four bytes of a row at a
 //!   time. 2.8% larger than the rows (the scales unpacked).
+//! - Q6_K, [`Q6_K_GROUP_BLOCK`] bytes a super-block: the eight rows' f16 d,
+//!   their 16 scales (scale i's eight rows at 16 + 8i), then for each half
+//!   h of the super-block and column group k (0..8) three chunks: bytes
+//!   4k..4k + 4 of the half's first and second 32 low-bit bytes and of its
+//!   32 high-bit bytes, the bytes as Q6_K stores them. The same size as
+//!   the rows.
 
 use crate::quant::kquants::k_scale_min;
 use crate::quant::GgmlType;
@@ -50,6 +56,9 @@ pub const Q4_0_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 18;
 /// Bytes of one block of 32 columns of a Q5_0 group.
 pub const Q5_0_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 22;
 
+/// Bytes of one super-block of 256 columns of a Q6_K group.
+pub const Q6_K_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 210;
+
 /// Bytes of one super-block of 256 columns of a Q4_K group.
 pub const Q4_K_GROUP_BLOCK: usize = 32 + 2 * 64 + 4 * 8 * 32;
 
@@ -57,7 +66,7 @@ pub const Q4_K_GROUP_BLOCK: usize = 32 + 2 * 64 + 4 * 8 * 32;
 pub fn has_interleaved_layout(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4K
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4K | GgmlType::Q6K
     )
 }
 
@@ -68,6 +77,7 @@ pub fn interleaved_group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
         GgmlType::Q4_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q4_0_GROUP_BLOCK),
         GgmlType::Q5_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q5_0_GROUP_BLOCK),
         GgmlType::Q4K if cols.is_multiple_of(256) => Some(cols / 256 * Q4_K_GROUP_BLOCK),
+        GgmlType::Q6K if cols.is_multiple_of(256) => Some(cols / 256 * Q6_K_GROUP_BLOCK),
         _ => None,
     }
 }
@@ -113,6 +123,7 @@ pub fn interleave_groups(ty: GgmlType, rows: &[u8], cols: usize, out: &mut [u8])
             GgmlType::Q8_0 => interleave_q8_0_group(row, dst),
             GgmlType::Q4_0 => interleave_q4_0_group(row, dst),
             GgmlType::Q5_0 => interleave_q5_0_group(row, dst),
+            GgmlType::Q6K => interleave_q6_k_group(row, dst),
             _ => interleave_q4_k_group(row, dst),
         }
     }
@@ -166,6 +177,29 @@ fn interleave_q5_0_group<'a>(row: impl Fn(usize) -> &'a [u8], dst: &mut [u8]) {
     }
 }
 
+fn interleave_q6_k_group<'a>(row: impl Fn(usize) -> &'a [u8], dst: &mut [u8]) {
+    for (s, block) in dst.chunks_exact_mut(Q6_K_GROUP_BLOCK).enumerate() {
+        let src = |r: usize| &row(r)[s * 210..(s + 1) * 210];
+        for r in 0..INTERLEAVED_ROWS {
+            let b = src(r);
+            block[2 * r..2 * r + 2].copy_from_slice(&b[208..210]);
+            for i in 0..16 {
+                block[16 + 8 * i + r] = b[192 + i];
+            }
+        }
+        for h in 0..2 {
+            for k in 0..8 {
+                // The half's first and second low-bit runs, then its high bits.
+                for (c, at) in [h * 64, h * 64 + 32, 128 + h * 32].into_iter().enumerate() {
+                    let four = |r: usize| src(r)[at + 4 * k..at + 4 * k + 4].try_into().unwrap();
+                    let out = 144 + ((h * 8 + k) * 3 + c) * 32;
+                    chunk(&mut block[out..out + 32], four, 0);
+                }
+            }
+        }
+    }
+}
+
 fn interleave_q4_k_group<'a>(row: impl Fn(usize) -> &'a [u8], dst: &mut [u8]) {
     for (s, block) in dst.chunks_exact_mut(Q4_K_GROUP_BLOCK).enumerate() {
         let src = |r: usize| &row(r)[s * 144..(s + 1) * 144];
@@ -198,8 +232,11 @@ pub struct InterleavedKernels {
     /// `dot_rows(data, cols, act, out)`: `out[r]` = row r · act for the
     /// `out.len()` rows (a multiple of 8) that `data` holds interleaved.
     pub dot_rows: fn(&[u8], usize, &[crate::quant::Q8Block], &mut [f32]),
+    /// Columns a scale covers in the panels `pack` makes (32, or 16 for
+    /// Q6_K).
+    pub sub: usize,
     /// `pack(group, panel)`: eight interleaved rows (one group) as a
-    /// [`crate::quant::Panel`] (made with `sub` 32) for products with many
+    /// [`crate::quant::Panel`] (made with `sub`) for products with many
     /// tokens.
     pub pack: fn(&[u8], &mut crate::quant::Panel),
     /// The product of such a panel with many tokens (as
@@ -218,6 +255,7 @@ mod tests {
             (GgmlType::Q4_0, 64, 96),
             (GgmlType::Q5_0, 16, 64),
             (GgmlType::Q4K, 24, 512),
+            (GgmlType::Q6K, 16, 512),
         ] {
             let row_bytes = ty.row_bytes(cols as u64).unwrap() as usize;
             let rows: Vec<u8> = (0..n_rows * row_bytes)

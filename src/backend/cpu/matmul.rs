@@ -236,9 +236,9 @@ fn plan<'a>(
             let pack = move |g: usize, panel: &mut Panel| {
                 (code.pack)(&data[g * group_bytes..(g + 1) * group_bytes], panel)
             };
-            let product = code.product;
+            let (sub, product) = (code.sub, code.product);
             return Ok(panel_product(
-                pool, w, 32, pack, product, act, n_tokens, out,
+                pool, w, sub, pack, product, act, n_tokens, out,
             ));
         }
         let band = band.next_multiple_of(INTERLEAVED_ROWS);

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use super::int_dot::{crumbs, load32, masked_bit, nibbles16, q5_codes, IntDot};
 use crate::quant::interleaved::{
-    Q4_0_GROUP_BLOCK, Q4_K_GROUP_BLOCK, Q5_0_GROUP_BLOCK, Q8_0_GROUP_BLOCK,
+    Q4_0_GROUP_BLOCK, Q4_K_GROUP_BLOCK, Q5_0_GROUP_BLOCK, Q6_K_GROUP_BLOCK, Q8_0_GROUP_BLOCK,
 };
 use crate::quant::kquants::{k_scale_min, q3k_scales};
 use crate::quant::panel::{Panel, PANEL_ROWS};
@@ -831,6 +831,145 @@ pub(super) unsafe fn pack_interleaved_q5_0(group: &[u8], panel: &mut Panel) {
             let high = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
             let high = _mm256_or_si256(high, fifth_bits(qh, 16 + 4 * k as i32));
             _mm256_storeu_si256(codes[32 * (4 + k)..].as_mut_ptr().cast(), high);
+        }
+    }
+}
+
+/// The four code vectors (sub-blocks 4h..4h + 4 of a half, one chunk of
+/// columns each) of an interleaved Q6_K column group: the low nibbles of
+/// the two low-bit chunks, then their high nibbles, each with its two high
+/// bits from the high-bit chunk.
+#[inline(always)]
+unsafe fn q6_k_codes(chunks: *const u8) -> [__m256i; 4] {
+    let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let low0 = _mm256_loadu_si256(chunks.cast());
+    let low1 = _mm256_loadu_si256(chunks.add(32).cast());
+    let high = _mm256_loadu_si256(chunks.add(64).cast());
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(low0, m4),
+            _mm256_and_si256(_mm256_slli_epi16(high, 4), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(low1, m4),
+            _mm256_and_si256(_mm256_slli_epi16(high, 2), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(low0, 4), m4),
+            _mm256_and_si256(high, m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(low1, 4), m4),
+            _mm256_and_si256(_mm256_srli_epi16(high, 2), m30),
+        ),
+    ]
+}
+
+/// Eight i8 scales at `p` as eight f32 lanes.
+#[inline(always)]
+unsafe fn scales8_to_f32(p: *const u8) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())))
+}
+
+/// Interleaved Q6_K rows (`crate::quant::interleaved`) dotted with one
+/// token: `out[r]` = row r · act.
+#[inline(always)]
+pub(super) unsafe fn interleaved_q6_k_rows<D: IntDot>(
+    data: &[u8],
+    cols: usize,
+    act: &[Q8Block],
+    out: &mut [f32],
+) {
+    const BLOCK: usize = Q6_K_GROUP_BLOCK;
+    let supers = cols / 256;
+    assert!(
+        cols.is_multiple_of(256)
+            && act.len() == supers * 8
+            && out.len().is_multiple_of(PANEL_ROWS)
+            && data.len() == out.len() / PANEL_ROWS * supers * BLOCK,
+        "interleaved Q6_K shapes"
+    );
+    for (group, y) in data
+        .chunks_exact(supers * BLOCK)
+        .zip(out.chunks_exact_mut(PANEL_ROWS))
+    {
+        let mut total = _mm256_setzero_ps();
+        for (s, block) in group.chunks_exact(BLOCK).enumerate() {
+            _mm_prefetch(block.as_ptr().wrapping_add(2 * BLOCK).cast(), _MM_HINT_T0);
+            _mm_prefetch(
+                block.as_ptr().wrapping_add(2 * BLOCK + 840).cast(),
+                _MM_HINT_T0,
+            );
+            let b = block.as_ptr();
+            let blocks = &act[s * 8..s * 8 + 8];
+            let mut sums = _mm256_setzero_ps();
+            for h in 0..2 {
+                // Sub-block 4h + i, columns 0..16 and 16..32: codes are
+                // q + 32, so each sum starts at −32 · Σ a of its 16 columns.
+                let mut isum: [[__m256i; 2]; 4] = std::array::from_fn(|i| {
+                    let a = &blocks[4 * h + i];
+                    std::array::from_fn(|half| {
+                        _mm256_set1_epi32(-32 * i32::from(a.half_sums[half]))
+                    })
+                });
+                for k in 0..8 {
+                    // SAFETY: the three chunks of column group (h, k) and
+                    // activation bytes 4k..4k + 4 are in bounds.
+                    let codes = q6_k_codes(b.add(144 + (h * 8 + k) * 3 * 32));
+                    for i in 0..4 {
+                        let q = blocks[4 * h + i].qs.as_ptr().add(4 * k);
+                        let four = _mm256_set1_epi32(q.cast::<i32>().read_unaligned());
+                        isum[i][k / 4] = D::dot_add(isum[i][k / 4], codes[i], four);
+                    }
+                }
+                for i in 0..4 {
+                    let j = 4 * h + i;
+                    let a_d = _mm256_set1_ps(blocks[j].d);
+                    for half in 0..2 {
+                        let scale =
+                            _mm256_mul_ps(scales8_to_f32(b.add(16 + 8 * (2 * j + half))), a_d);
+                        sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][half]), scale, sums);
+                    }
+                }
+            }
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(b.cast()));
+            total = _mm256_fmadd_ps(sums, d, total);
+        }
+        _mm256_storeu_ps(y.as_mut_ptr(), total);
+    }
+}
+
+/// Eight interleaved Q6_K rows as a panel (16 columns a scale).
+#[inline(always)]
+pub(super) unsafe fn pack_interleaved_q6_k(group: &[u8], panel: &mut Panel) {
+    const BLOCK: usize = Q6_K_GROUP_BLOCK;
+    let supers = panel.cols / 256;
+    assert!(
+        panel.sub == 16 && group.len() == supers * BLOCK,
+        "an interleaved Q6_K group of {} bytes for a panel of {} columns",
+        group.len(),
+        panel.cols
+    );
+    for (s, block) in group.chunks_exact(BLOCK).enumerate() {
+        let b = block.as_ptr();
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(b.cast()));
+        for g in 0..16 {
+            let f = &mut panel.factors[(s * 16 + g) * 2 * PANEL_ROWS..][..2 * PANEL_ROWS];
+            let scale = _mm256_mul_ps(d, scales8_to_f32(b.add(16 + 8 * g)));
+            _mm256_storeu_ps(f.as_mut_ptr(), scale);
+            _mm256_storeu_ps(
+                f[PANEL_ROWS..].as_mut_ptr(),
+                _mm256_mul_ps(scale, _mm256_set1_ps(32.0)),
+            );
+        }
+        for h in 0..2 {
+            for k in 0..8 {
+                let codes = q6_k_codes(b.add(144 + (h * 8 + k) * 3 * 32));
+                for (i, c) in codes.into_iter().enumerate() {
+                    let at = ((s * 8 + 4 * h + i) * 8 + k) * 32;
+                    _mm256_storeu_si256(panel.codes[at..at + 32].as_mut_ptr().cast(), c);
+                }
+            }
         }
     }
 }

@@ -150,7 +150,8 @@ mod avx2 {
     interleaved_wrappers!(Avx2Dot, "avx2,fma,f16c";
         q4_0_interleaved_rows / q4_0_interleaved_pack: interleaved_q4_0_rows / pack_interleaved_q4_0,
         q5_0_interleaved_rows / q5_0_interleaved_pack: interleaved_q5_0_rows / pack_interleaved_q5_0,
-        q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k);
+        q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k,
+        q6_k_interleaved_rows / q6_k_interleaved_pack: interleaved_q6_k_rows / pack_interleaved_q6_k);
     q8_wrappers!(avx2; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
         q5_0 / q5_0_x4 / q5_0_rows, q5_1 / q5_1_x4 / q5_1_rows, q8_0 / q8_0_x4 / q8_0_rows,
         q2_k / q2_k_x4 / q2_k_rows, q3_k / q3_k_x4 / q3_k_rows, q4_k / q4_k_x4 / q4_k_rows,
@@ -168,7 +169,8 @@ mod avx512 {
         q8_0_interleaved_rows / q8_0_interleaved_pack: interleaved_q8_0_rows / pack_interleaved_q8_0,
         q4_0_interleaved_rows / q4_0_interleaved_pack: interleaved_q4_0_rows / pack_interleaved_q4_0,
         q5_0_interleaved_rows / q5_0_interleaved_pack: interleaved_q5_0_rows / pack_interleaved_q5_0,
-        q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k);
+        q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k,
+        q6_k_interleaved_rows / q6_k_interleaved_pack: interleaved_q6_k_rows / pack_interleaved_q6_k);
     q8_wrappers!(vnni; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
         q5_0 / q5_0_x4 / q5_0_rows, q5_1 / q5_1_x4 / q5_1_rows, q8_0 / q8_0_x4 / q8_0_rows,
         q2_k / q2_k_x4 / q2_k_rows, q3_k / q3_k_x4 / q3_k_rows, q4_k / q4_k_x4 / q4_k_rows,
@@ -262,25 +264,34 @@ pub fn avx512_dot_rows(ty: GgmlType) -> Option<Q8RowsFn> {
     rows_table!(avx512, ty)
 }
 
-/// The AVX2 code for interleaved `ty` matrices: Q4_0, Q5_0 and Q4_K (Q8_0's
+/// The AVX2 code for interleaved `ty` matrices: Q4_0, Q5_0, Q4_K and Q6_K (Q8_0's
 /// codes are unsigned bytes up to 255, which `vpmaddubsw` would saturate).
 /// Call only after `avx2_available()`.
 pub fn avx2_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
     match ty {
         GgmlType::Q4_0 => Some(InterleavedKernels {
+            sub: 32,
             dot_rows: avx2::q4_0_interleaved_rows,
             pack: avx2::q4_0_interleaved_pack,
             product: avx2::product_by32,
         }),
         GgmlType::Q5_0 => Some(InterleavedKernels {
+            sub: 32,
             dot_rows: avx2::q5_0_interleaved_rows,
             pack: avx2::q5_0_interleaved_pack,
             product: avx2::product_by32,
         }),
         GgmlType::Q4K => Some(InterleavedKernels {
+            sub: 32,
             dot_rows: avx2::q4_k_interleaved_rows,
             pack: avx2::q4_k_interleaved_pack,
             product: avx2::product_by32,
+        }),
+        GgmlType::Q6K => Some(InterleavedKernels {
+            sub: 16,
+            dot_rows: avx2::q6_k_interleaved_rows,
+            pack: avx2::q6_k_interleaved_pack,
+            product: avx2::product_by16,
         }),
         _ => None,
     }
@@ -291,24 +302,34 @@ pub fn avx2_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
 pub fn avx512_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
     match ty {
         GgmlType::Q8_0 => Some(InterleavedKernels {
+            sub: 32,
             dot_rows: avx512::q8_0_interleaved_rows,
             pack: avx512::q8_0_interleaved_pack,
             product: avx512::product_by32,
         }),
         GgmlType::Q4_0 => Some(InterleavedKernels {
+            sub: 32,
             dot_rows: avx512::q4_0_interleaved_rows,
             pack: avx512::q4_0_interleaved_pack,
             product: avx512::product_by32,
         }),
         GgmlType::Q5_0 => Some(InterleavedKernels {
+            sub: 32,
             dot_rows: avx512::q5_0_interleaved_rows,
             pack: avx512::q5_0_interleaved_pack,
             product: avx512::product_by32,
         }),
         GgmlType::Q4K => Some(InterleavedKernels {
+            sub: 32,
             dot_rows: avx512::q4_k_interleaved_rows,
             pack: avx512::q4_k_interleaved_pack,
             product: avx512::product_by32,
+        }),
+        GgmlType::Q6K => Some(InterleavedKernels {
+            sub: 16,
+            dot_rows: avx512::q6_k_interleaved_rows,
+            pack: avx512::q6_k_interleaved_pack,
+            product: avx512::product_by16,
         }),
         _ => None,
     }
