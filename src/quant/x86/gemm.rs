@@ -462,76 +462,6 @@ pub(super) unsafe fn product<D: IntDot, const SUB: usize, const MAX: usize>(
     }
 }
 
-/// Interleaved Q8_0 rows (`crate::quant::interleaved`) dotted with one
-/// token: `out[r]` = row r · act.
-#[inline(always)]
-pub(super) unsafe fn interleaved_q8_0_rows<D: IntDot>(
-    data: &[u8],
-    cols: usize,
-    act: &[Q8Block],
-    out: &mut [f32],
-) {
-    const BLOCK: usize = Q8_0_GROUP_BLOCK;
-    let blocks = cols / 32;
-    assert!(
-        cols.is_multiple_of(32)
-            && act.len() == blocks
-            && out.len().is_multiple_of(PANEL_ROWS)
-            && data.len() == out.len() / PANEL_ROWS * blocks * BLOCK,
-        "interleaved Q8_0 shapes"
-    );
-    // Codes are q + 128: Σ (q + 128)·a − 128·Σ a, the second term per
-    // activation block.
-    let offsets: Vec<i32> = act.iter().map(|a| -128 * a.sum()).collect();
-    for (group, y) in data
-        .chunks_exact(blocks * BLOCK)
-        .zip(out.chunks_exact_mut(PANEL_ROWS))
-    {
-        let mut acc = [_mm256_setzero_ps(); 2];
-        for (b, (block, a)) in group.chunks_exact(BLOCK).zip(act).enumerate() {
-            _mm_prefetch(block.as_ptr().wrapping_add(2048).cast(), _MM_HINT_T0);
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()));
-            let codes = block[16..].as_ptr();
-            let q = a.qs.as_ptr();
-            // Two chains of four dots, half the latency of one of eight.
-            let mut isum = [_mm256_set1_epi32(offsets[b]), _mm256_setzero_si256()];
-            for k in 0..8 {
-                // SAFETY: chunk k of the block and bytes 4k..4k + 4 of the
-                // activations are in bounds.
-                let w = _mm256_loadu_si256(codes.add(32 * k).cast());
-                let four = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
-                isum[k % 2] = D::dot_add(isum[k % 2], w, four);
-            }
-            let sums = _mm256_cvtepi32_ps(_mm256_add_epi32(isum[0], isum[1]));
-            acc[b % 2] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, _mm256_set1_ps(a.d)), acc[b % 2]);
-        }
-        _mm256_storeu_ps(y.as_mut_ptr(), _mm256_add_ps(acc[0], acc[1]));
-    }
-}
-
-/// Eight interleaved Q8_0 rows as a panel.
-#[inline(always)]
-pub(super) unsafe fn pack_interleaved_q8_0(group: &[u8], panel: &mut Panel) {
-    const BLOCK: usize = Q8_0_GROUP_BLOCK;
-    let blocks = panel.cols / 32;
-    assert!(
-        panel.sub == 32 && group.len() == blocks * BLOCK,
-        "an interleaved Q8_0 group of {} bytes for a panel of {} columns",
-        group.len(),
-        panel.cols
-    );
-    for (b, block) in group.chunks_exact(BLOCK).enumerate() {
-        panel.codes[b * 256..(b + 1) * 256].copy_from_slice(&block[16..]);
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()));
-        let f = &mut panel.factors[b * 2 * PANEL_ROWS..(b + 1) * 2 * PANEL_ROWS];
-        _mm256_storeu_ps(f.as_mut_ptr(), d);
-        _mm256_storeu_ps(
-            f[PANEL_ROWS..].as_mut_ptr(),
-            _mm256_mul_ps(d, _mm256_set1_ps(128.0)),
-        );
-    }
-}
-
 /// Eight bytes at `p` as eight f32 lanes.
 #[inline(always)]
 unsafe fn bytes8_to_f32(p: *const u8) -> __m256 {
@@ -652,85 +582,6 @@ pub(super) unsafe fn pack_interleaved_q4_k(group: &[u8], panel: &mut Panel) {
     }
 }
 
-/// Interleaved Q4_0 rows (`crate::quant::interleaved`) dotted with one
-/// token: `out[r]` = row r · act.
-#[inline(always)]
-pub(super) unsafe fn interleaved_q4_0_rows<D: IntDot>(
-    data: &[u8],
-    cols: usize,
-    act: &[Q8Block],
-    out: &mut [f32],
-) {
-    const BLOCK: usize = Q4_0_GROUP_BLOCK;
-    let blocks = cols / 32;
-    assert!(
-        cols.is_multiple_of(32)
-            && act.len() == blocks
-            && out.len().is_multiple_of(PANEL_ROWS)
-            && data.len() == out.len() / PANEL_ROWS * blocks * BLOCK,
-        "interleaved Q4_0 shapes"
-    );
-    // Codes are q + 8: Σ (q + 8)·a − 8·Σ a, the second term per activation
-    // block.
-    let offsets: Vec<i32> = act.iter().map(|a| -8 * a.sum()).collect();
-    let m4 = _mm256_set1_epi8(0x0F);
-    for (group, y) in data
-        .chunks_exact(blocks * BLOCK)
-        .zip(out.chunks_exact_mut(PANEL_ROWS))
-    {
-        let mut acc = [_mm256_setzero_ps(); 2];
-        for (b, (block, a)) in group.chunks_exact(BLOCK).zip(act).enumerate() {
-            _mm_prefetch(block.as_ptr().wrapping_add(2048).cast(), _MM_HINT_T0);
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()));
-            let codes = block[16..].as_ptr();
-            let q = a.qs.as_ptr();
-            let mut isum = [_mm256_set1_epi32(offsets[b]), _mm256_setzero_si256()];
-            for k in 0..4 {
-                // SAFETY: chunk k of the block and activation bytes 4k..4k + 4
-                // and 16 + 4k..20 + 4k are in bounds.
-                let w = _mm256_loadu_si256(codes.add(32 * k).cast());
-                let low = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
-                let high = _mm256_set1_epi32(q.add(16 + 4 * k).cast::<i32>().read_unaligned());
-                isum[0] = D::dot_add(isum[0], _mm256_and_si256(w, m4), low);
-                isum[1] = D::dot_add(isum[1], _mm256_and_si256(_mm256_srli_epi16(w, 4), m4), high);
-            }
-            let sums = _mm256_cvtepi32_ps(_mm256_add_epi32(isum[0], isum[1]));
-            acc[b % 2] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, _mm256_set1_ps(a.d)), acc[b % 2]);
-        }
-        _mm256_storeu_ps(y.as_mut_ptr(), _mm256_add_ps(acc[0], acc[1]));
-    }
-}
-
-/// Eight interleaved Q4_0 rows as a panel.
-#[inline(always)]
-pub(super) unsafe fn pack_interleaved_q4_0(group: &[u8], panel: &mut Panel) {
-    const BLOCK: usize = Q4_0_GROUP_BLOCK;
-    let blocks = panel.cols / 32;
-    assert!(
-        panel.sub == 32 && group.len() == blocks * BLOCK,
-        "an interleaved Q4_0 group of {} bytes for a panel of {} columns",
-        group.len(),
-        panel.cols
-    );
-    let m4 = _mm256_set1_epi8(0x0F);
-    for (b, block) in group.chunks_exact(BLOCK).enumerate() {
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()));
-        let f = &mut panel.factors[b * 2 * PANEL_ROWS..(b + 1) * 2 * PANEL_ROWS];
-        _mm256_storeu_ps(f.as_mut_ptr(), d);
-        _mm256_storeu_ps(
-            f[PANEL_ROWS..].as_mut_ptr(),
-            _mm256_mul_ps(d, _mm256_set1_ps(8.0)),
-        );
-        let codes = &mut panel.codes[b * 256..(b + 1) * 256];
-        for k in 0..4 {
-            let w = load32(&block[16 + 32 * k..]);
-            _mm256_storeu_si256(codes[32 * k..].as_mut_ptr().cast(), _mm256_and_si256(w, m4));
-            let high = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
-            _mm256_storeu_si256(codes[32 * (4 + k)..].as_mut_ptr().cast(), high);
-        }
-    }
-}
-
 /// Bit 4 of byte i of each lane: bit `first + i` of the lane's u32 of fifth
 /// bits, for i in 0..4. One multiply spreads four bits a byte apart (bit i
 /// lands at 8i + 4; the four copies of the nibble never overlap, so no
@@ -748,52 +599,98 @@ unsafe fn fifth_bits(qh: __m256i, first: i32) -> __m256i {
     _mm256_and_si256(spread, _mm256_set1_epi32(0x1010_1010))
 }
 
-/// Interleaved Q5_0 rows (`crate::quant::interleaved`) dotted with one
-/// token: `out[r]` = row r · act.
+/// A layout of 32-column blocks (`crate::quant::interleaved`): each block
+/// is the eight rows' f16 scales, then what `codes` turns into eight
+/// chunks of unsigned codes q + `OFFSET` (chunk c: columns 4c..4c + 4).
+pub(super) trait Block32 {
+    const BLOCK: usize;
+    const OFFSET: i32;
+    /// The block's eight chunks of codes.
+    unsafe fn codes(block: &[u8]) -> [__m256i; 8];
+}
+
+pub(super) struct Q8_0x8;
+pub(super) struct Q4_0x8;
+pub(super) struct Q5_0x8;
+
+impl Block32 for Q8_0x8 {
+    const BLOCK: usize = Q8_0_GROUP_BLOCK;
+    const OFFSET: i32 = 128;
+    #[inline(always)]
+    unsafe fn codes(block: &[u8]) -> [__m256i; 8] {
+        std::array::from_fn(|k| load32(&block[16 + 32 * k..]))
+    }
+}
+
+/// Q4_0 and Q5_0's four chunks of nibbles: low nibbles are columns
+/// 4k..4k + 4, high ones 16 + 4k..20 + 4k; `fifth(c)` is bit 4 of chunk c.
 #[inline(always)]
-pub(super) unsafe fn interleaved_q5_0_rows<D: IntDot>(
+unsafe fn nibble_chunks(nibbles: &[u8], fifth: impl Fn(usize) -> __m256i) -> [__m256i; 8] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut out = [_mm256_setzero_si256(); 8];
+    for k in 0..4 {
+        let w = load32(&nibbles[32 * k..]);
+        out[k] = _mm256_or_si256(_mm256_and_si256(w, m4), fifth(k));
+        out[4 + k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4), fifth(4 + k));
+    }
+    out
+}
+
+impl Block32 for Q4_0x8 {
+    const BLOCK: usize = Q4_0_GROUP_BLOCK;
+    const OFFSET: i32 = 8;
+    #[inline(always)]
+    unsafe fn codes(block: &[u8]) -> [__m256i; 8] {
+        nibble_chunks(&block[16..], |_| _mm256_setzero_si256())
+    }
+}
+
+impl Block32 for Q5_0x8 {
+    const BLOCK: usize = Q5_0_GROUP_BLOCK;
+    const OFFSET: i32 = 16;
+    #[inline(always)]
+    unsafe fn codes(block: &[u8]) -> [__m256i; 8] {
+        let qh = load32(&block[16..]);
+        nibble_chunks(&block[48..], |c| fifth_bits(qh, 4 * c as i32))
+    }
+}
+
+/// Interleaved rows of a 32-column layout dotted with one token: `out[r]` =
+/// row r · act.
+#[inline(always)]
+pub(super) unsafe fn interleaved_block32_rows<D: IntDot, L: Block32>(
     data: &[u8],
     cols: usize,
     act: &[Q8Block],
     out: &mut [f32],
 ) {
-    const BLOCK: usize = Q5_0_GROUP_BLOCK;
     let blocks = cols / 32;
     assert!(
         cols.is_multiple_of(32)
             && act.len() == blocks
             && out.len().is_multiple_of(PANEL_ROWS)
-            && data.len() == out.len() / PANEL_ROWS * blocks * BLOCK,
-        "interleaved Q5_0 shapes"
+            && data.len() == out.len() / PANEL_ROWS * blocks * L::BLOCK,
+        "interleaved 32-column shapes"
     );
-    // Codes are q + 16: Σ (q + 16)·a − 16·Σ a, the second term per
-    // activation block.
-    let offsets: Vec<i32> = act.iter().map(|a| -16 * a.sum()).collect();
-    let m4 = _mm256_set1_epi8(0x0F);
+    // Codes are q + OFFSET: Σ (q + OFFSET)·a − OFFSET·Σ a, the second term
+    // per activation block.
+    let offsets: Vec<i32> = act.iter().map(|a| -L::OFFSET * a.sum()).collect();
     for (group, y) in data
-        .chunks_exact(blocks * BLOCK)
+        .chunks_exact(blocks * L::BLOCK)
         .zip(out.chunks_exact_mut(PANEL_ROWS))
     {
         let mut acc = [_mm256_setzero_ps(); 2];
-        for (b, (block, a)) in group.chunks_exact(BLOCK).zip(act).enumerate() {
+        for (b, (block, a)) in group.chunks_exact(L::BLOCK).zip(act).enumerate() {
             _mm_prefetch(block.as_ptr().wrapping_add(2048).cast(), _MM_HINT_T0);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()));
-            let qh = load32(&block[16..]);
-            let codes = block[48..].as_ptr();
+            let codes = L::codes(block);
             let q = a.qs.as_ptr();
+            // Two chains of four dots, half the latency of one of eight.
             let mut isum = [_mm256_set1_epi32(offsets[b]), _mm256_setzero_si256()];
-            for k in 0..4 {
-                // SAFETY: chunk k of the block and activation bytes 4k..4k + 4
-                // and 16 + 4k..20 + 4k are in bounds.
-                let w = _mm256_loadu_si256(codes.add(32 * k).cast());
-                let low_codes =
-                    _mm256_or_si256(_mm256_and_si256(w, m4), fifth_bits(qh, 4 * k as i32));
-                let high = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
-                let high_codes = _mm256_or_si256(high, fifth_bits(qh, 16 + 4 * k as i32));
-                let low = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
-                let high = _mm256_set1_epi32(q.add(16 + 4 * k).cast::<i32>().read_unaligned());
-                isum[0] = D::dot_add(isum[0], low_codes, low);
-                isum[1] = D::dot_add(isum[1], high_codes, high);
+            for (k, c) in codes.into_iter().enumerate() {
+                // SAFETY: activation bytes 4k..4k + 4 are in bounds (k < 8).
+                let four = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
+                isum[k % 2] = D::dot_add(isum[k % 2], c, four);
             }
             let sums = _mm256_cvtepi32_ps(_mm256_add_epi32(isum[0], isum[1]));
             acc[b % 2] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, _mm256_set1_ps(a.d)), acc[b % 2]);
@@ -802,35 +699,25 @@ pub(super) unsafe fn interleaved_q5_0_rows<D: IntDot>(
     }
 }
 
-/// Eight interleaved Q5_0 rows as a panel.
+/// Eight interleaved rows of a 32-column layout as a panel.
 #[inline(always)]
-pub(super) unsafe fn pack_interleaved_q5_0(group: &[u8], panel: &mut Panel) {
-    const BLOCK: usize = Q5_0_GROUP_BLOCK;
+pub(super) unsafe fn pack_interleaved_block32<L: Block32>(group: &[u8], panel: &mut Panel) {
     let blocks = panel.cols / 32;
     assert!(
-        panel.sub == 32 && group.len() == blocks * BLOCK,
-        "an interleaved Q5_0 group of {} bytes for a panel of {} columns",
+        panel.sub == 32 && group.len() == blocks * L::BLOCK,
+        "an interleaved group of {} bytes for a panel of {} columns",
         group.len(),
         panel.cols
     );
-    let m4 = _mm256_set1_epi8(0x0F);
-    for (b, block) in group.chunks_exact(BLOCK).enumerate() {
+    let offset = _mm256_set1_ps(L::OFFSET as f32);
+    for (b, block) in group.chunks_exact(L::BLOCK).enumerate() {
         let d = _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()));
         let f = &mut panel.factors[b * 2 * PANEL_ROWS..(b + 1) * 2 * PANEL_ROWS];
         _mm256_storeu_ps(f.as_mut_ptr(), d);
-        _mm256_storeu_ps(
-            f[PANEL_ROWS..].as_mut_ptr(),
-            _mm256_mul_ps(d, _mm256_set1_ps(16.0)),
-        );
-        let qh = load32(&block[16..]);
+        _mm256_storeu_ps(f[PANEL_ROWS..].as_mut_ptr(), _mm256_mul_ps(d, offset));
         let codes = &mut panel.codes[b * 256..(b + 1) * 256];
-        for k in 0..4 {
-            let w = load32(&block[48 + 32 * k..]);
-            let low = _mm256_or_si256(_mm256_and_si256(w, m4), fifth_bits(qh, 4 * k as i32));
-            _mm256_storeu_si256(codes[32 * k..].as_mut_ptr().cast(), low);
-            let high = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
-            let high = _mm256_or_si256(high, fifth_bits(qh, 16 + 4 * k as i32));
-            _mm256_storeu_si256(codes[32 * (4 + k)..].as_mut_ptr().cast(), high);
+        for (k, c) in L::codes(block).into_iter().enumerate() {
+            _mm256_storeu_si256(codes[32 * k..].as_mut_ptr().cast(), c);
         }
     }
 }

@@ -123,11 +123,12 @@ macro_rules! panel_products {
 /// Safe wrappers of the interleaved-matrix kernels with `$dot` (see the
 /// SAFETY note above).
 macro_rules! interleaved_wrappers {
-    ($dot:ty, $features:literal; $($dot_rows:ident / $pack:ident: $kernel:ident / $packer:ident),*) => {$(
+    ($dot:ty, $features:literal;
+     $($dot_rows:ident / $pack:ident: $kernel:ident / $packer:ident $(for $layout:ty)?),*) => {$(
         pub fn $dot_rows(data: &[u8], cols: usize, act: &[Q8Block], out: &mut [f32]) {
             #[target_feature(enable = $features)]
             unsafe fn inner(data: &[u8], cols: usize, act: &[Q8Block], out: &mut [f32]) {
-                gemm::$kernel::<$dot>(data, cols, act, out)
+                gemm::$kernel::<$dot $(, $layout)?>(data, cols, act, out)
             }
             // SAFETY: only handed out when the CPU has the features.
             unsafe { inner(data, cols, act, out) }
@@ -135,7 +136,7 @@ macro_rules! interleaved_wrappers {
         pub fn $pack(group: &[u8], panel: &mut Panel) {
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn inner(group: &[u8], panel: &mut Panel) {
-                gemm::$packer(group, panel)
+                gemm::$packer$(::<$layout>)?(group, panel)
             }
             // SAFETY: as above.
             unsafe { inner(group, panel) }
@@ -148,8 +149,10 @@ mod avx2 {
     use int_dot::Avx2Dot;
     panel_products!(Avx2Dot, "avx2,fma,f16c", 4; product_by16: 16, product_by32: 32);
     interleaved_wrappers!(Avx2Dot, "avx2,fma,f16c";
-        q4_0_interleaved_rows / q4_0_interleaved_pack: interleaved_q4_0_rows / pack_interleaved_q4_0,
-        q5_0_interleaved_rows / q5_0_interleaved_pack: interleaved_q5_0_rows / pack_interleaved_q5_0,
+        q4_0_interleaved_rows / q4_0_interleaved_pack:
+            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_0x8,
+        q5_0_interleaved_rows / q5_0_interleaved_pack:
+            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q5_0x8,
         q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k,
         q6_k_interleaved_rows / q6_k_interleaved_pack: interleaved_q6_k_rows / pack_interleaved_q6_k);
     q8_wrappers!(avx2; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
@@ -166,9 +169,12 @@ mod avx512 {
     panel_products!(VnniDot, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", 8;
         product_by16: 16, product_by32: 32);
     interleaved_wrappers!(VnniDot, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni";
-        q8_0_interleaved_rows / q8_0_interleaved_pack: interleaved_q8_0_rows / pack_interleaved_q8_0,
-        q4_0_interleaved_rows / q4_0_interleaved_pack: interleaved_q4_0_rows / pack_interleaved_q4_0,
-        q5_0_interleaved_rows / q5_0_interleaved_pack: interleaved_q5_0_rows / pack_interleaved_q5_0,
+        q8_0_interleaved_rows / q8_0_interleaved_pack:
+            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q8_0x8,
+        q4_0_interleaved_rows / q4_0_interleaved_pack:
+            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_0x8,
+        q5_0_interleaved_rows / q5_0_interleaved_pack:
+            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q5_0x8,
         q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k,
         q6_k_interleaved_rows / q6_k_interleaved_pack: interleaved_q6_k_rows / pack_interleaved_q6_k);
     q8_wrappers!(vnni; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
