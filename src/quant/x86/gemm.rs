@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::int_dot::{crumbs, load32, masked_bit, nibbles16, q5_codes, IntDot};
+use super::int_dot::{crumbs, k_min_codes, load32, masked_bit, nibbles16, q5_codes, IntDot};
 use crate::quant::interleaved::{
     Q4_0_GROUP_BLOCK, Q4_K_GROUP_BLOCK, Q5_0_GROUP_BLOCK, Q6_K_GROUP_BLOCK, Q8_0_GROUP_BLOCK,
 };
@@ -197,21 +197,9 @@ unsafe fn k_with_min<const FIFTH_BIT: bool>(
     scale: &mut [f32; 16],
     offset: &mut [f32; 16],
 ) {
-    let qs_at = if FIFTH_BIT { 48 } else { 16 };
     let (d, dmin) = (f16_at(b), f16_at(&b[2..]));
     let (sc, min) = k_scale_min(&b[4..16]);
-    let m4 = _mm256_set1_epi8(0x0F);
-    for chunk in 0..4 {
-        let bytes = load32(&b[qs_at + chunk * 32..]);
-        codes[2 * chunk] = _mm256_and_si256(bytes, m4);
-        codes[2 * chunk + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4);
-    }
-    if FIFTH_BIT {
-        let qh = load32(&b[16..]);
-        for (j, c) in codes.iter_mut().enumerate() {
-            *c = _mm256_or_si256(*c, masked_bit(qh, (1u8 << j) as i8, 0x10));
-        }
-    }
+    *codes = k_min_codes::<FIFTH_BIT>(b);
     for j in 0..8 {
         scale[j] = d * f32::from(sc[j]);
         offset[j] = dmin * f32::from(min[j]);

@@ -393,40 +393,45 @@ unsafe fn q3_k<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
     acc.finish()
 }
 
+/// The eight sub-blocks' codes of a Q4_K (or, with `FIFTH_BIT`, Q5_K)
+/// super-block: the nibbles of each 32-byte run (low nibbles sub-block 2c,
+/// high ones 2c + 1), Q5_K's fifth bits at bit 4.
+#[inline(always)]
+pub(super) unsafe fn k_min_codes<const FIFTH_BIT: bool>(b: &[u8]) -> [__m256i; 8] {
+    let qs_at = if FIFTH_BIT { 48 } else { 16 };
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut codes = [_mm256_setzero_si256(); 8];
+    for chunk in 0..4 {
+        let bytes = load32(&b[qs_at + chunk * 32..]);
+        codes[2 * chunk] = _mm256_and_si256(bytes, m4);
+        codes[2 * chunk + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4);
+    }
+    if FIFTH_BIT {
+        let qh = load32(&b[16..]);
+        for (j, c) in codes.iter_mut().enumerate() {
+            *c = _mm256_or_si256(*c, masked_bit(qh, (1u8 << j) as i8, 0x10));
+        }
+    }
+    codes
+}
+
 #[inline(always)]
 unsafe fn k_with_min<D: IntDot, const T: usize, const FIFTH_BIT: bool>(
     row: &[u8],
     acts: [&[Q8Block]; T],
 ) -> [f32; T] {
     let mut acc = Acc::<T>::new();
-    let (block_bytes, qs_at) = if FIFTH_BIT { (176, 48) } else { (144, 16) };
-    let m4 = _mm256_set1_epi8(0x0F);
+    let block_bytes = if FIFTH_BIT { 176 } else { 144 };
     for (i, b) in row.chunks_exact(block_bytes).enumerate() {
         prefetch(b);
         let (d, dmin) = (f16x8(b, 0), f16(b, 2));
         let (scale, min) = k_scale_min(&b[4..16]);
-        let qh = if FIFTH_BIT {
-            load32(&b[16..])
-        } else {
-            _mm256_setzero_si256()
-        };
-        for chunk in 0..4 {
-            let bytes = load32(&b[qs_at + chunk * 32..]);
-            let nibbles = [
-                _mm256_and_si256(bytes, m4),
-                _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4),
-            ];
-            for (h, mut q) in nibbles.into_iter().enumerate() {
-                let j = chunk * 2 + h;
-                if FIFTH_BIT {
-                    q = _mm256_or_si256(q, masked_bit(qh, (1u8 << j) as i8, 0x10));
-                }
-                let (sc, dm) = (f32::from(scale[j]), dmin * f32::from(min[j]));
-                for t in 0..T {
-                    let a = &acts[t][i * 8 + j];
-                    acc.add::<D>(t, j, q, a, _mm256_mul_ps(d, _mm256_set1_ps(sc * a.d)));
-                    acc.add_scalar(t, j, -(dm * a.d_sum));
-                }
+        for (j, q) in k_min_codes::<FIFTH_BIT>(b).into_iter().enumerate() {
+            let (sc, dm) = (f32::from(scale[j]), dmin * f32::from(min[j]));
+            for t in 0..T {
+                let a = &acts[t][i * 8 + j];
+                acc.add::<D>(t, j, q, a, _mm256_mul_ps(d, _mm256_set1_ps(sc * a.d)));
+                acc.add_scalar(t, j, -(dm * a.d_sum));
             }
         }
     }
@@ -462,7 +467,7 @@ unsafe fn bytes_to_f32(w: u64) -> __m256 {
 /// super-block, rather than as scalars per sub-block.
 #[inline(always)]
 unsafe fn k_with_min_1<D: IntDot, const FIFTH_BIT: bool>(row: &[u8], acts: &[Q8Block]) -> f32 {
-    let (block_bytes, qs_at) = if FIFTH_BIT { (176, 48) } else { (144, 16) };
+    let block_bytes = if FIFTH_BIT { 176 } else { 144 };
     let n = row.len() / block_bytes;
     assert!(acts.len() >= n * 8, "activations for every sub-block");
     // The activation blocks' d and d_sum fields, 8 blocks apart in f32s.
@@ -476,7 +481,6 @@ unsafe fn k_with_min_1<D: IntDot, const FIFTH_BIT: bool>(row: &[u8], acts: &[Q8B
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
         _mm256_set1_epi32(STRIDE),
     );
-    let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); 2];
     let mut mins = _mm256_setzero_ps();
     for (i, b) in row.chunks_exact(block_bytes).enumerate() {
@@ -490,26 +494,8 @@ unsafe fn k_with_min_1<D: IntDot, const FIFTH_BIT: bool>(row: &[u8], acts: &[Q8B
         let a_sum = _mm256_i32gather_ps::<4>(first.add(1), index);
         let scale = _mm256_mul_ps(_mm256_mul_ps(bytes_to_f32(scales), f16x8(b, 0)), a_d);
         mins = _mm256_fmadd_ps(_mm256_mul_ps(bytes_to_f32(min), f16x8(b, 2)), a_sum, mins);
-        let qh = if FIFTH_BIT {
-            load32(&b[16..])
-        } else {
-            _mm256_setzero_si256()
-        };
-        let mut isum = [_mm256_setzero_si256(); 8];
-        for chunk in 0..4 {
-            let bytes = load32(&b[qs_at + chunk * 32..]);
-            let nibbles = [
-                _mm256_and_si256(bytes, m4),
-                _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4),
-            ];
-            for (h, mut q) in nibbles.into_iter().enumerate() {
-                let j = chunk * 2 + h;
-                if FIFTH_BIT {
-                    q = _mm256_or_si256(q, masked_bit(qh, (1u8 << j) as i8, 0x10));
-                }
-                isum[j] = D::dot(q, act(&blocks[j]));
-            }
-        }
+        let codes = k_min_codes::<FIFTH_BIT>(b);
+        let isum: [__m256i; 8] = std::array::from_fn(|j| D::dot(codes[j], act(&blocks[j])));
         let sums = _mm256_cvtepi32_ps(lane_sums(isum));
         acc[i % 2] = _mm256_fmadd_ps(sums, scale, acc[i % 2]);
     }
