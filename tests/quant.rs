@@ -184,6 +184,29 @@ fn allowed_error(ty: GgmlType, w: &[f32], x: &[f32]) -> f64 {
     }
 }
 
+/// Asserts that `y` (tokens × rows) holds each row of `w` (dequantized,
+/// `cols` wide) dotted with each token of `x` within the stated bound.
+fn assert_products_within_bound(
+    ty: GgmlType,
+    w: &[f32],
+    x: &[f32],
+    y: &[f32],
+    cols: usize,
+    context: &str,
+) {
+    let rows = w.len() / cols;
+    for (t, xt) in x.chunks_exact(cols).enumerate() {
+        for (r, wr) in w.chunks_exact(cols).enumerate() {
+            let reference = reference_dot(wr, xt);
+            let got = y[t * rows + r] as f64;
+            assert!(
+                (got - reference).abs() <= allowed_error(ty, wr, xt),
+                "{context}, token {t} row {r}: {got} vs {reference}"
+            );
+        }
+    }
+}
+
 fn dot(kernels: Kernels, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     match kernels.format(ty).unwrap().dot {
         DotKernel::F32(f) => f(row, x),
@@ -381,19 +404,9 @@ fn matmul_is_within_bound_for_every_type_odd_row_counts_and_1_to_4_threads() {
                         &mut y,
                     )
                     .unwrap();
-                    for t in 0..n_tokens {
-                        let xt = &x[t * cols..(t + 1) * cols];
-                        for r in 0..rows {
-                            let wr = &w[r * cols..(r + 1) * cols];
-                            let reference = reference_dot(wr, xt);
-                            let got = y[t * rows + r] as f64;
-                            assert!(
-                                (got - reference).abs() <= allowed_error(ty, wr, xt),
-                                "{ty} {isa:?} {} threads, {rows}x{cols}, token {t} row {r}: {got} vs {reference}",
-                                pool.n_threads()
-                            );
-                        }
-                    }
+                    let context =
+                        format!("{ty} {isa:?} {} threads, {rows}x{cols}", pool.n_threads());
+                    assert_products_within_bound(ty, &w, &x, &y, cols, &context);
                 }
             }
         }
@@ -517,18 +530,8 @@ fn interleaved_products_are_within_bound_for_one_to_many_tokens() {
                     let mut y = vec![f32::NAN; n_tokens * rows];
                     let kernels = Kernels::for_isa(isa).unwrap();
                     matmul(pool, kernels, &matrix, &x, n_tokens, &mut y).unwrap();
-                    for t in 0..n_tokens {
-                        let xt = &x[t * cols..(t + 1) * cols];
-                        for r in 0..rows {
-                            let wr = &w[r * cols..(r + 1) * cols];
-                            let reference = reference_dot(wr, xt);
-                            let got = y[t * rows + r] as f64;
-                            assert!(
-                                (got - reference).abs() <= allowed_error(ty, wr, xt),
-                                "{ty} {isa:?} {rows}x{cols}, {n_tokens} tokens, token {t} row {r}: {got} vs {reference}"
-                            );
-                        }
-                    }
+                    let context = format!("{ty} {isa:?} {rows}x{cols}, {n_tokens} tokens");
+                    assert_products_within_bound(ty, &w, &x, &y, cols, &context);
                 }
             }
         }

@@ -5,6 +5,8 @@
 //! token's activations, so a row is read from memory once per call and then
 //! reused from cache across the tokens.
 
+use std::sync::Arc;
+
 use super::ThreadPool;
 use crate::error::{Error, Result};
 use crate::quant::{
@@ -105,17 +107,13 @@ pub fn matmul(
     n_tokens: usize,
     y: &mut [f32],
 ) -> Result<()> {
-    let plan = plan(
-        pool,
-        kernels,
-        w,
+    let product = Product {
+        w: *w,
         x,
         n_tokens,
         y,
-        tasks_alone(pool.n_threads()),
-    )?;
-    pool.run(plan.n_tasks, &*plan.task);
-    Ok(())
+    };
+    matmul_many(pool, kernels, &mut [product])
 }
 
 /// One product of [`matmul_many`].
@@ -128,12 +126,25 @@ pub struct Product<'a> {
 
 /// Several products in one parallel loop (a mixture layer's experts, each
 /// with its own rows): one wait for all of them rather than one each.
+/// Products of the same input (Q/K/V, gate and up) quantize it once.
 pub fn matmul_many(pool: &ThreadPool, kernels: Kernels, products: &mut [Product]) -> Result<()> {
     // The products share the tasks one product alone would have.
     let tasks = tasks_alone(pool.n_threads()) / products.len().max(1);
+    let mut quantized = Vec::new();
     let plans = products
         .iter_mut()
-        .map(|p| plan(pool, kernels, &p.w, p.x, p.n_tokens, p.y, tasks))
+        .map(|p| {
+            plan(
+                pool,
+                kernels,
+                &p.w,
+                p.x,
+                p.n_tokens,
+                p.y,
+                tasks,
+                &mut quantized,
+            )
+        })
         .collect::<Result<Vec<_>>>()?;
     let starts: Vec<usize> = plans
         .iter()
@@ -157,8 +168,47 @@ struct Plan<'a> {
     task: Box<dyn Fn(usize) + Sync + 'a>,
 }
 
-/// Checks a product's shapes, quantizes its activations and chooses its
-/// kernels and its split into about `tasks` tasks.
+/// Activations quantized for a product, by the input they came from, so that
+/// products of one input share them.
+type Quantized = Vec<(*const f32, usize, Arc<Vec<Q8Block>>)>;
+
+/// `x`'s tokens quantized to Q8 blocks: taken from `quantized` when a
+/// product of the same input made them, else made (across the pool) and
+/// kept there.
+fn quantized_input(
+    pool: &ThreadPool,
+    kernels: Kernels,
+    x: &[f32],
+    cols: usize,
+    quantized: &mut Quantized,
+) -> Result<Arc<Vec<Q8Block>>> {
+    let key = (x.as_ptr(), x.len());
+    if let Some((_, _, act)) = quantized.iter().find(|(p, len, _)| (*p, *len) == key) {
+        return Ok(Arc::clone(act));
+    }
+    let blocks = cols / Q8_BLOCK;
+    let n = x.len() / Q8_BLOCK;
+    let mut act = Vec::new();
+    act.try_reserve_exact(n)
+        .map_err(|_| Error::out_of_memory("the activations of a matrix product"))?;
+    act.resize(n, Q8Block::default());
+    let quantize = kernels.quantizer();
+    // Tokens a task: a few thousand values each, so that a prompt's
+    // quantization spreads over the threads and a token's does not.
+    let per_task = 4096usize.div_ceil(cols);
+    pool.for_each_chunk(&mut act, per_task * blocks, &|i, acts| {
+        let x = &x[i * per_task * cols..][..acts.len() * Q8_BLOCK];
+        quantize(x, acts);
+    });
+    let act = Arc::new(act);
+    quantized.push((key.0, key.1, Arc::clone(&act)));
+    Ok(act)
+}
+
+/// Checks a product's shapes, quantizes its activations (or takes them
+/// from `quantized`) and chooses its kernels and its split into about
+/// `tasks` tasks.
+#[allow(clippy::too_many_arguments)]
 fn plan<'a>(
     pool: &ThreadPool,
     kernels: Kernels,
@@ -167,6 +217,7 @@ fn plan<'a>(
     n_tokens: usize,
     y: &'a mut [f32],
     tasks: usize,
+    quantized: &mut Quantized,
 ) -> Result<Plan<'a>> {
     let format = kernels
         .format(w.ty)
@@ -218,18 +269,7 @@ fn plan<'a>(
         DotKernel::Q8(dot, dot4) => (dot, dot4),
     };
     let blocks = w.cols / Q8_BLOCK;
-    let mut act = Vec::new();
-    act.try_reserve_exact(n_tokens * blocks)
-        .map_err(|_| Error::out_of_memory("the activations of a matrix product"))?;
-    act.resize(n_tokens * blocks, Q8Block::default());
-    let quantize = kernels.quantizer();
-    // Tokens a task: a few thousand values each, so that a prompt's
-    // quantization spreads over the threads and a token's does not.
-    let per_task = 4096usize.div_ceil(w.cols);
-    pool.for_each_chunk(&mut act, per_task * blocks, &|i, acts| {
-        let x = &x[i * per_task * w.cols..][..acts.len() * Q8_BLOCK];
-        quantize(x, acts);
-    });
+    let act = quantized_input(pool, kernels, x, w.cols, quantized)?;
     if let Some((data, code)) = interleaved(kernels, &w) {
         let group_bytes = data.len() / (w.rows / INTERLEAVED_ROWS);
         if n_tokens >= GEMM_MIN_TOKENS {
@@ -319,7 +359,7 @@ fn interleaved_rows<'a>(
     code: InterleavedKernels,
     w: WeightMatrix<'a>,
     data: &'a [u8],
-    act: Vec<Q8Block>,
+    act: Arc<Vec<Q8Block>>,
     n_tokens: usize,
     out: Output,
 ) -> Plan<'a> {
@@ -350,7 +390,7 @@ fn panel_product<'a>(
     sub: usize,
     pack: impl Fn(usize, &mut Panel) + Sync + 'a,
     product: fn(&Panel, &[Q8Block], &mut [f32]),
-    act: Vec<Q8Block>,
+    act: Arc<Vec<Q8Block>>,
     n_tokens: usize,
     out: Output,
 ) -> Plan<'a> {

@@ -76,7 +76,7 @@ impl CpuBackend {
     /// interleaved code for: made on first use, after which the mapped
     /// file's pages of `w` are let go (embedding lookups of a tied output
     /// matrix read them again as needed).
-    fn interleaved_copy(&self, w: &Weight) -> Option<Arc<Vec<u8>>> {
+    fn interleaved_copy(&self, w: &Weight) -> Option<InterleavedCopy> {
         let fits = w.rows.is_multiple_of(INTERLEAVED_ROWS)
             && w.rows > INTERLEAVED_ROWS
             && self.kernels.interleaved(w.ty).is_some();
@@ -97,7 +97,7 @@ impl CpuBackend {
 
     /// `w` interleaved, the mapped file's pages of `w` let go as the copy
     /// is made; `None` for a shape without a layout or out of memory.
-    fn make_interleaved(&self, w: &Weight) -> Option<Arc<Vec<u8>>> {
+    fn make_interleaved(&self, w: &Weight) -> Option<InterleavedCopy> {
         let group = interleaved_group_bytes(w.ty, w.cols)?;
         let source_group = INTERLEAVED_ROWS * w.row_bytes();
         let len = w.rows / INTERLEAVED_ROWS * group;
@@ -122,7 +122,7 @@ impl CpuBackend {
     /// made whole (its experts' rows are whole groups of eight), so that the
     /// first tokens do not each pay for the experts they happen to be the
     /// first to use.
-    fn experts_interleaved(&self, whole: &Weight, n: usize) -> Option<Arc<Vec<u8>>> {
+    fn experts_interleaved(&self, whole: &Weight, n: usize) -> Option<InterleavedCopy> {
         let rows = whole.rows / n;
         rows.is_multiple_of(INTERLEAVED_ROWS)
             .then(|| self.interleaved_copy(whole))
@@ -134,7 +134,7 @@ impl CpuBackend {
     fn expert_matrix<'a>(
         &'a self,
         whole: &Weight,
-        copy: &'a Option<Arc<Vec<u8>>>,
+        copy: &'a Option<InterleavedCopy>,
         e: usize,
         n: usize,
     ) -> WeightMatrix<'a> {
@@ -336,19 +336,7 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, w: &Weight, x: &Vec<f32>, rows: usize, out: &mut Vec<f32>) -> Result<()> {
-        let interleaved = self.interleaved_copy(w);
-        let m = WeightMatrix {
-            interleaved: interleaved.as_ref().map(|v| v.as_slice()),
-            ..WeightMatrix::new(w.ty, w.rows, w.cols, self.bytes(w))
-        };
-        matmul(
-            &self.pool,
-            self.kernels,
-            &m,
-            &x[..rows * w.cols],
-            rows,
-            &mut out[..rows * w.rows],
-        )
+        self.matmuls(&[w], x, rows, &mut [out])
     }
 
     fn matmuls(
@@ -358,7 +346,7 @@ impl Backend for CpuBackend {
         rows: usize,
         outs: &mut [&mut Vec<f32>],
     ) -> Result<()> {
-        let copies: Vec<Option<Arc<Vec<u8>>>> =
+        let copies: Vec<Option<InterleavedCopy>> =
             ws.iter().map(|w| self.interleaved_copy(w)).collect();
         let mut products = Vec::with_capacity(ws.len());
         for ((w, copy), out) in ws.iter().zip(&copies).zip(outs.iter_mut()) {

@@ -50,6 +50,207 @@ fn bf16_at(b: &[u8]) -> f32 {
     bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))
 }
 
+/// A vector width for attention's kernels: f32 lanes, loads of f16 and
+/// f32, and a fold to eight lanes for the reductions.
+trait Lanes {
+    type V: Copy;
+    const N: usize;
+    unsafe fn zero() -> Self::V;
+    unsafe fn f16s(p: *const u8) -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn fold(v: Self::V) -> __m256;
+}
+
+struct Lanes8;
+struct Lanes16;
+
+impl Lanes for Lanes8 {
+    type V = __m256;
+    const N: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn f16s(p: *const u8) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        _mm256_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m256 {
+        _mm256_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn fold(v: __m256) -> __m256 {
+        v
+    }
+}
+
+impl Lanes for Lanes16 {
+    type V = __m512;
+    const N: usize = 16;
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn f16s(p: *const u8) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        _mm512_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m512 {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    /// The two 256-bit halves added.
+    #[inline(always)]
+    unsafe fn fold(v: __m512) -> __m256 {
+        let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        _mm256_add_ps(_mm512_castps512_ps256(v), high)
+    }
+}
+
+/// Query heads a pass over the rows serves at once.
+const HEADS: usize = 4;
+
+/// `out[g · n + j]` = row j · query g for the `G` queries of `q`.
+#[inline(always)]
+unsafe fn dots_group<L: Lanes, const G: usize>(
+    rows: &[u8],
+    stride: usize,
+    q: &[f32],
+    dk: usize,
+    out: &mut [f32],
+    n: usize,
+) {
+    let full = dk / L::N * L::N;
+    assert!(q.len() == G * dk && out.len() == G * n);
+    let qp = q.as_ptr();
+    for j in 0..n {
+        let row = &rows[j * stride..][..dk * 2];
+        let rp = row.as_ptr();
+        let mut acc = [L::zero(); HEADS];
+        let mut i = 0;
+        while i < full {
+            // SAFETY: i + N ≤ dk: inside the row and each query.
+            let k = L::f16s(rp.add(i * 2));
+            for g in 0..G {
+                acc[g] = L::fmadd(k, L::load(qp.add(g * dk + i)), acc[g]);
+            }
+            i += L::N;
+        }
+        let sums = sums4_256([
+            L::fold(acc[0]),
+            L::fold(acc[1]),
+            L::fold(acc[2]),
+            L::fold(acc[3]),
+        ]);
+        for g in 0..G {
+            out[g * n + j] = sums[g] + tail(row, &q[g * dk..(g + 1) * dk], full, 2, f16_at);
+        }
+    }
+}
+
+/// `crate::quant::float::f16_dots_many`, the queries in groups of up to
+/// [`HEADS`].
+#[inline(always)]
+unsafe fn dots_many<L: Lanes>(rows: &[u8], stride: usize, q: &[f32], dk: usize, out: &mut [f32]) {
+    let heads = q.len() / dk.max(1);
+    let n = out.len() / heads.max(1);
+    let mut g0 = 0;
+    while g0 < heads {
+        let g = (heads - g0).min(HEADS);
+        let (q, out) = (&q[g0 * dk..(g0 + g) * dk], &mut out[g0 * n..(g0 + g) * n]);
+        match g {
+            4 => dots_group::<L, 4>(rows, stride, q, dk, out, n),
+            3 => dots_group::<L, 3>(rows, stride, q, dk, out, n),
+            2 => dots_group::<L, 2>(rows, stride, q, dk, out, n),
+            _ => dots_group::<L, 1>(rows, stride, q, dk, out, n),
+        }
+        g0 += g;
+    }
+}
+
+/// y_g += Σ_j a[g · n + j] · row j for the `G` weight vectors of `a`.
+#[inline(always)]
+unsafe fn axpys_group<L: Lanes, const G: usize>(
+    rows: &[u8],
+    stride: usize,
+    a: &[f32],
+    n: usize,
+    y: &mut [f32],
+    dv: usize,
+) {
+    let full = dv / L::N * L::N;
+    assert!(a.len() == G * n && y.len() == G * dv);
+    for c in (0..full).step_by(L::N) {
+        let mut acc: [L::V; G] = std::array::from_fn(|g| L::load(y[g * dv + c..][..L::N].as_ptr()));
+        for j in 0..n {
+            let at = j * stride + c * 2;
+            let v = L::f16s(rows[at..at + L::N * 2].as_ptr());
+            for g in 0..G {
+                acc[g] = L::fmadd(v, L::splat(a[g * n + j]), acc[g]);
+            }
+        }
+        for g in 0..G {
+            L::store(y[g * dv + c..][..L::N].as_mut_ptr(), acc[g]);
+        }
+    }
+    // The columns past the last whole vector: the scalar kernel.
+    if full < dv {
+        for g in 0..G {
+            let weights = &a[g * n..(g + 1) * n];
+            let y = &mut y[g * dv + full..(g + 1) * dv];
+            crate::quant::float::f16_axpys(&rows[full * 2..], stride, weights, y);
+        }
+    }
+}
+
+/// `crate::quant::float::f16_axpys_many`, the weight vectors in groups of up
+/// to [`HEADS`].
+#[inline(always)]
+unsafe fn axpys_many<L: Lanes>(rows: &[u8], stride: usize, a: &[f32], n: usize, y: &mut [f32]) {
+    let heads = a.len() / n.max(1);
+    let dv = y.len() / heads.max(1);
+    let mut g0 = 0;
+    while g0 < heads {
+        let g = (heads - g0).min(HEADS);
+        let (a, y) = (&a[g0 * n..(g0 + g) * n], &mut y[g0 * dv..(g0 + g) * dv]);
+        match g {
+            4 => axpys_group::<L, 4>(rows, stride, a, n, y, dv),
+            3 => axpys_group::<L, 3>(rows, stride, a, n, y, dv),
+            2 => axpys_group::<L, 2>(rows, stride, a, n, y, dv),
+            _ => axpys_group::<L, 1>(rows, stride, a, n, y, dv),
+        }
+        g0 += g;
+    }
+}
+
 pub mod avx2 {
     use super::*;
 
@@ -97,129 +298,30 @@ pub mod avx2 {
         hsum256(acc) + tail(row, x, n, 2, bf16_at)
     }
 
-    /// Query heads a pass over the rows serves at once.
-    const HEADS: usize = 4;
-
-    #[inline(always)]
-    unsafe fn dots_group<const G: usize>(
-        rows: &[u8],
-        stride: usize,
-        q: &[f32],
-        dk: usize,
-        out: &mut [f32],
-        n: usize,
-    ) {
-        let full = dk / 8 * 8;
-        assert!(q.len() == G * dk && out.len() == G * n);
-        let qp = q.as_ptr();
-        for j in 0..n {
-            let row = &rows[j * stride..][..dk * 2];
-            let rp = row.as_ptr();
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let mut i = 0;
-            while i < full {
-                // SAFETY: i + 8 ≤ dk: inside the row and each query.
-                let k = _mm256_cvtph_ps(_mm_loadu_si128(rp.add(i * 2).cast()));
-                for g in 0..G {
-                    acc[g] = _mm256_fmadd_ps(k, _mm256_loadu_ps(qp.add(g * dk + i)), acc[g]);
-                }
-                i += 8;
-            }
-            let sums = sums4_256(acc);
-            for g in 0..G {
-                out[g * n + j] = sums[g] + tail(row, &q[g * dk..(g + 1) * dk], full, 2, f16_at);
-            }
-        }
-    }
-
     /// As `crate::quant::float::f16_dots_many`: each key row converted once
     /// for up to four query heads.
     ///
     /// # Safety
-    /// The CPU supports avx2,fma,f16c.
+    /// The CPU supports AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn f16_dots_many(rows: &[u8], stride: usize, q: &[f32], dk: usize, out: &mut [f32]) {
-        let heads = q.len() / dk.max(1);
-        let n = out.len() / heads.max(1);
-        let mut g0 = 0;
-        while g0 < heads {
-            let g = (heads - g0).min(HEADS);
-            let (q, out) = (&q[g0 * dk..(g0 + g) * dk], &mut out[g0 * n..(g0 + g) * n]);
-            match g {
-                4 => dots_group::<4>(rows, stride, q, dk, out, n),
-                3 => dots_group::<3>(rows, stride, q, dk, out, n),
-                2 => dots_group::<2>(rows, stride, q, dk, out, n),
-                _ => dots_group::<1>(rows, stride, q, dk, out, n),
-            }
-            g0 += g;
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn axpys_group<const G: usize>(
-        rows: &[u8],
-        stride: usize,
-        a: &[f32],
-        n: usize,
-        y: &mut [f32],
-        dv: usize,
-    ) {
-        let full = dv / 8 * 8;
-        for c in (0..full).step_by(8) {
-            let mut acc: [__m256; G] =
-                std::array::from_fn(|g| _mm256_loadu_ps(y[g * dv + c..g * dv + c + 8].as_ptr()));
-            for j in 0..n {
-                let at = j * stride + c * 2;
-                let v = _mm256_cvtph_ps(_mm_loadu_si128(rows[at..at + 8 * 2].as_ptr().cast()));
-                for g in 0..G {
-                    acc[g] = _mm256_fmadd_ps(v, _mm256_set1_ps(a[g * n + j]), acc[g]);
-                }
-            }
-            for g in 0..G {
-                _mm256_storeu_ps(y[g * dv + c..g * dv + c + 8].as_mut_ptr(), acc[g]);
-            }
-        }
-        // The columns past the last whole vector: the scalar kernel.
-        if full < dv {
-            for g in 0..G {
-                let weights = &a[g * n..(g + 1) * n];
-                crate::quant::float::f16_axpys(
-                    &rows[full * 2..],
-                    stride,
-                    weights,
-                    &mut y[g * dv + full..(g + 1) * dv],
-                );
-            }
-        }
+        dots_many::<Lanes8>(rows, stride, q, dk, out)
     }
 
     /// As `crate::quant::float::f16_axpys_many`: each value row converted
     /// once for up to four query heads.
     ///
     /// # Safety
-    /// The CPU supports avx2,fma,f16c.
+    /// The CPU supports AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn f16_axpys_many(rows: &[u8], stride: usize, a: &[f32], n: usize, y: &mut [f32]) {
-        let heads = a.len() / n.max(1);
-        let dv = y.len() / heads.max(1);
-        let mut g0 = 0;
-        while g0 < heads {
-            let g = (heads - g0).min(HEADS);
-            let (a, y) = (&a[g0 * n..(g0 + g) * n], &mut y[g0 * dv..(g0 + g) * dv]);
-            match g {
-                4 => axpys_group::<4>(rows, stride, a, n, y, dv),
-                3 => axpys_group::<3>(rows, stride, a, n, y, dv),
-                2 => axpys_group::<2>(rows, stride, a, n, y, dv),
-                _ => axpys_group::<1>(rows, stride, a, n, y, dv),
-            }
-            g0 += g;
-        }
+        axpys_many::<Lanes8>(rows, stride, a, n, y)
     }
 
     /// As `crate::quant::float::softmax`, 8 lanes.
     ///
     /// # Safety
-    /// The CPU supports avx2,fma,f16c.
+    /// The CPU supports AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn softmax(scores: &mut [f32], scale: f32) -> (f32, f32) {
         softmax_lanes::<8>(scores, scale)
@@ -228,13 +330,6 @@ pub mod avx2 {
 
 pub mod avx512 {
     use super::*;
-
-    /// The two 256-bit halves of `v` added.
-    #[inline(always)]
-    unsafe fn fold(v: __m512) -> __m256 {
-        let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-        _mm256_add_ps(_mm512_castps512_ps256(v), high)
-    }
 
     /// # Safety
     /// The CPU supports AVX-512 F and BW.
@@ -280,130 +375,28 @@ pub mod avx512 {
         _mm512_reduce_add_ps(acc) + tail(row, x, n, 2, bf16_at)
     }
 
-    /// Query heads a pass over the rows serves at once.
-    const HEADS: usize = 4;
-
-    #[inline(always)]
-    unsafe fn dots_group<const G: usize>(
-        rows: &[u8],
-        stride: usize,
-        q: &[f32],
-        dk: usize,
-        out: &mut [f32],
-        n: usize,
-    ) {
-        let full = dk / 16 * 16;
-        assert!(q.len() == G * dk && out.len() == G * n);
-        let qp = q.as_ptr();
-        for j in 0..n {
-            let row = &rows[j * stride..][..dk * 2];
-            let rp = row.as_ptr();
-            let mut acc = [_mm512_setzero_ps(); 4];
-            let mut i = 0;
-            while i < full {
-                // SAFETY: i + 16 ≤ dk: inside the row and each query.
-                let k = _mm512_cvtph_ps(_mm256_loadu_si256(rp.add(i * 2).cast()));
-                for g in 0..G {
-                    acc[g] = _mm512_fmadd_ps(k, _mm512_loadu_ps(qp.add(g * dk + i)), acc[g]);
-                }
-                i += 16;
-            }
-            // Each 512-bit sum folded to 256 bits, then all four at once.
-            let sums = sums4_256([fold(acc[0]), fold(acc[1]), fold(acc[2]), fold(acc[3])]);
-            for g in 0..G {
-                out[g * n + j] = sums[g] + tail(row, &q[g * dk..(g + 1) * dk], full, 2, f16_at);
-            }
-        }
-    }
-
-    /// As `crate::quant::float::f16_dots_many`: each key row converted once
-    /// for up to four query heads.
+    /// As `avx2::f16_dots_many`, 16 lanes.
     ///
     /// # Safety
-    /// The CPU supports avx2,fma,f16c,avx512f,avx512bw.
+    /// The CPU supports AVX-512 F and BW.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
     pub unsafe fn f16_dots_many(rows: &[u8], stride: usize, q: &[f32], dk: usize, out: &mut [f32]) {
-        let heads = q.len() / dk.max(1);
-        let n = out.len() / heads.max(1);
-        let mut g0 = 0;
-        while g0 < heads {
-            let g = (heads - g0).min(HEADS);
-            let (q, out) = (&q[g0 * dk..(g0 + g) * dk], &mut out[g0 * n..(g0 + g) * n]);
-            match g {
-                4 => dots_group::<4>(rows, stride, q, dk, out, n),
-                3 => dots_group::<3>(rows, stride, q, dk, out, n),
-                2 => dots_group::<2>(rows, stride, q, dk, out, n),
-                _ => dots_group::<1>(rows, stride, q, dk, out, n),
-            }
-            g0 += g;
-        }
+        dots_many::<Lanes16>(rows, stride, q, dk, out)
     }
 
-    #[inline(always)]
-    unsafe fn axpys_group<const G: usize>(
-        rows: &[u8],
-        stride: usize,
-        a: &[f32],
-        n: usize,
-        y: &mut [f32],
-        dv: usize,
-    ) {
-        let full = dv / 16 * 16;
-        for c in (0..full).step_by(16) {
-            let mut acc: [__m512; G] =
-                std::array::from_fn(|g| _mm512_loadu_ps(y[g * dv + c..g * dv + c + 16].as_ptr()));
-            for j in 0..n {
-                let at = j * stride + c * 2;
-                let v = _mm512_cvtph_ps(_mm256_loadu_si256(rows[at..at + 16 * 2].as_ptr().cast()));
-                for g in 0..G {
-                    acc[g] = _mm512_fmadd_ps(v, _mm512_set1_ps(a[g * n + j]), acc[g]);
-                }
-            }
-            for g in 0..G {
-                _mm512_storeu_ps(y[g * dv + c..g * dv + c + 16].as_mut_ptr(), acc[g]);
-            }
-        }
-        // The columns past the last whole vector: the scalar kernel.
-        if full < dv {
-            for g in 0..G {
-                let weights = &a[g * n..(g + 1) * n];
-                crate::quant::float::f16_axpys(
-                    &rows[full * 2..],
-                    stride,
-                    weights,
-                    &mut y[g * dv + full..(g + 1) * dv],
-                );
-            }
-        }
-    }
-
-    /// As `crate::quant::float::f16_axpys_many`: each value row converted
-    /// once for up to four query heads.
+    /// As `avx2::f16_axpys_many`, 16 lanes.
     ///
     /// # Safety
-    /// The CPU supports avx2,fma,f16c,avx512f,avx512bw.
+    /// The CPU supports AVX-512 F and BW.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
     pub unsafe fn f16_axpys_many(rows: &[u8], stride: usize, a: &[f32], n: usize, y: &mut [f32]) {
-        let heads = a.len() / n.max(1);
-        let dv = y.len() / heads.max(1);
-        let mut g0 = 0;
-        while g0 < heads {
-            let g = (heads - g0).min(HEADS);
-            let (a, y) = (&a[g0 * n..(g0 + g) * n], &mut y[g0 * dv..(g0 + g) * dv]);
-            match g {
-                4 => axpys_group::<4>(rows, stride, a, n, y, dv),
-                3 => axpys_group::<3>(rows, stride, a, n, y, dv),
-                2 => axpys_group::<2>(rows, stride, a, n, y, dv),
-                _ => axpys_group::<1>(rows, stride, a, n, y, dv),
-            }
-            g0 += g;
-        }
+        axpys_many::<Lanes16>(rows, stride, a, n, y)
     }
 
     /// As `crate::quant::float::softmax`, 16 lanes.
     ///
     /// # Safety
-    /// The CPU supports avx2,fma,f16c,avx512f,avx512bw.
+    /// The CPU supports AVX-512 F and BW.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
     pub unsafe fn softmax(scores: &mut [f32], scale: f32) -> (f32, f32) {
         softmax_lanes::<16>(scores, scale)
