@@ -453,6 +453,15 @@ enum m40_status m40_session_new(struct m40_model *model,
 enum m40_status m40_session_reset(struct m40_session *session);
 
 /**
+ * Forgets the sampler's random state (tokens and logits stay): the next
+ * `m40_sample` seeds it from its parameters' seed, as in a new session. A
+ * host that reuses a session for an unrelated request (after
+ * `m40_session_truncate` to a shared prompt) calls it so that the same seed
+ * gives the same tokens as in a fresh session.
+ */
+enum m40_status m40_session_reset_sampler(struct m40_session *session);
+
+/**
  * Keeps the first `n_keep` tokens and forgets the rest, and the logits with
  * them when any token is dropped (they no longer follow; `n_keep` equal to
  * `m40_session_n_past` changes nothing); `n_keep` above it is an argument
@@ -480,6 +489,22 @@ uint32_t m40_session_n_past(const struct m40_session *session);
  * argument error: there is nothing to decode).
  */
 enum m40_status m40_decode(struct m40_session *session, const m40_token *tokens, size_t n_tokens);
+
+/**
+ * Appends `n_tokens` tokens as `m40_decode` does, but computes no
+ * next-token logits: the model's output layer (for a large vocabulary, a
+ * large share of a short chunk's time) is skipped, `m40_logits` is NULL
+ * and `m40_sample` an argument error until the next `m40_decode`. For the
+ * leading pieces of a prompt a host decodes a piece at a time between
+ * other work (a server admitting a long prompt between decode steps); the
+ * last piece goes through `m40_decode`. Errors and failure as `m40_decode`.
+ *
+ * # Safety
+ * As `m40_decode`.
+ */
+enum m40_status m40_decode_no_logits(struct m40_session *session,
+                                     const m40_token *tokens,
+                                     size_t n_tokens);
 
 /**
  * Returns the session's next-token logits (`m40_model_n_vocab` floats),
@@ -615,7 +640,9 @@ enum m40_status m40_generate(struct m40_session *session,
  * other template is M40_ERR_UNSUPPORTED. No format writes BOS (tokenizing
  * with `add_special` adds it); the text contains the formats' special
  * tokens as text: tokenize it with `parse_special` (as `m40_generate`
- * does). `m40_model_describe` names the format (`chat_template`).
+ * does), or, when the messages come from people or programs that must not
+ * write the conversation's markup, use `m40_chat_tokenize` instead.
+ * `m40_model_describe` names the format (`chat_template`).
  *
  * The text is followed by a NUL; `*out_len` (when not NULL) gets its length
  * without it. When `cap` is too small nothing is written, `*out_len` gets
@@ -634,6 +661,38 @@ enum m40_status m40_chat_apply_template(const struct m40_model *model,
                                         char *buf,
                                         size_t cap,
                                         size_t *out_len);
+
+/**
+ * The tokens of `n_messages` messages as the model's chat template formats
+ * them (`m40_chat_apply_template`, with `add_assistant` the same), BOS
+ * added as `m40_tokenize`'s `add_special` adds it. Special tokens are
+ * parsed in the template's own markup only: text inside a message is never
+ * tokenized as a control token or an end-of-generation token, so a message
+ * holding `<end_of_turn>` or `<|im_end|>` cannot close its turn and forge
+ * another one (user-defined tokens, which `m40_tokenize` recognises even
+ * without `parse_special`, are recognised in messages too). Messages
+ * without such text give exactly the tokens of the template's text
+ * tokenized with `add_special` and `parse_special`.
+ *
+ * Writes the tokens to `out_tokens` (room for `cap`) and their number to
+ * `*out_n`. When `cap` is too small nothing is written to `out_tokens`,
+ * `*out_n` gets the number needed and the result is
+ * M40_ERR_BUFFER_TOO_SMALL; `out_tokens` may be NULL when `cap` is 0 (a
+ * size query).
+ *
+ * # Safety
+ * `messages` is NULL (with `n_messages` 0) or points to `n_messages`
+ * messages whose strings are NUL-terminated; `out_tokens` is NULL or points
+ * to `cap` writable tokens; `out_n` is writable (NULL is
+ * M40_ERR_INVALID_ARGUMENT).
+ */
+enum m40_status m40_chat_tokenize(const struct m40_model *model,
+                                  const struct m40_chat_message *messages,
+                                  size_t n_messages,
+                                  bool add_assistant,
+                                  m40_token *out_tokens,
+                                  size_t cap,
+                                  size_t *out_n);
 
 /**
  * ==== 10. Releasing handles ====

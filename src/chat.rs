@@ -11,6 +11,8 @@
 //! llama.cpp. The text holds the formats' special tokens (`<|im_start|>`,
 //! `</s>`, ...) as text, for a tokenizer that parses special tokens.
 
+use std::ops::Range;
+
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
@@ -198,28 +200,37 @@ impl ChatTemplate {
     /// ends with `[/INST]`, after which the reply follows, and
     /// `add_assistant` adds nothing.
     pub fn apply(self, messages: &[ChatMessage], add_assistant: bool) -> String {
-        let mut out = String::new();
+        self.render(messages, add_assistant).text
+    }
+
+    /// `apply`'s text with the byte ranges that came from the messages'
+    /// contents, so that a tokenizer can parse special tokens in the
+    /// format's markup and nowhere else.
+    pub fn render(self, messages: &[ChatMessage], add_assistant: bool) -> ChatPrompt {
+        let mut p = ChatPrompt::default();
         match self {
             ChatTemplate::ChatMl => {
                 for m in messages {
-                    out += &format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content);
+                    p.markup(&format!("<|im_start|>{}\n", m.role));
+                    p.content(m.content);
+                    p.markup("<|im_end|>\n");
                 }
                 if add_assistant {
-                    out += "<|im_start|>assistant\n";
+                    p.markup("<|im_start|>assistant\n");
                 }
             }
             ChatTemplate::Qwen3 => {
-                qwen3(messages, &mut out);
+                qwen3(messages, &mut p);
                 if add_assistant {
-                    out += "<|im_start|>assistant\n";
+                    p.markup("<|im_start|>assistant\n");
                 }
             }
             ChatTemplate::Gemma => {
                 // Gemma has no system role: its text opens the next user turn.
-                let mut system = String::new();
+                let mut system: Vec<&str> = Vec::new();
                 for m in messages {
                     if m.role == "system" {
-                        system += trim(m.content);
+                        system.push(trim(m.content));
                         continue;
                     }
                     let role = if m.role == "assistant" {
@@ -227,36 +238,43 @@ impl ChatTemplate {
                     } else {
                         m.role
                     };
-                    out += &format!("<start_of_turn>{role}\n");
-                    if !system.is_empty() && role != "model" {
-                        out += &format!("{system}\n\n");
-                        system.clear();
+                    p.markup(&format!("<start_of_turn>{role}\n"));
+                    if !system.iter().all(|s| s.is_empty()) && role != "model" {
+                        for s in system.drain(..) {
+                            p.content(s);
+                        }
+                        p.markup("\n\n");
                     }
-                    out += &format!("{}<end_of_turn>\n", trim(m.content));
+                    p.content(trim(m.content));
+                    p.markup("<end_of_turn>\n");
                 }
                 if add_assistant {
-                    out += "<start_of_turn>model\n";
+                    p.markup("<start_of_turn>model\n");
                 }
             }
             ChatTemplate::Llama3 => {
                 for m in messages {
-                    out += &format!(
-                        "<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>",
-                        m.role,
-                        trim(m.content)
-                    );
+                    p.markup(&format!(
+                        "<|start_header_id|>{}<|end_header_id|>\n\n",
+                        m.role
+                    ));
+                    p.content(trim(m.content));
+                    p.markup("<|eot_id|>");
                 }
                 if add_assistant {
-                    out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+                    p.markup("<|start_header_id|>assistant<|end_header_id|>\n\n");
                 }
             }
             ChatTemplate::MistralV7 => {
                 for m in messages {
-                    out += &match m.role {
-                        "system" => format!("[SYSTEM_PROMPT] {}[/SYSTEM_PROMPT]", m.content),
-                        "user" => format!("[INST] {}[/INST]", m.content),
-                        _ => format!(" {}</s>", m.content),
+                    let (open, close) = match m.role {
+                        "system" => ("[SYSTEM_PROMPT] ", "[/SYSTEM_PROMPT]"),
+                        "user" => ("[INST] ", "[/INST]"),
+                        _ => (" ", "</s>"),
                     };
+                    p.markup(open);
+                    p.content(m.content);
+                    p.markup(close);
                 }
             }
             ChatTemplate::MistralV1 | ChatTemplate::MistralV3 | ChatTemplate::MistralV3Tekken => {
@@ -274,19 +292,27 @@ impl ChatTemplate {
                 let mut in_instruction = false;
                 for m in messages {
                     if !in_instruction {
-                        out += &format!("{lead}[INST]{trail}");
+                        p.markup(&format!("{lead}[INST]{trail}"));
                         in_instruction = true;
                     }
                     match m.role {
-                        "system" => out += &format!("{}\n\n", m.content),
-                        "user" => out += &format!("{}{lead}[/INST]", m.content),
+                        "system" => {
+                            p.content(m.content);
+                            p.markup("\n\n");
+                        }
+                        "user" => {
+                            p.content(m.content);
+                            p.markup(&format!("{lead}[/INST]"));
+                        }
                         _ => {
                             let reply = if self == ChatTemplate::MistralV3 {
                                 trim(m.content)
                             } else {
                                 m.content
                             };
-                            out += &format!("{trail}{reply}</s>");
+                            p.markup(trail);
+                            p.content(reply);
+                            p.markup("</s>");
                             in_instruction = false;
                         }
                     }
@@ -298,7 +324,7 @@ impl ChatTemplate {
             | ChatTemplate::Llama2SysStrip => {
                 // The first instruction is open from the start, BOS left to
                 // the tokenizer; later ones open after each reply.
-                out += "[INST] ";
+                p.markup("[INST] ");
                 let mut in_instruction = true;
                 for m in messages {
                     let content = if self == ChatTemplate::Llama2SysStrip {
@@ -307,32 +333,61 @@ impl ChatTemplate {
                         m.content
                     };
                     if !in_instruction {
-                        out += if self == ChatTemplate::Llama2SysBos {
+                        p.markup(if self == ChatTemplate::Llama2SysBos {
                             "<s>[INST] "
                         } else {
                             "[INST] "
-                        };
+                        });
                         in_instruction = true;
                     }
-                    match m.role {
-                        "system" if self == ChatTemplate::Llama2 => out += &format!("{content}\n"),
-                        "system" => out += &format!("<<SYS>>\n{content}\n<</SYS>>\n\n"),
-                        "user" => out += &format!("{content} [/INST]"),
+                    let (open, close) = match m.role {
+                        "system" if self == ChatTemplate::Llama2 => ("", "\n"),
+                        "system" => ("<<SYS>>\n", "\n<</SYS>>\n\n"),
+                        "user" => ("", " [/INST]"),
                         _ => {
-                            out += &format!("{content}</s>");
                             in_instruction = false;
+                            ("", "</s>")
                         }
-                    }
+                    };
+                    p.markup(open);
+                    p.content(content);
+                    p.markup(close);
                 }
             }
         }
-        out
+        p
+    }
+}
+
+/// A conversation's prompt text and the byte ranges of it that are the
+/// messages' text: only the rest, the format's own markup, may hold the
+/// special tokens that open and close turns (`Tokenizer::tokenize_chat`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChatPrompt {
+    pub text: String,
+    /// Ascending, disjoint, non-empty.
+    pub content: Vec<Range<usize>>,
+}
+
+impl ChatPrompt {
+    fn markup(&mut self, s: &str) {
+        self.text += s;
+    }
+
+    fn content(&mut self, s: &str) {
+        let start = self.text.len();
+        self.text += s;
+        match self.content.last_mut() {
+            Some(last) if last.end == start => last.end = self.text.len(),
+            _ if s.is_empty() => {}
+            _ => self.content.push(start..self.text.len()),
+        }
     }
 }
 
 /// Qwen3's messages: ChatML, a reply's `<think>...</think>` kept only after
 /// the last user query (its template's rule, for text messages).
-fn qwen3(messages: &[ChatMessage], out: &mut String) {
+fn qwen3(messages: &[ChatMessage], p: &mut ChatPrompt) {
     // A user message that wraps a tool's response continues the query
     // before it rather than starting one.
     let last_query = messages.iter().rposition(|m| {
@@ -342,20 +397,24 @@ fn qwen3(messages: &[ChatMessage], out: &mut String) {
     });
     for (i, m) in messages.iter().enumerate() {
         if m.role != "assistant" {
-            *out += &format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content);
+            p.markup(&format!("<|im_start|>{}\n", m.role));
+            p.content(m.content);
+            p.markup("<|im_end|>\n");
             continue;
         }
         let (reasoning, reply) = split_reasoning(m.content);
         let in_progress = last_query.is_some_and(|q| i > q);
         let last = i + 1 == messages.len();
         if in_progress && (last || !reasoning.is_empty()) {
-            *out += &format!(
-                "<|im_start|>assistant\n<think>\n{}\n</think>\n\n{}<|im_end|>\n",
-                reasoning.trim_matches('\n'),
-                reply.trim_start_matches('\n')
-            );
+            p.markup("<|im_start|>assistant\n<think>\n");
+            p.content(reasoning.trim_matches('\n'));
+            p.markup("\n</think>\n\n");
+            p.content(reply.trim_start_matches('\n'));
+            p.markup("<|im_end|>\n");
         } else {
-            *out += &format!("<|im_start|>assistant\n{reply}<|im_end|>\n");
+            p.markup("<|im_start|>assistant\n");
+            p.content(reply);
+            p.markup("<|im_end|>\n");
         }
     }
 }

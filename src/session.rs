@@ -92,6 +92,11 @@ impl Session {
         self.rng = None;
     }
 
+    /// Forgets the sampler's random state: the next sampling seeds it anew.
+    pub fn reset_sampler(&mut self) {
+        self.rng = None;
+    }
+
     /// Keeps the first `n_keep` tokens. The logits of the last decode no
     /// longer follow the kept tokens, so they are dropped.
     pub fn truncate(&mut self, n_keep: usize) -> Result<()> {
@@ -136,21 +141,34 @@ impl Session {
     /// afterwards `logits()` holds the next-token logits. On failure the
     /// session is as it was.
     pub fn decode(&mut self, tokens: &[u32]) -> Result<()> {
+        self.decode_tokens(tokens, true)
+    }
+
+    /// Appends `tokens` as `decode` does but computes no logits (the output
+    /// layer is skipped; `logits()` is None afterwards): for the leading
+    /// parts of a prompt decoded in pieces.
+    pub fn decode_without_logits(&mut self, tokens: &[u32]) -> Result<()> {
+        self.decode_tokens(tokens, false)
+    }
+
+    fn decode_tokens(&mut self, tokens: &[u32], logits: bool) -> Result<()> {
         if tokens.is_empty() {
             return Err(Error::invalid_argument("no tokens to decode"));
         }
         self.check_tokens(tokens)?;
         self.check_room(tokens.len())?;
         let n_before = self.tokens.len();
-        let result = self.decode_chunks(tokens);
+        let result = self.decode_chunks(tokens, logits);
         if result.is_err() {
             // Cache entries past n_before are ignored from now on.
             self.tokens.truncate(n_before);
+        } else if !logits {
+            self.logits.clear();
         }
         result
     }
 
-    fn decode_chunks(&mut self, tokens: &[u32]) -> Result<()> {
+    fn decode_chunks(&mut self, tokens: &[u32], logits: bool) -> Result<()> {
         let model = Arc::clone(&self.model);
         let n_chunks = tokens.len().div_ceil(self.n_batch);
         for (i, chunk) in tokens.chunks(self.n_batch).enumerate() {
@@ -163,7 +181,7 @@ impl Session {
                 .collect();
             // Only the last token of the last chunk needs logits.
             let last = chunk.len() - 1;
-            let wanted: &[usize] = if i + 1 == n_chunks {
+            let wanted: &[usize] = if logits && i + 1 == n_chunks {
                 std::slice::from_ref(&last)
             } else {
                 &[]

@@ -260,17 +260,27 @@ fn the_go_package_passes_its_tests_against_the_installed_library() {
     // Go from Debian's golang-go; the package finds the library with pkg-config.
     let prefix = install("install-prefix-go");
     let mut go = Command::new("go");
-    go.args(["test", "-count=1", "./..."])
+    go.args(["test", "-count=1", "-v", "./..."])
         .current_dir(root().join("bindings/go"))
         .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
         .env("GOCACHE", common::scratch_path("go-cache"))
         .env("GOFLAGS", "-mod=mod");
     go.env("M40_GEMMA_GGUF", common::gemma_path());
+    // The official openai client (tests/setup.sh installs it into .venv).
+    let python = root().join(".venv/bin/python3");
+    assert!(python.exists(), "no .venv: tests/setup.sh makes it");
+    go.env("M40_PYTHON", &python);
     let out = go.output().expect("go on PATH (Debian's golang-go)");
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(out.status.success(), "{stdout}{stderr}");
-    assert!(stdout.contains("ok  \tm40llm/bindings/go"), "{stdout}");
+    for package in ["go", "go/server", "go/store", "go/cmd/m40"] {
+        let passed = format!("ok  \tm40llm/bindings/{package}\t");
+        assert!(stdout.contains(&passed), "{package}: {stdout}");
+    }
+    // Nothing skipped: the model and the openai client are here.
+    assert!(!stdout.contains("--- SKIP"), "{stdout}");
+    assert!(stdout.contains("--- PASS: TestTheOpenAIClient"), "{stdout}");
 }

@@ -18,7 +18,7 @@ else
   echo "skipped: the Zig host test (no Zig: tests/setup.sh installs it into .venv, or set ZIG)"
 fi
 if command -v go > /dev/null; then
-  run "the Go binding and m40serve" hosts go_package
+  run "the Go binding, the m40 program and its server (with the openai client)" hosts go_package
 else
   echo "skipped: the Go binding's tests (no go on PATH: Debian's golang-go)"
 fi

@@ -263,9 +263,7 @@ fn the_same_seed_samples_the_same_tokens() {
         seed: 1234,
         ..Default::default()
     };
-    let run = || {
-        let mut s = session(&m, 64, 512);
-        s.decode(&PROMPT[..2]).unwrap();
+    let generate = |s: &mut Session| {
         (0..20)
             .map(|_| {
                 let t = s.sample(&params).unwrap();
@@ -274,8 +272,25 @@ fn the_same_seed_samples_the_same_tokens() {
             })
             .collect::<Vec<_>>()
     };
+    let run = || {
+        let mut s = session(&m, 64, 512);
+        s.decode(&PROMPT[..2]).unwrap();
+        generate(&mut s)
+    };
     let first = run();
     assert_eq!(first, run());
+    // A session reused after truncating to the prompt samples as a fresh one
+    // once its sampler is reset; without the reset its random state goes on.
+    let mut reused = session(&m, 64, 512);
+    reused.decode(&PROMPT[..2]).unwrap();
+    assert_eq!(generate(&mut reused), first);
+    reused.truncate(1).unwrap();
+    reused.decode(&PROMPT[1..2]).unwrap();
+    assert_ne!(generate(&mut reused), first);
+    reused.truncate(1).unwrap();
+    reused.decode(&PROMPT[1..2]).unwrap();
+    reused.reset_sampler();
+    assert_eq!(generate(&mut reused), first);
     assert!(
         first.iter().collect::<std::collections::HashSet<_>>().len() > 1,
         "{first:?}"
@@ -339,4 +354,21 @@ fn a_vocab_only_model_cannot_run_a_session() {
     .err()
     .unwrap();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+}
+
+#[test]
+fn pieces_decoded_without_logits_then_the_last_with_them_match_one_decode() {
+    let m = model("llama", 1);
+    let mut whole = session(&m, 64, 512);
+    whole.decode(&PROMPT).unwrap();
+    let mut pieces = session(&m, 64, 512);
+    pieces.decode_without_logits(&PROMPT[..2]).unwrap();
+    assert!(pieces.logits().is_none());
+    assert_eq!(
+        pieces.sample(&SamplerParams::default()).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    pieces.decode_without_logits(&PROMPT[2..3]).unwrap();
+    pieces.decode(&PROMPT[3..]).unwrap();
+    assert_eq!(pieces.logits().unwrap(), whole.logits().unwrap());
 }

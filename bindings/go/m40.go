@@ -103,11 +103,23 @@ type Model struct {
 
 // Load loads a GGUF model.
 func Load(path string, params ModelParams) (*Model, error) {
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
 	p := C.m40_model_default_params()
 	p.device = C.int32_t(params.Device)
 	p.n_threads = C.uint32_t(params.Threads)
+	return load(path, p)
+}
+
+// LoadVocab loads only a model's vocabulary and metadata: tokenizing, chat
+// templates and Describe work; sessions do not.
+func LoadVocab(path string) (*Model, error) {
+	p := C.m40_model_default_params()
+	p.vocab_only = true
+	return load(path, p)
+}
+
+func load(path string, p C.struct_m40_model_params) (*Model, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
 	var ptr *C.struct_m40_model
 	if err := call(func() C.enum_m40_status { return C.m40_model_load(cpath, &p, &ptr) }); err != nil {
 		return nil, err
@@ -243,26 +255,63 @@ type ChatMessage struct {
 	Content string `json:"content"`
 }
 
+// cMessages copies messages into C memory (one spare entry, so that the list
+// is never empty); free releases it.
+func cMessages(messages []ChatMessage) (list *C.m40_chat_message, free func()) {
+	raw := C.malloc(C.size_t(len(messages)+1) * C.size_t(unsafe.Sizeof(C.m40_chat_message{})))
+	entries := unsafe.Slice((*C.m40_chat_message)(raw), len(messages)+1)
+	for i, msg := range messages {
+		entries[i].role = C.CString(msg.Role)
+		entries[i].content = C.CString(msg.Content)
+	}
+	return &entries[0], func() {
+		for _, e := range entries[:len(messages)] {
+			C.free(unsafe.Pointer(e.role))
+			C.free(unsafe.Pointer(e.content))
+		}
+		C.free(raw)
+	}
+}
+
 // ApplyChatTemplate formats a conversation with the model's chat template,
 // opening the assistant's turn when addAssistant (m40_chat_apply_template).
 func (m *Model) ApplyChatTemplate(messages []ChatMessage, addAssistant bool) (string, error) {
 	var text string
 	err := m.use(func(p *C.struct_m40_model) (err error) {
-		raw := C.malloc(C.size_t(len(messages)+1) * C.size_t(unsafe.Sizeof(C.m40_chat_message{})))
-		defer C.free(raw)
-		list := unsafe.Slice((*C.m40_chat_message)(raw), len(messages)+1)
-		for i, msg := range messages {
-			list[i].role = C.CString(msg.Role)
-			list[i].content = C.CString(msg.Content)
-			defer C.free(unsafe.Pointer(list[i].role))
-			defer C.free(unsafe.Pointer(list[i].content))
-		}
+		list, free := cMessages(messages)
+		defer free()
 		text, err = sizedText(func(buf *C.char, capacity C.size_t, n *C.size_t) C.enum_m40_status {
-			return C.m40_chat_apply_template(p, &list[0], C.size_t(len(messages)), C.bool(addAssistant), buf, capacity, n)
+			return C.m40_chat_apply_template(p, list, C.size_t(len(messages)), C.bool(addAssistant), buf, capacity, n)
 		})
 		return
 	})
 	return text, err
+}
+
+// ChatTokenize is the tokens of a conversation formatted with the model's
+// chat template, BOS included (m40_chat_tokenize): special tokens are parsed
+// in the template's markup only, so a message that holds "<end_of_turn>" or
+// "<|im_end|>" cannot close its turn and forge another.
+func (m *Model) ChatTokenize(messages []ChatMessage, addAssistant bool) ([]Token, error) {
+	var tokens []Token
+	err := m.use(func(p *C.struct_m40_model) error {
+		list, free := cMessages(messages)
+		defer free()
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		var n C.size_t
+		st := C.m40_chat_tokenize(p, list, C.size_t(len(messages)), C.bool(addAssistant), nil, 0, &n)
+		if Status(st) != BufferTooSmall && Status(st) != OK {
+			return check(st)
+		}
+		tokens = make([]Token, int(n))
+		if n == 0 {
+			return nil
+		}
+		return check(C.m40_chat_tokenize(p, list, C.size_t(len(messages)), C.bool(addAssistant),
+			(*C.m40_token)(unsafe.Pointer(&tokens[0])), n, &n))
+	})
+	return tokens, err
 }
 
 // SamplerParams choose the next token (m40_sampler_params).
@@ -363,6 +412,43 @@ func (s *Session) Reset() error {
 	})
 }
 
+// ResetSampler forgets the sampler's random state: the next Sample seeds it
+// from its seed, as in a new session (m40_session_reset_sampler).
+func (s *Session) ResetSampler() error {
+	return s.use(func(p *C.struct_m40_session) error {
+		return call(func() C.enum_m40_status { return C.m40_session_reset_sampler(p) })
+	})
+}
+
+// Truncate keeps the first nKeep tokens and forgets the rest.
+func (s *Session) Truncate(nKeep int) error {
+	if nKeep < 0 {
+		return &Error{Status: InvalidArgument, Message: fmt.Sprintf("Truncate: nKeep %d is negative", nKeep)}
+	}
+	return s.use(func(p *C.struct_m40_session) error {
+		return call(func() C.enum_m40_status { return C.m40_session_truncate(p, C.uint32_t(nKeep)) })
+	})
+}
+
+// Logits copies the next-token logits into out (grown to the vocabulary's
+// size) and returns it; an error before the first decode.
+func (s *Session) Logits(out []float32) ([]float32, error) {
+	err := s.use(func(p *C.struct_m40_session) error {
+		ptr := C.m40_logits(p)
+		if ptr == nil {
+			return &Error{Status: InvalidArgument, Message: "the session has no logits (nothing decoded since its start, reset or truncate)"}
+		}
+		n := s.model.NVocab()
+		if cap(out) < n {
+			out = make([]float32, n)
+		}
+		out = out[:n]
+		copy(out, unsafe.Slice((*float32)(unsafe.Pointer(ptr)), n))
+		return nil
+	})
+	return out, err
+}
+
 // Decode appends tokens and runs the model over them.
 func (s *Session) Decode(tokens []Token) error {
 	if len(tokens) == 0 {
@@ -371,6 +457,20 @@ func (s *Session) Decode(tokens []Token) error {
 	return s.use(func(p *C.struct_m40_session) error {
 		return call(func() C.enum_m40_status {
 			return C.m40_decode(p, (*C.m40_token)(unsafe.Pointer(&tokens[0])), C.size_t(len(tokens)))
+		})
+	})
+}
+
+// DecodeNoLogits appends tokens like Decode but computes no logits (the
+// output layer is skipped): for the leading pieces of a prompt decoded a
+// piece at a time; the last piece goes through Decode.
+func (s *Session) DecodeNoLogits(tokens []Token) error {
+	if len(tokens) == 0 {
+		return nil
+	}
+	return s.use(func(p *C.struct_m40_session) error {
+		return call(func() C.enum_m40_status {
+			return C.m40_decode_no_logits(p, (*C.m40_token)(unsafe.Pointer(&tokens[0])), C.size_t(len(tokens)))
 		})
 	})
 }

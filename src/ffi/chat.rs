@@ -5,8 +5,9 @@ use std::ffi::c_char;
 use super::args;
 use super::handles;
 use super::m40_model;
+use super::m40_token;
 use super::status::{guard, m40_status};
-use crate::chat::ChatMessage;
+use crate::chat::{ChatMessage, ChatPrompt};
 use crate::error::{Error, Result};
 
 /// One message of a conversation: `role` is "system", "user" or
@@ -16,6 +17,49 @@ use crate::error::{Error, Result};
 pub struct m40_chat_message {
     pub role: *const c_char,
     pub content: *const c_char,
+}
+
+/// The C messages formatted with the model's chat template.
+///
+/// # Safety
+/// `messages` is NULL (with `n_messages` 0) or points to `n_messages`
+/// messages whose strings are NUL-terminated.
+unsafe fn render(
+    model: *const m40_model,
+    messages: *const m40_chat_message,
+    n_messages: usize,
+    add_assistant: bool,
+) -> Result<ChatPrompt> {
+    let template = handles::model(model as usize)?.chat_template()?;
+    // SAFETY: the caller's promises, forwarded.
+    let raw = unsafe { args::slice(messages, n_messages, "messages")? };
+    // SAFETY: as above.
+    let messages = unsafe { chat_messages(raw)? };
+    Ok(template.render(&messages, add_assistant))
+}
+
+/// The messages of the C array, checked: UTF-8 text and a known role.
+///
+/// # Safety
+/// Every message's strings are NUL-terminated (and outlive the result).
+unsafe fn chat_messages(raw: &[m40_chat_message]) -> Result<Vec<ChatMessage<'_>>> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let at = |field: &str| format!("messages[{i}].{field}");
+            // SAFETY: the caller promises NUL-terminated strings.
+            let role = unsafe { args::c_text(m.role, &at("role"))? };
+            // SAFETY: as above.
+            let content = unsafe { args::c_text(m.content, &at("content"))? };
+            if !["system", "user", "assistant"].contains(&role) {
+                return Err(Error::invalid_argument(format!(
+                    "{} is {role:?}; roles are \"system\", \"user\" and \"assistant\"",
+                    at("role")
+                )));
+            }
+            Ok(ChatMessage { role, content })
+        })
+        .collect()
 }
 
 /// ==== 9. Chat templates ====
@@ -40,7 +84,9 @@ pub struct m40_chat_message {
 /// other template is M40_ERR_UNSUPPORTED. No format writes BOS (tokenizing
 /// with `add_special` adds it); the text contains the formats' special
 /// tokens as text: tokenize it with `parse_special` (as `m40_generate`
-/// does). `m40_model_describe` names the format (`chat_template`).
+/// does), or, when the messages come from people or programs that must not
+/// write the conversation's markup, use `m40_chat_tokenize` instead.
+/// `m40_model_describe` names the format (`chat_template`).
 ///
 /// The text is followed by a NUL; `*out_len` (when not NULL) gets its length
 /// without it. When `cap` is too small nothing is written, `*out_len` gets
@@ -62,30 +108,54 @@ pub unsafe extern "C" fn m40_chat_apply_template(
     out_len: *mut usize,
 ) -> m40_status {
     guard(|| {
-        let model = handles::model(model as usize)?;
-        let template = model.chat_template()?;
         // SAFETY: the caller's promises, forwarded.
-        let raw = unsafe { args::slice(messages, n_messages, "messages")? };
-        let messages = raw
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let at = |field: &str| format!("messages[{i}].{field}");
-                // SAFETY: the caller promises NUL-terminated strings.
-                let role = unsafe { args::c_text(m.role, &at("role"))? };
-                // SAFETY: as above.
-                let content = unsafe { args::c_text(m.content, &at("content"))? };
-                if !["system", "user", "assistant"].contains(&role) {
-                    return Err(Error::invalid_argument(format!(
-                        "{} is {role:?}; roles are \"system\", \"user\" and \"assistant\"",
-                        at("role")
-                    )));
-                }
-                Ok(ChatMessage { role, content })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let text = template.apply(&messages, add_assistant);
+        let prompt = unsafe { render(model, messages, n_messages, add_assistant)? };
+        // SAFETY: as above.
+        unsafe { args::write_text(prompt.text.as_bytes(), buf, cap, out_len) }
+    })
+}
+
+/// The tokens of `n_messages` messages as the model's chat template formats
+/// them (`m40_chat_apply_template`, with `add_assistant` the same), BOS
+/// added as `m40_tokenize`'s `add_special` adds it. Special tokens are
+/// parsed in the template's own markup only: text inside a message is never
+/// tokenized as a control token or an end-of-generation token, so a message
+/// holding `<end_of_turn>` or `<|im_end|>` cannot close its turn and forge
+/// another one (user-defined tokens, which `m40_tokenize` recognises even
+/// without `parse_special`, are recognised in messages too). Messages
+/// without such text give exactly the tokens of the template's text
+/// tokenized with `add_special` and `parse_special`.
+///
+/// Writes the tokens to `out_tokens` (room for `cap`) and their number to
+/// `*out_n`. When `cap` is too small nothing is written to `out_tokens`,
+/// `*out_n` gets the number needed and the result is
+/// M40_ERR_BUFFER_TOO_SMALL; `out_tokens` may be NULL when `cap` is 0 (a
+/// size query).
+///
+/// # Safety
+/// `messages` is NULL (with `n_messages` 0) or points to `n_messages`
+/// messages whose strings are NUL-terminated; `out_tokens` is NULL or points
+/// to `cap` writable tokens; `out_n` is writable (NULL is
+/// M40_ERR_INVALID_ARGUMENT).
+#[no_mangle]
+pub unsafe extern "C" fn m40_chat_tokenize(
+    model: *const m40_model,
+    messages: *const m40_chat_message,
+    n_messages: usize,
+    add_assistant: bool,
+    out_tokens: *mut m40_token,
+    cap: usize,
+    out_n: *mut usize,
+) -> m40_status {
+    guard(|| {
         // SAFETY: the caller's promises, forwarded.
-        unsafe { args::write_text(text.as_bytes(), buf, cap, out_len) }
+        let prompt = unsafe { render(model, messages, n_messages, add_assistant)? };
+        let tokens = handles::model(model as usize)?.tokenizer().tokenize_chat(
+            &prompt.text,
+            true,
+            &prompt.content,
+        )?;
+        // SAFETY: the caller's promises, forwarded.
+        unsafe { super::tokenizer::write_tokens(&tokens, out_tokens, cap, out_n) }
     })
 }

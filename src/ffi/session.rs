@@ -6,7 +6,7 @@ use std::ffi::{c_char, c_void};
 use super::args;
 use super::handles;
 use super::status::{guard, guard_value, m40_status};
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::sampling::SamplerParams;
 use crate::session::{Session, SessionParams};
 
@@ -128,6 +128,21 @@ pub extern "C" fn m40_session_reset(session: *mut m40_session) -> m40_status {
     })
 }
 
+/// Forgets the sampler's random state (tokens and logits stay): the next
+/// `m40_sample` seeds it from its parameters' seed, as in a new session. A
+/// host that reuses a session for an unrelated request (after
+/// `m40_session_truncate` to a shared prompt) calls it so that the same seed
+/// gives the same tokens as in a fresh session.
+#[no_mangle]
+pub extern "C" fn m40_session_reset_sampler(session: *mut m40_session) -> m40_status {
+    guard(|| {
+        handles::with_session(session as usize, |s| {
+            s.reset_sampler();
+            Ok(())
+        })
+    })
+}
+
 /// Keeps the first `n_keep` tokens and forgets the rest, and the logits with
 /// them when any token is dropped (they no longer follow; `n_keep` equal to
 /// `m40_session_n_past` changes nothing); `n_keep` above it is an argument
@@ -174,11 +189,45 @@ pub unsafe extern "C" fn m40_decode(
     tokens: *const m40_token,
     n_tokens: usize,
 ) -> m40_status {
+    // SAFETY: the caller's promise, forwarded.
+    unsafe { decode_with(session, tokens, n_tokens, Session::decode) }
+}
+
+/// `m40_decode` and `m40_decode_no_logits`: the tokens checked, then `decode`.
+///
+/// # Safety
+/// `tokens` points to `n_tokens` readable tokens.
+unsafe fn decode_with(
+    session: *mut m40_session,
+    tokens: *const m40_token,
+    n_tokens: usize,
+    decode: fn(&mut Session, &[u32]) -> Result<()>,
+) -> m40_status {
     guard(|| {
         // SAFETY: the caller's promise, forwarded.
         let tokens = token_ids(unsafe { args::slice(tokens, n_tokens, "tokens")? })?;
-        handles::with_session(session as usize, |s| s.decode(&tokens))
+        handles::with_session(session as usize, |s| decode(s, &tokens))
     })
+}
+
+/// Appends `n_tokens` tokens as `m40_decode` does, but computes no
+/// next-token logits: the model's output layer (for a large vocabulary, a
+/// large share of a short chunk's time) is skipped, `m40_logits` is NULL
+/// and `m40_sample` an argument error until the next `m40_decode`. For the
+/// leading pieces of a prompt a host decodes a piece at a time between
+/// other work (a server admitting a long prompt between decode steps); the
+/// last piece goes through `m40_decode`. Errors and failure as `m40_decode`.
+///
+/// # Safety
+/// As `m40_decode`.
+#[no_mangle]
+pub unsafe extern "C" fn m40_decode_no_logits(
+    session: *mut m40_session,
+    tokens: *const m40_token,
+    n_tokens: usize,
+) -> m40_status {
+    // SAFETY: the caller's promise, forwarded.
+    unsafe { decode_with(session, tokens, n_tokens, Session::decode_without_logits) }
 }
 
 /// Returns the session's next-token logits (`m40_model_n_vocab` floats),

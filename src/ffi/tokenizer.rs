@@ -10,6 +10,42 @@ use super::m40_token;
 use super::status::{guard, guard_value, m40_status};
 use crate::error::{Error, ErrorKind, Result};
 
+/// Writes `tokens` to `out_tokens` (room for `cap`) and their number to
+/// `*out_n`; when they do not fit, only the number, and BUFFER_TOO_SMALL.
+///
+/// # Safety
+/// `out_tokens` is NULL or points to `cap` writable tokens; `out_n` is NULL
+/// (an argument error) or writable.
+pub(super) unsafe fn write_tokens(
+    tokens: &[u32],
+    out_tokens: *mut m40_token,
+    cap: usize,
+    out_n: *mut usize,
+) -> Result<()> {
+    // SAFETY: the caller's promise.
+    let out_n = unsafe { args::out(out_n, "out_n")? };
+    if out_tokens.is_null() && cap > 0 {
+        return Err(Error::invalid_argument(format!(
+            "out_tokens is NULL but cap is {cap}"
+        )));
+    }
+    *out_n = tokens.len();
+    if tokens.len() > cap {
+        return Err(Error::new(
+            ErrorKind::BufferTooSmall,
+            format!(
+                "the text has {} tokens, out_tokens holds {cap}",
+                tokens.len()
+            ),
+        ));
+    }
+    for (i, &token) in tokens.iter().enumerate() {
+        // SAFETY: i < cap, and the caller promises `cap` writable tokens.
+        *unsafe { args::out(out_tokens.add(i), "out_tokens")? } = token as m40_token;
+    }
+    Ok(())
+}
+
 fn token_id(token: m40_token, n_vocab: u32) -> Result<u32> {
     u32::try_from(token)
         .ok()
@@ -60,35 +96,12 @@ pub unsafe extern "C" fn m40_tokenize(
     guard(|| {
         let model = handles::model(model as usize)?;
         // SAFETY: the caller's promises, forwarded.
-        let (text, out_n) = unsafe {
-            (
-                args::utf8(text.cast::<u8>(), text_len, "text")?,
-                args::out(out_n, "out_n")?,
-            )
-        };
-        if out_tokens.is_null() && cap > 0 {
-            return Err(Error::invalid_argument(format!(
-                "out_tokens is NULL but cap is {cap}"
-            )));
-        }
+        let text = unsafe { args::utf8(text.cast::<u8>(), text_len, "text")? };
         let tokens = model
             .tokenizer()
             .tokenize(text, add_special, parse_special)?;
-        *out_n = tokens.len();
-        if tokens.len() > cap {
-            return Err(Error::new(
-                ErrorKind::BufferTooSmall,
-                format!(
-                    "the text has {} tokens, out_tokens holds {cap}",
-                    tokens.len()
-                ),
-            ));
-        }
-        for (i, &token) in tokens.iter().enumerate() {
-            // SAFETY: i < cap, and the caller promises `cap` writable tokens.
-            *unsafe { args::out(out_tokens.add(i), "out_tokens")? } = token as m40_token;
-        }
-        Ok(())
+        // SAFETY: the caller's promises, forwarded.
+        unsafe { write_tokens(&tokens, out_tokens, cap, out_n) }
     })
 }
 

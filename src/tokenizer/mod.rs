@@ -25,6 +25,7 @@ mod spm;
 mod unicode;
 
 use std::fmt;
+use std::ops::Range;
 
 use crate::error::{echo, Error, Result};
 use crate::gguf::{Array, GgufFile};
@@ -670,11 +671,50 @@ impl Tokenizer {
     /// as the metadata asks; `parse_special` recognises control tokens in
     /// the text (user-defined tokens are always recognised).
     pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        let fragments = self.specials.partition(&self.vocab, text, parse_special);
+        self.tokenize_fragments(text, add_special, fragments)
+    }
+
+    /// Tokenizes a chat prompt whose `content` byte ranges are the
+    /// messages' text (`ChatPrompt`): special tokens are parsed in the rest,
+    /// the chat format's markup, as `tokenize` with `parse_special` would;
+    /// text in the messages never becomes a control token (so a user cannot
+    /// close their turn and write the model's), nor an end-of-generation
+    /// one, and other user-defined tokens are recognised there as
+    /// `tokenize` always recognises them. Text without special tokens in
+    /// its messages tokenizes exactly as `tokenize` with `parse_special`.
+    pub fn tokenize_chat(
+        &self,
+        text: &str,
+        add_special: bool,
+        content: &[Range<usize>],
+    ) -> Result<Vec<u32>> {
+        let in_content = |bytes: &Range<usize>| {
+            // First range ending after the start; overlaps if it starts
+            // before the end.
+            let i = content.partition_point(|c| c.end <= bytes.start);
+            content.get(i).is_some_and(|c| c.start < bytes.end)
+        };
+        let fragments = self
+            .specials
+            .partition_where(&self.vocab, text, |id, bytes| {
+                !in_content(&bytes)
+                    || (self.vocab.attrs[id as usize].contains(TokenAttr::USER_DEFINED)
+                        && !self.is_eog(id))
+            });
+        self.tokenize_fragments(text, add_special, fragments)
+    }
+
+    fn tokenize_fragments(
+        &self,
+        text: &str,
+        add_special: bool,
+        fragments: Vec<special::Fragment>,
+    ) -> Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
             out.extend(self.ids.bos);
         }
-        let fragments = self.specials.partition(&self.vocab, text, parse_special);
         match self.kind {
             TokenizerKind::SentencePiece => {
                 let mut scratch = spm::SpmScratch::default();

@@ -97,22 +97,36 @@ impl SpecialTokens {
         &self.by_order
     }
 
-    /// Cuts `text` at its special tokens.
+    /// Cuts `text` at its special tokens (control and unknown ones only
+    /// with `parse_special`).
     pub(crate) fn partition(
         &self,
         vocab: &Vocab,
         text: &str,
         parse_special: bool,
     ) -> Vec<Fragment> {
-        let bytes = text.as_bytes();
-        if bytes.is_empty() {
-            return Vec::new();
-        }
         let skipped = if parse_special {
             TokenAttr::empty()
         } else {
             TokenAttr::CONTROL | TokenAttr::UNKNOWN
         };
+        self.partition_where(vocab, text, |id, _| {
+            !vocab.attrs[id as usize].intersects(skipped)
+        })
+    }
+
+    /// Cuts `text` at the occurrences of special tokens that `eligible`
+    /// accepts (given the token and the bytes it would take).
+    pub(crate) fn partition_where(
+        &self,
+        vocab: &Vocab,
+        text: &str,
+        eligible: impl Fn(u32, Range<usize>) -> bool,
+    ) -> Vec<Fragment> {
+        let bytes = text.as_bytes();
+        if bytes.is_empty() {
+            return Vec::new();
+        }
         // Every occurrence of every eligible special token: (order, start).
         let mut found: Vec<(u32, u32)> = Vec::new();
         for start in 0..bytes.len() {
@@ -126,7 +140,7 @@ impl SpecialTokens {
                     Err(_) => break,
                 }
                 let id = self.nodes[node].token;
-                if id != NONE && !vocab.attrs[id as usize].intersects(skipped) {
+                if id != NONE && eligible(id, start..start + vocab.text(id).len()) {
                     found.push((self.order[id as usize], start as u32));
                 }
             }
