@@ -61,7 +61,8 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		return keys[i][0] < keys[j][0] || keys[i][0] == keys[j][0] && keys[i][1] < keys[j][1]
 	})
 	for _, k := range keys {
-		fmt.Fprintf(&b, "m40_requests_total{path=%q,status=%q} %d\n", k[0], k[1], m.requests[k])
+		// Labels from metricPath and status codes: no character to escape.
+		fmt.Fprintf(&b, "m40_requests_total{path=\"%s\",status=\"%s\"} %d\n", k[0], k[1], m.requests[k])
 	}
 	metric("m40_time_to_first_token_seconds", "histogram", "From a request's arrival to its first generated token.")
 	var cumulative int64

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -259,6 +260,9 @@ func (s *Server) resolve(req *request, chat bool) (*params, error) {
 		}
 		return nil, invalid("%v", err)
 	}
+	if len(p.prompt) == 0 {
+		return nil, invalid("the prompt is empty (and this model adds no BOS token)")
+	}
 	if len(p.prompt) >= s.cfg.NCtx {
 		return nil, s.tooLong(fmt.Sprintf("%d tokens", len(p.prompt)))
 	}
@@ -454,13 +458,17 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, p *params) {
 	s.metrics.promptTokens.Add(int64(len(p.prompt)))
 
 	arrived := time.Now()
+	// Ended when the reply is: choices still running after another failed
+	// stop at their next step.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
 	events := make(chan event, p.n*(p.maxTokens+2))
 	var firstOnce bool
 	for i := 0; i < p.n; i++ {
 		sampler := p.sampler
 		sampler.Seed += uint64(i)
 		j := &job{
-			ctx: r.Context(), choice: i, prompt: p.prompt, maxTokens: p.maxTokens, sampler: sampler,
+			ctx: ctx, choice: i, prompt: p.prompt, maxTokens: p.maxTokens, sampler: sampler,
 			topLogprobs: p.topLogprobs, stop: stopper{stops: p.stops}, events: events,
 		}
 		select {
@@ -488,7 +496,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, p *params) {
 			ev := <-events
 			noteFirst()
 			if ev.err != "" {
+				cancel()
 				s.drain(events, remaining-1)
+				s.setWriteDeadline(r)
 				fail(w, errors.New(ev.err))
 				return
 			}
@@ -503,7 +513,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, p *params) {
 		s.writeWhole(w, r, p, id, created, choices)
 		return
 	}
-	s.stream(w, r, p, id, created, events, noteFirst)
+	s.stream(w, r, p, id, created, events, noteFirst, cancel)
 }
 
 // drain waits for the choices still running to end (their events are
@@ -603,7 +613,7 @@ func byteList(b []byte) []int {
 // the request's context end and drops its jobs; their last events are
 // drained.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, p *params, id string, created int64,
-	events <-chan event, noteFirst func()) {
+	events <-chan event, noteFirst func(), cancel func()) {
 	object := "text_completion"
 	if p.chat {
 		object = "chat.completion.chunk"
@@ -656,9 +666,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, p *params, id st
 			choices[ev.choice].tokens = ev.generated
 		}
 		if ev.err != "" {
+			cancel() // the other choices stop at their next step
 			if !started {
 				// Nothing is out yet: the failure gets an error status.
 				s.drain(events, remaining)
+				s.setWriteDeadline(r)
 				fail(w, errors.New(ev.err))
 				return
 			}

@@ -429,6 +429,9 @@ func (s *Server) chunkTokens(streaming bool) int {
 // notePrefill and noteStep keep moving averages of a prompt token's and a
 // decode step's time.
 func (s *Server) notePrefill(tokens int, took time.Duration) {
+	if tokens < 1 {
+		return
+	}
 	perToken := took.Seconds() / float64(tokens)
 	if s.perToken == 0 {
 		s.perToken = perToken

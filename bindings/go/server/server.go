@@ -109,26 +109,32 @@ func New(model *m40.Model, cfg Config) (*Server, error) {
 // ServeHTTP serves a request and logs it.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	// A keep-alive connection keeps the last response's write deadline:
+	// clear it; replies set their own just before they are written.
+	if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
+		c.SetWriteDeadline(time.Time{})
+	}
 	rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 	ctx := context.WithValue(r.Context(), usageKey{}, &rec.usage)
 	s.mux.ServeHTTP(rec, r.WithContext(ctx))
-	path := r.URL.Path
-	if !knownPath(path) {
-		path = "other"
-	}
-	s.metrics.request(path, rec.status)
+	s.metrics.request(metricPath(r.URL.Path), rec.status)
 	if s.cfg.Log != nil {
 		s.cfg.Log.Printf("%s %s %s %d prompt=%d completion=%d %.3fs", r.RemoteAddr, r.Method,
 			r.URL.Path, rec.status, rec.usage.prompt, rec.usage.completion, time.Since(start).Seconds())
 	}
 }
 
-func knownPath(path string) bool {
+// metricPath is a request's path as a metrics label: one of a fixed few, so
+// that clients cannot grow the metrics without bound.
+func metricPath(path string) string {
 	switch path {
 	case "/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions":
-		return true
+		return path
 	}
-	return strings.HasPrefix(path, "/v1/models/")
+	if strings.HasPrefix(path, "/v1/models/") {
+		return "/v1/models/{id}"
+	}
+	return "other"
 }
 
 // HTTPServer is an http.Server for s on addr with the configured timeouts;

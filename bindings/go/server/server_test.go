@@ -580,3 +580,39 @@ func TestAStoppedServerRefusesRequests(t *testing.T) {
 		t.Fatalf("health: %d", resp.StatusCode)
 	}
 }
+
+func TestMetricLabelsStayFewAndAKeptConnectionOutlivesTheWriteTimeout(t *testing.T) {
+	_, srv := serve(t, func(c *Config) { c.WriteTimeout, c.IdleTimeout = 300*time.Millisecond, 30*time.Second })
+	// One keep-alive connection for everything below.
+	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}}
+	for _, path := range []string{"/v1/models/%ff", "/v1/models/a%01b", "/nowhere"} {
+		resp, err := client.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	resp, err := client.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader("{"+prompt+"}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	// Past the last reply's write deadline, the connection still serves.
+	time.Sleep(600 * time.Millisecond)
+	resp, err = client.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`m40_requests_total{path="/v1/models/{id}",status="404"} 2`, `m40_requests_total{path="other",status="404"} 1`} {
+		if !strings.Contains(string(text), want) {
+			t.Fatalf("no %s in\n%s", want, text)
+		}
+	}
+	if strings.Contains(string(text), `\x`) {
+		t.Fatalf("%s", text)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -217,8 +218,12 @@ func hfSource(ctx context.Context, ref string, opt PullOptions) (source, error) 
 	if splitRe.MatchString(chosen.Path) {
 		return source{}, fmt.Errorf("%s is split into several files, which m40 does not load", chosen.Path)
 	}
+	segments := strings.Split(chosen.Path, "/")
+	for i := range segments {
+		segments[i] = url.PathEscape(segments[i])
+	}
 	src := source{
-		url:  opt.Endpoint + repo + "/resolve/" + commit + "/" + chosen.Path,
+		url:  opt.Endpoint + repo + "/resolve/" + commit + "/" + strings.Join(segments, "/"),
 		name: strings.TrimSuffix(path.Base(chosen.Path), ".gguf"),
 	}
 	if chosen.LFS != nil && isSHA256(chosen.LFS.Oid) {
@@ -280,6 +285,10 @@ func (s Store) download(ctx context.Context, src source, opt PullOptions) (strin
 		return "", err
 	}
 	defer f.Close()
+	// One pull of a model at a time: a second would write the same file.
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return "", fmt.Errorf("another m40 pull is downloading %s (%v)", src.name, err)
+	}
 	// The hash of what is already there, continued as bytes arrive.
 	h := sha256.New()
 	offset, err := io.Copy(h, f)
@@ -405,19 +414,38 @@ func (d *downloader) attempt(ctx context.Context) (bool, error) {
 			req.Header.Set("If-Range", d.state.ETag)
 		}
 	}
-	resp, err := d.opt.Client.Do(req)
+	// Hugging Face publishes the sha256 on its redirect to the file's
+	// store (X-Linked-Etag), not on the file's response: look at every hop.
+	client := *d.opt.Client
+	client.CheckRedirect = func(next *http.Request, via []*http.Request) error {
+		if next.Response != nil {
+			d.notePublished(next.Response.Header)
+		}
+		if d.opt.Client.CheckRedirect != nil {
+			return d.opt.Client.CheckRedirect(next, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return false, errRetry{err}
 	}
 	defer resp.Body.Close()
-	if v := strings.Trim(resp.Header.Get("X-Linked-Etag"), `"`); isSHA256(v) {
-		d.published = strings.ToLower(v)
-	} else if v := strings.Trim(resp.Header.Get("ETag"), `"`); isSHA256(v) {
-		d.published = strings.ToLower(v)
-	}
+	d.notePublished(resp.Header)
 	switch {
 	case resp.StatusCode == http.StatusPartialContent:
 		start, total, ok := contentRange(resp.Header.Get("Content-Range"))
+		if etag := resp.Header.Get("ETag"); d.state.ETag != "" && etag != "" && etag != d.state.ETag {
+			// The file changed and the server ignored If-Range.
+			d.state.ETag = etag
+			if err := d.restart(); err != nil {
+				return false, err
+			}
+			return false, errRetry{errors.New("the file changed on the server: starting over")}
+		}
 		if !ok || start != d.offset {
 			if err := d.restart(); err != nil {
 				return false, err
@@ -475,6 +503,16 @@ func (d *downloader) attempt(ctx context.Context) (bool, error) {
 		return false, errRetry{fmt.Errorf("the connection ended at byte %d of %d", d.offset, d.total)}
 	}
 	return true, nil
+}
+
+// notePublished keeps a sha256 the headers publish (X-Linked-Etag, or an
+// ETag that is one).
+func (d *downloader) notePublished(h http.Header) {
+	if v := strings.Trim(h.Get("X-Linked-Etag"), `"`); isSHA256(v) {
+		d.published = strings.ToLower(v)
+	} else if v := strings.Trim(h.Get("ETag"), `"`); isSHA256(v) && d.published == "" {
+		d.published = strings.ToLower(v)
+	}
 }
 
 // contentRange parses "bytes START-END/TOTAL" (or "bytes */TOTAL").

@@ -38,6 +38,10 @@ type fileServer struct {
 }
 
 func (f *fileServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.serveTagged(w, r, `"v1"`)
+}
+
+func (f *fileServer) serveTagged(w http.ResponseWriter, r *http.Request, etag string) {
 	f.mu.Lock()
 	f.seen = append(f.seen, r.Header.Get("Range"))
 	drop := f.drops > 0
@@ -48,7 +52,7 @@ func (f *fileServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f.published != "" {
 		w.Header().Set("X-Linked-Etag", `"`+f.published+`"`)
 	}
-	w.Header().Set("ETag", `"v1"`)
+	w.Header().Set("ETag", etag)
 	start := 0
 	if rng := r.Header.Get("Range"); f.ranges && rng != "" {
 		start, _ = strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(rng, "bytes="), "-"))
@@ -265,5 +269,66 @@ func TestReadInfoOfGemma(t *testing.T) {
 		if _, err := ReadInfo(cut); err == nil {
 			t.Fatalf("%d bytes: no error", n)
 		}
+	}
+}
+
+func TestTheChecksumOnARedirectIsChecked(t *testing.T) {
+	body := testFile()
+	mux := http.NewServeMux()
+	// As Hugging Face does: the sha256 on the redirect, the file elsewhere.
+	published := strings.Repeat("ab", 32)
+	mux.HandleFunc("/user/repo/resolve/main/model-Q4_K_M.gguf", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Linked-Etag", `"`+published+`"`)
+		http.Redirect(w, r, "/cdn/blob", http.StatusFound)
+	})
+	mux.Handle("/cdn/blob", &fileServer{body: body, ranges: true})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	s := Store{t.TempDir()}
+	url := srv.URL + "/user/repo/resolve/main/model-Q4_K_M.gguf"
+	if _, err := s.Pull(context.Background(), url, PullOptions{}); err == nil || !strings.Contains(err.Error(), published) {
+		t.Fatalf("%v", err)
+	}
+	published = sum(body)
+	if _, err := s.Pull(context.Background(), url, PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAFileThatChangesMidDownloadStartsOver(t *testing.T) {
+	v1, v2 := testFile(), testFile()
+	for i := range v2 {
+		v2[i] ^= 0x5A
+	}
+	copy(v2, "GGUF")
+	var mu sync.Mutex
+	served := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		served++
+		first := served == 1
+		mu.Unlock()
+		if first {
+			// Version 1, dropped halfway.
+			w.Header().Set("ETag", `"v1"`)
+			w.Header().Set("Content-Length", strconv.Itoa(len(v1)))
+			w.Write(v1[:len(v1)/2])
+			w.(http.Flusher).Flush()
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.Close()
+			return
+		}
+		// Version 2 from then on, ranges honoured, If-Range ignored.
+		(&fileServer{body: v2, ranges: true}).serveTagged(w, r, `"v2"`)
+	}))
+	defer srv.Close()
+	s := Store{t.TempDir()}
+	path, err := s.Pull(context.Background(), srv.URL+"/m/model.gguf", PullOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(path)
+	if sum(got) != sum(v2) {
+		t.Fatal("the file mixes two versions")
 	}
 }

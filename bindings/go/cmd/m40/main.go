@@ -247,14 +247,17 @@ func addModelFlags(fs *flag.FlagSet) modelFlags {
 	}
 }
 
-func loadModel(name string, mf modelFlags) (*m40.Model, string, error) {
-	s, err := openStore()
-	if err != nil {
-		return nil, "", err
-	}
-	path, err := s.Find(name)
-	if err != nil {
-		return nil, "", err
+// loadModel loads a model of the store by name (or a GGUF file by a path
+// with a folder in it), or, with direct, the file at path as it is.
+func loadModel(path string, direct bool, mf modelFlags) (*m40.Model, string, error) {
+	if !direct {
+		s, err := openStore()
+		if err != nil {
+			return nil, "", err
+		}
+		if path, err = s.Find(path); err != nil {
+			return nil, "", err
+		}
 	}
 	model, err := m40.Load(path, m40.ModelParams{Device: *mf.device, Threads: *mf.threads})
 	return model, path, err
@@ -278,7 +281,7 @@ func run(args []string) error {
 	if *n < 1 || *nCtx < 1 {
 		return errors.New("-n and -ctx must be at least 1")
 	}
-	model, _, err := loadModel(rest[0], mf)
+	model, _, err := loadModel(rest[0], false, mf)
 	if err != nil {
 		return err
 	}
@@ -458,17 +461,18 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	if *path != "" {
-		rest = append(rest, *path)
-	}
-	if len(rest) != 1 {
+	if len(rest)+len(*path) == 0 || len(rest) > 1 || (len(rest) == 1 && *path != "") {
 		return errors.New("give one model (NAME or -m FILE)")
+	}
+	target := *path
+	if target == "" {
+		target = rest[0]
 	}
 	cfg.APIKey = *apiKey
 	if cfg.APIKey == "" {
 		cfg.APIKey = os.Getenv("M40_API_KEY")
 	}
-	model, file, err := loadModel(rest[0], mf)
+	model, file, err := loadModel(target, *path != "", mf)
 	if err != nil {
 		return err
 	}
