@@ -184,7 +184,8 @@ fn every_input_gives_llama_cpp_ids(name: &str) {
     let model = vocab(name);
     let inputs = inputs(name);
     let expected = expected_ids(name);
-    assert_eq!(inputs.len(), 46, "{name}: llama.cpp's test has 46 inputs");
+    // llama.cpp's test has 46 inputs; newer vocabularies' (Qwen3.5) more.
+    assert!(inputs.len() >= 46, "{name}: {} inputs", inputs.len());
     assert_eq!(inputs.len(), expected.len());
     let mismatches: Vec<String> = inputs
         .iter()
@@ -237,6 +238,12 @@ fn falcon_vocab_tokenizes_every_input_as_llama_cpp() {
 #[test]
 fn qwen2_vocab_tokenizes_every_input_as_llama_cpp() {
     every_input_gives_llama_cpp_ids("qwen2");
+}
+
+/// Qwen3.5's vocabulary (its own pre-tokenizer, `qwen35`).
+#[test]
+fn qwen35_vocab_tokenizes_every_input_as_llama_cpp() {
+    every_input_gives_llama_cpp_ids("qwen35");
 }
 
 #[test]
