@@ -69,6 +69,6 @@ install: build
 		'Name: m40llm' 'Description: Embeddable LLM inference for GGUF models (CPU and CUDA backends)' \
 		'Version: $(VERSION)' 'Libs: -L$${libdir} -Wl,-rpath,$${libdir} -lm40llm' 'Libs.private: -lpthread -ldl -lm -lrt' \
 		'Cflags: -I$${includedir}' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/m40llm.pc
-	if command -v go > /dev/null; then \
+	if command -v go > /dev/null && command -v pkg-config > /dev/null; then \
 		$(MAKE) m40 && install -d $(DESTDIR)$(PREFIX)/bin && install -m 755 $(LIB)/m40 $(DESTDIR)$(PREFIX)/bin/; \
-	else echo "install: no Go here, so no bin/m40 (Debian's golang-go builds it)"; fi
+	else echo "install: no Go or pkg-config here, so no bin/m40 (Debian's golang-go and pkg-config build it)"; fi
