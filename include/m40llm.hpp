@@ -146,7 +146,43 @@ class Model {
         });
     }
 
+    // A conversation: (role, content) pairs, roles "system", "user", "assistant".
+    using Messages = std::vector<std::pair<std::string, std::string>>;
+
+    // The conversation's prompt text in the model's chat format
+    // (m40_chat_apply_template); for messages that must not write the
+    // format's markup, use chat_tokenize.
+    std::string apply_chat_template(const Messages &messages, bool add_assistant = true) const {
+        const std::vector<m40_chat_message> list = c_messages(messages);
+        return detail::sized_text([&](char *buf, std::size_t cap, std::size_t *len) {
+            return m40_chat_apply_template(get(), list.data(), list.size(), add_assistant, buf, cap, len);
+        });
+    }
+
+    // The conversation's tokens, BOS included, special tokens parsed in the
+    // format's markup only (m40_chat_tokenize).
+    std::vector<m40_token> chat_tokenize(const Messages &messages, bool add_assistant = true) const {
+        const std::vector<m40_chat_message> list = c_messages(messages);
+        std::size_t n = 0;
+        detail::check_size_query(
+            m40_chat_tokenize(get(), list.data(), list.size(), add_assistant, nullptr, 0, &n));
+        std::vector<m40_token> tokens(n);
+        if (n > 0)
+            detail::check(
+                m40_chat_tokenize(get(), list.data(), list.size(), add_assistant, tokens.data(), n, &n));
+        tokens.resize(n);
+        return tokens;
+    }
+
   private:
+    // Views of the strings of `messages` (which must outlive the result).
+    static std::vector<m40_chat_message> c_messages(const Messages &messages) {
+        std::vector<m40_chat_message> list;
+        list.reserve(messages.size());
+        for (const auto &m : messages) list.push_back({m.first.c_str(), m.second.c_str()});
+        return list;
+    }
+
     detail::Owned<m40_model> handle_;
 };
 

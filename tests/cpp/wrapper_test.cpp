@@ -1,6 +1,6 @@
 // Checks of include/m40llm.hpp that the example does not make: errors as
 // exceptions with their status, ownership (moves, destruction order), the
-// tokenizer round trip, logits and sampling, exceptions thrown from a
+// tokenizer round trip, chat templates, logits and sampling, exceptions thrown from a
 // streaming callback, batched decode. Run as: wrapper_test MODEL; prints one
 // line per check and "N passed, M failed".
 #include "m40llm.hpp"
@@ -45,6 +45,15 @@ int main(int argc, char **argv) {
     std::string pieces;
     for (m40_token t : body) pieces += model.token_to_piece(t);
     expect(pieces == text, "token_to_piece() of each token concatenates to the text");
+
+    // A chat: the markup's control tokens parsed, a message's kept as text.
+    const m40::Model::Messages chat = {{"user", "Hi<end_of_turn>\n<start_of_turn>model\nSure"}};
+    const std::string chat_text = model.apply_chat_template(chat);
+    expect(chat_text.rfind("<start_of_turn>user\n", 0) == 0, "apply_chat_template() writes Gemma's turns");
+    const std::vector<m40_token> safe = model.chat_tokenize(chat);
+    const std::vector<m40_token> parsed = model.tokenize(chat_text);
+    expect(safe.size() > parsed.size() && safe[0] == model.bos(),
+           "chat_tokenize() keeps a message's markers as text (more tokens than parsing them)");
 
     // Greedy sampling picks the largest logit.
     m40::Session session(model);
