@@ -17,7 +17,7 @@
 use std::time::Instant;
 
 use m40llm::backend::cpu::{matmul, ThreadPool, WeightMatrix};
-use m40llm::quant::{has_interleaved_layout, GgmlType, Isa, Kernels};
+use m40llm::quant::{GgmlType, Isa, Kernels};
 
 /// Weights cycled through in the cold runs: well past any L3 cache.
 const COLD_BYTES: usize = 1 << 30;
@@ -182,8 +182,7 @@ fn main() {
         let copies: Vec<Option<Vec<u8>>> = cold
             .iter()
             .map(|m| {
-                let wanted = interleave && has_interleaved_layout(ty);
-                wanted
+                interleave
                     .then(|| m40llm::quant::interleave(ty, m, rows, cols))
                     .flatten()
             })

@@ -227,10 +227,10 @@ impl ChatTemplate {
             }
             ChatTemplate::Gemma => {
                 // Gemma has no system role: its text opens the next user turn.
-                let mut system: Vec<&str> = Vec::new();
+                let mut system = String::new();
                 for m in messages {
                     if m.role == "system" {
-                        system.push(trim(m.content));
+                        system += trim(m.content);
                         continue;
                     }
                     let role = if m.role == "assistant" {
@@ -239,11 +239,10 @@ impl ChatTemplate {
                         m.role
                     };
                     p.markup(&format!("<start_of_turn>{role}\n"));
-                    if !system.iter().all(|s| s.is_empty()) && role != "model" {
-                        for s in system.drain(..) {
-                            p.content(s);
-                        }
+                    if !system.is_empty() && role != "model" {
+                        p.content(&system);
                         p.markup("\n\n");
+                        system.clear();
                     }
                     p.content(trim(m.content));
                     p.markup("<end_of_turn>\n");

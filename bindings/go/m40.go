@@ -23,6 +23,7 @@ import (
 	"runtime/cgo"
 	"sort"
 	"sync"
+	"unicode/utf8"
 	"unsafe"
 )
 
@@ -199,25 +200,50 @@ func (m *Model) Describe() (string, error) {
 // text such as <start_of_turn> becomes its token).
 func (m *Model) Tokenize(text string, addSpecial bool) ([]Token, error) {
 	var tokens []Token
-	err := m.use(func(p *C.struct_m40_model) error {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
+	err := m.use(func(p *C.struct_m40_model) (err error) {
 		ctext := C.CString(text)
 		defer C.free(unsafe.Pointer(ctext))
-		length := C.size_t(len(text))
-		var n C.size_t
-		st := C.m40_tokenize(p, ctext, length, C.bool(addSpecial), true, nil, 0, &n)
-		if Status(st) != BufferTooSmall && Status(st) != OK {
-			return check(st)
-		}
-		tokens = make([]Token, int(n))
-		if n == 0 {
-			return nil
-		}
-		return check(C.m40_tokenize(p, ctext, length, C.bool(addSpecial), true,
-			(*C.m40_token)(unsafe.Pointer(&tokens[0])), n, &n))
+		tokens, err = sizedTokens(func(out *C.m40_token, capacity C.size_t, n *C.size_t) C.enum_m40_status {
+			return C.m40_tokenize(p, ctext, C.size_t(len(text)), C.bool(addSpecial), true, out, capacity, n)
+		})
+		return
 	})
 	return tokens, err
+}
+
+// sizedTokens runs a "fill this token buffer" call twice: for the count,
+// then the tokens.
+func sizedTokens(fill func(out *C.m40_token, capacity C.size_t, n *C.size_t) C.enum_m40_status) ([]Token, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var n C.size_t
+	if st := fill(nil, 0, &n); Status(st) != BufferTooSmall && Status(st) != OK {
+		return nil, check(st)
+	}
+	tokens := make([]Token, int(n))
+	if n == 0 {
+		return tokens, nil
+	}
+	return tokens, check(fill((*C.m40_token)(unsafe.Pointer(&tokens[0])), n, &n))
+}
+
+// CompleteUTF8 is the length of text without a trailing incomplete UTF-8
+// character (at most three bytes go): what of a run of token pieces can be
+// shown now.
+func CompleteUTF8(text []byte) int {
+	for back := 1; back <= 3 && back <= len(text); back++ {
+		b := text[len(text)-back]
+		if b < 0x80 {
+			return len(text) // ASCII: complete
+		}
+		if b >= 0xC0 { // a lead byte: complete only if its sequence is
+			if utf8.FullRune(text[len(text)-back:]) {
+				return len(text)
+			}
+			return len(text) - back
+		}
+	}
+	return len(text)
 }
 
 // Detokenize is the text of tokens (m40_detokenize).
@@ -294,22 +320,13 @@ func (m *Model) ApplyChatTemplate(messages []ChatMessage, addAssistant bool) (st
 // "<|im_end|>" cannot close its turn and forge another.
 func (m *Model) ChatTokenize(messages []ChatMessage, addAssistant bool) ([]Token, error) {
 	var tokens []Token
-	err := m.use(func(p *C.struct_m40_model) error {
+	err := m.use(func(p *C.struct_m40_model) (err error) {
 		list, free := cMessages(messages)
 		defer free()
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		var n C.size_t
-		st := C.m40_chat_tokenize(p, list, C.size_t(len(messages)), C.bool(addAssistant), nil, 0, &n)
-		if Status(st) != BufferTooSmall && Status(st) != OK {
-			return check(st)
-		}
-		tokens = make([]Token, int(n))
-		if n == 0 {
-			return nil
-		}
-		return check(C.m40_chat_tokenize(p, list, C.size_t(len(messages)), C.bool(addAssistant),
-			(*C.m40_token)(unsafe.Pointer(&tokens[0])), n, &n))
+		tokens, err = sizedTokens(func(out *C.m40_token, capacity C.size_t, n *C.size_t) C.enum_m40_status {
+			return C.m40_chat_tokenize(p, list, C.size_t(len(messages)), C.bool(addAssistant), out, capacity, n)
+		})
+		return
 	})
 	return tokens, err
 }

@@ -9,6 +9,7 @@ use super::m40_token;
 use super::status::{guard, m40_status};
 use crate::chat::{ChatMessage, ChatPrompt};
 use crate::error::{Error, Result};
+use crate::model::Model;
 
 /// One message of a conversation: `role` is "system", "user" or
 /// "assistant"; both are NUL-terminated UTF-8.
@@ -25,12 +26,12 @@ pub struct m40_chat_message {
 /// `messages` is NULL (with `n_messages` 0) or points to `n_messages`
 /// messages whose strings are NUL-terminated.
 unsafe fn render(
-    model: *const m40_model,
+    model: &Model,
     messages: *const m40_chat_message,
     n_messages: usize,
     add_assistant: bool,
 ) -> Result<ChatPrompt> {
-    let template = handles::model(model as usize)?.chat_template()?;
+    let template = model.chat_template()?;
     // SAFETY: the caller's promises, forwarded.
     let raw = unsafe { args::slice(messages, n_messages, "messages")? };
     // SAFETY: as above.
@@ -108,8 +109,9 @@ pub unsafe extern "C" fn m40_chat_apply_template(
     out_len: *mut usize,
 ) -> m40_status {
     guard(|| {
+        let model = handles::model(model as usize)?;
         // SAFETY: the caller's promises, forwarded.
-        let prompt = unsafe { render(model, messages, n_messages, add_assistant)? };
+        let prompt = unsafe { render(&model, messages, n_messages, add_assistant)? };
         // SAFETY: as above.
         unsafe { args::write_text(prompt.text.as_bytes(), buf, cap, out_len) }
     })
@@ -148,13 +150,12 @@ pub unsafe extern "C" fn m40_chat_tokenize(
     out_n: *mut usize,
 ) -> m40_status {
     guard(|| {
+        let model = handles::model(model as usize)?;
         // SAFETY: the caller's promises, forwarded.
-        let prompt = unsafe { render(model, messages, n_messages, add_assistant)? };
-        let tokens = handles::model(model as usize)?.tokenizer().tokenize_chat(
-            &prompt.text,
-            true,
-            &prompt.content,
-        )?;
+        let prompt = unsafe { render(&model, messages, n_messages, add_assistant)? };
+        let tokens = model
+            .tokenizer()
+            .tokenize_chat(&prompt.text, true, &prompt.content)?;
         // SAFETY: the caller's promises, forwarded.
         unsafe { super::tokenizer::write_tokens(&tokens, out_tokens, cap, out_n) }
     })

@@ -62,14 +62,6 @@ pub const Q6_K_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 210;
 /// Bytes of one super-block of 256 columns of a Q4_K group.
 pub const Q4_K_GROUP_BLOCK: usize = 32 + 2 * 64 + 4 * 8 * 32;
 
-/// Whether `ty` has an interleaved layout.
-pub fn has_interleaved_layout(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4K | GgmlType::Q6K
-    )
-}
-
 /// Bytes of [`INTERLEAVED_ROWS`] rows of `cols` values of `ty` interleaved.
 pub fn interleaved_group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
     match ty {
@@ -120,9 +112,9 @@ pub fn interleave_groups(ty: GgmlType, rows: &[u8], cols: usize, out: &mut [u8])
     {
         let row = |r: usize| &group[r * row_bytes..(r + 1) * row_bytes];
         match ty {
-            GgmlType::Q8_0 => interleave_q8_0_group(row, dst),
-            GgmlType::Q4_0 => interleave_q4_0_group(row, dst),
-            GgmlType::Q5_0 => interleave_q5_0_group(row, dst),
+            GgmlType::Q8_0 => interleave_block32_group(row, dst, 34, 0, 8, 0x80),
+            GgmlType::Q4_0 => interleave_block32_group(row, dst, 18, 0, 4, 0),
+            GgmlType::Q5_0 => interleave_block32_group(row, dst, 22, 4, 4, 0),
             GgmlType::Q6K => interleave_q6_k_group(row, dst),
             _ => interleave_q4_k_group(row, dst),
         }
@@ -137,42 +129,37 @@ fn chunk(dst: &mut [u8], four: impl Fn(usize) -> [u8; 4], flip: u8) {
     }
 }
 
-fn interleave_q8_0_group<'a>(row: impl Fn(usize) -> &'a [u8], dst: &mut [u8]) {
-    for (b, block) in dst.chunks_exact_mut(Q8_0_GROUP_BLOCK).enumerate() {
-        let src = |r: usize| &row(r)[b * 34..(b + 1) * 34];
+/// A 32-column layout (Q8_0, Q4_0, Q5_0), a block at a time: the eight
+/// rows' f16 scales, then their `high_bytes` bytes of fifth bits (Q5_0),
+/// then `chunks` chunks of codes, four bytes of each row a chunk, `flip`
+/// xored into each byte.
+fn interleave_block32_group<'a>(
+    row: impl Fn(usize) -> &'a [u8],
+    dst: &mut [u8],
+    src_bytes: usize,
+    high_bytes: usize,
+    chunks: usize,
+    flip: u8,
+) {
+    let (codes_from, codes_to) = (2 + high_bytes, 16 + INTERLEAVED_ROWS * high_bytes);
+    for (b, block) in dst
+        .chunks_exact_mut(INTERLEAVED_ROWS * src_bytes)
+        .enumerate()
+    {
+        let src = |r: usize| &row(r)[b * src_bytes..(b + 1) * src_bytes];
         for r in 0..INTERLEAVED_ROWS {
             block[2 * r..2 * r + 2].copy_from_slice(&src(r)[..2]);
+            block[16 + high_bytes * r..16 + high_bytes * (r + 1)]
+                .copy_from_slice(&src(r)[2..codes_from]);
         }
-        for k in 0..8 {
-            let four = |r: usize| src(r)[2 + 4 * k..6 + 4 * k].try_into().unwrap();
-            chunk(&mut block[16 + 32 * k..48 + 32 * k], four, 0x80);
-        }
-    }
-}
-
-fn interleave_q4_0_group<'a>(row: impl Fn(usize) -> &'a [u8], dst: &mut [u8]) {
-    for (b, block) in dst.chunks_exact_mut(Q4_0_GROUP_BLOCK).enumerate() {
-        let src = |r: usize| &row(r)[b * 18..(b + 1) * 18];
-        for r in 0..INTERLEAVED_ROWS {
-            block[2 * r..2 * r + 2].copy_from_slice(&src(r)[..2]);
-        }
-        for k in 0..4 {
-            let four = |r: usize| src(r)[2 + 4 * k..6 + 4 * k].try_into().unwrap();
-            chunk(&mut block[16 + 32 * k..48 + 32 * k], four, 0);
-        }
-    }
-}
-
-fn interleave_q5_0_group<'a>(row: impl Fn(usize) -> &'a [u8], dst: &mut [u8]) {
-    for (b, block) in dst.chunks_exact_mut(Q5_0_GROUP_BLOCK).enumerate() {
-        let src = |r: usize| &row(r)[b * 22..(b + 1) * 22];
-        for r in 0..INTERLEAVED_ROWS {
-            block[2 * r..2 * r + 2].copy_from_slice(&src(r)[..2]);
-            block[16 + 4 * r..20 + 4 * r].copy_from_slice(&src(r)[2..6]);
-        }
-        for k in 0..4 {
-            let four = |r: usize| src(r)[6 + 4 * k..10 + 4 * k].try_into().unwrap();
-            chunk(&mut block[48 + 32 * k..80 + 32 * k], four, 0);
+        for k in 0..chunks {
+            let at = codes_from + 4 * k;
+            let four = |r: usize| src(r)[at..at + 4].try_into().unwrap();
+            chunk(
+                &mut block[codes_to + 32 * k..codes_to + 32 * (k + 1)],
+                four,
+                flip,
+            );
         }
     }
 }

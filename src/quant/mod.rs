@@ -26,8 +26,7 @@ mod x86;
 
 pub use float::exp;
 pub use interleaved::{
-    has_interleaved_layout, interleave, interleave_groups, interleaved_group_bytes,
-    InterleavedKernels, INTERLEAVED_ROWS,
+    interleave, interleave_groups, interleaved_group_bytes, InterleavedKernels, INTERLEAVED_ROWS,
 };
 pub use panel::{GemmKernels, Panel, GEMM_MIN_TOKENS, PANEL_ROWS};
 pub(crate) use q8::Q8_BLOCK;

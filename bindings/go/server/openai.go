@@ -57,7 +57,6 @@ type params struct {
 	maxTokens   int
 	n           int
 	sampler     m40.SamplerParams
-	seeded      bool
 	stops       [][]byte
 	topLogprobs int // -1: no log-probabilities
 	stream      bool
@@ -130,7 +129,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	if s.stopping() {
-		httpError(w, http.StatusServiceUnavailable, "server_error", errStopping.Error())
+		httpError(w, http.StatusServiceUnavailable, "server_error", stopping)
 		return
 	}
 	var req request
@@ -216,7 +215,7 @@ func (s *Server) resolve(req *request, chat bool) (*params, error) {
 		p.sampler.RepeatPenalty = *v
 	}
 	if req.Seed != nil {
-		p.sampler.Seed, p.seeded = uint64(*req.Seed), true
+		p.sampler.Seed = uint64(*req.Seed)
 	} else {
 		p.sampler.Seed = uint64(time.Now().UnixNano())
 	}
@@ -475,10 +474,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, p *params) {
 		case s.jobs <- j:
 		case <-s.stop:
 			if i == 0 {
-				httpError(w, http.StatusServiceUnavailable, "server_error", errStopping.Error())
+				httpError(w, http.StatusServiceUnavailable, "server_error", stopping)
 				return
 			}
-			events <- event{choice: i, err: errStopping.Error(), done: true}
+			events <- event{choice: i, err: stopping, done: true}
 		}
 	}
 	noteFirst := func() {
@@ -526,7 +525,12 @@ func (s *Server) drain(events <-chan event, remaining int) {
 	}
 }
 
-func (s *Server) usage(p *params, generated int) map[string]any {
+// usageJSON is a reply's "usage", its completion tokens also noted for the
+// request's log line.
+func usageJSON(r *http.Request, p *params, generated int) map[string]any {
+	if u, ok := r.Context().Value(usageKey{}).(*usage); ok {
+		u.completion = generated
+	}
 	return map[string]any{"prompt_tokens": len(p.prompt), "completion_tokens": generated,
 		"total_tokens": len(p.prompt) + generated}
 }
@@ -536,6 +540,7 @@ func (s *Server) writeWhole(w http.ResponseWriter, r *http.Request, p *params, i
 	list := make([]any, len(choices))
 	for i := range choices {
 		c := &choices[i]
+		generated += c.tokens
 		out := map[string]any{"index": i, "finish_reason": c.finish, "logprobs": nil}
 		if p.topLogprobs >= 0 {
 			out["logprobs"] = s.logprobsJSON(p, c.logprobs)
@@ -547,7 +552,6 @@ func (s *Server) writeWhole(w http.ResponseWriter, r *http.Request, p *params, i
 		}
 		list[i] = out
 	}
-	generated = s.generatedCount(r, p, choices)
 	object := "text_completion"
 	if p.chat {
 		object = "chat.completion"
@@ -555,21 +559,8 @@ func (s *Server) writeWhole(w http.ResponseWriter, r *http.Request, p *params, i
 	s.setWriteDeadline(r)
 	writeJSON(w, http.StatusOK, map[string]any{
 		"id": id, "object": object, "created": created, "model": s.cfg.Name,
-		"choices": list, "usage": s.usage(p, generated),
+		"choices": list, "usage": usageJSON(r, p, generated),
 	})
-}
-
-// generatedCount is the tokens the choices generated, also noted for the
-// request's log line.
-func (s *Server) generatedCount(r *http.Request, p *params, choices []choice) int {
-	n := 0
-	for i := range choices {
-		n += choices[i].tokens
-	}
-	if u, ok := r.Context().Value(usageKey{}).(*usage); ok {
-		u.completion = n
-	}
-	return n
 }
 
 // logprobsJSON is a choice's log-probabilities in the endpoint's format.
@@ -657,13 +648,13 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, p *params, id st
 			}
 		}
 	}
-	choices := make([]choice, p.n)
+	generated := 0
 	failure := ""
 	for remaining := p.n; remaining > 0; {
 		ev := <-events
 		if ev.done {
 			remaining--
-			choices[ev.choice].tokens = ev.generated
+			generated += ev.generated
 		}
 		if ev.err != "" {
 			cancel() // the other choices stop at their next step
@@ -702,13 +693,13 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, p *params, id st
 		}
 		chunk(out)
 	}
-	generated := s.generatedCount(r, p, choices)
+	totals := usageJSON(r, p, generated)
 	if failure != "" {
 		data, _ := json.Marshal(map[string]any{"error": map[string]any{"message": failure, "type": "server_error"}})
 		write(data)
 	} else if p.usageChunk {
 		data, _ := json.Marshal(map[string]any{"id": id, "object": object, "created": created,
-			"model": s.cfg.Name, "choices": []any{}, "usage": s.usage(p, generated)})
+			"model": s.cfg.Name, "choices": []any{}, "usage": totals})
 		write(data)
 	}
 	write([]byte("[DONE]"))

@@ -95,7 +95,7 @@ func (s *Server) schedule() {
 			case j := <-s.jobs:
 				waiting = append(waiting, j)
 			case <-s.stop:
-				endAll("the server is stopping")
+				endAll(stopping)
 				return
 			default:
 				break take
@@ -163,19 +163,18 @@ func (s *Server) freeSlot(prompt []m40.Token) (*slot, error) {
 			best, bestShared = sl, shared
 		}
 	}
-	if best == nil || (bestShared == 0 && len(s.slots) < s.cfg.Sessions) {
-		if len(s.slots) < s.cfg.Sessions {
-			session, err := s.model.NewSession(s.cfg.NCtx)
-			if err != nil {
-				return nil, err
-			}
-			sl := &slot{session: session}
-			s.slots = append(s.slots, sl)
-			return sl, nil
+	// A new session rather than a free one that shares nothing.
+	if bestShared <= 0 && len(s.slots) < s.cfg.Sessions {
+		session, err := s.model.NewSession(s.cfg.NCtx)
+		if err != nil {
+			return nil, err
 		}
-		if best == nil {
-			return nil, nil
-		}
+		sl := &slot{session: session}
+		s.slots = append(s.slots, sl)
+		return sl, nil
+	}
+	if best == nil {
+		return nil, nil
 	}
 	if err := best.session.Truncate(bestShared); err != nil {
 		if err := best.session.Reset(); err != nil {
@@ -249,8 +248,25 @@ func (s *Server) step(active []*job) []*job {
 	if int32(len(active)) > s.maxBatch.Load() {
 		s.maxBatch.Store(int32(len(active)))
 	}
+	// Sampled in the batched call (only each sampler's candidates leave the
+	// device) unless a job needs its logits for log-probabilities.
+	samplers := make([]m40.SamplerParams, 0, len(active))
+	for _, j := range active {
+		if j.topLogprobs >= 0 {
+			samplers = nil
+			break
+		}
+		samplers = append(samplers, j.sampler)
+	}
 	start := time.Now()
-	if err := m40.DecodeBatch(sessions, tokens); err != nil {
+	var next []m40.Token
+	var err error
+	if samplers != nil {
+		next, err = m40.DecodeBatchSample(sessions, tokens, samplers)
+	} else {
+		err = m40.DecodeBatch(sessions, tokens)
+	}
+	if err != nil {
 		for _, j := range active {
 			s.end(j, err.Error())
 		}
@@ -258,9 +274,11 @@ func (s *Server) step(active []*job) []*job {
 	}
 	s.noteStep(time.Since(start))
 	kept = active[:0]
-	for _, j := range active {
+	for i, j := range active {
 		j.slot.tokens = append(j.slot.tokens, j.next)
-		if err := s.sample(j); err != nil {
+		if next != nil {
+			j.next = next[i]
+		} else if err := s.sample(j); err != nil {
 			s.end(j, err.Error())
 			continue
 		}
@@ -284,24 +302,24 @@ func (s *Server) sample(j *job) error {
 	if err != nil {
 		return err
 	}
-	lp := logSoftmax(s.logits, next, j.topLogprobs)
-	for i := range lp.top {
-		lp.top[i].token = []byte(s.piece(m40.Token(lp.topIDs[i])))
+	chosen, top := logSoftmax(s.logits, next, j.topLogprobs)
+	lp := &tokenLogprob{token: []byte(s.pieces[next]), logprob: chosen}
+	for _, alt := range top {
+		lp.top = append(lp.top, alternative{token: []byte(s.pieces[alt.id]), logprob: alt.logprob})
 	}
-	j.nextLP = &tokenLogprob{token: []byte(s.piece(next)), logprob: lp.chosen, top: lp.top}
+	j.nextLP = lp
 	return nil
 }
 
-type logprobs struct {
-	chosen float32
-	top    []alternative
-	topIDs []int
+type rankedToken struct {
+	id      int
+	logprob float32
 }
 
 // logSoftmax is the log-probability of `chosen` and of the k most likely
 // tokens under the model's distribution (the logits before sampling's
 // temperature and filters), in float64.
-func logSoftmax(logits []float32, chosen m40.Token, k int) logprobs {
+func logSoftmax(logits []float32, chosen m40.Token, k int) (float32, []rankedToken) {
 	maxLogit := math.Inf(-1)
 	for _, x := range logits {
 		maxLogit = math.Max(maxLogit, float64(x))
@@ -311,27 +329,24 @@ func logSoftmax(logits []float32, chosen m40.Token, k int) logprobs {
 		sum += math.Exp(float64(x) - maxLogit)
 	}
 	logZ := maxLogit + math.Log(sum)
-	out := logprobs{chosen: float32(float64(logits[chosen]) - logZ)}
-	if k > 0 {
-		ids := make([]int, 0, k+1)
-		for i, x := range logits {
-			if len(ids) == k && x <= logits[ids[k-1]] {
-				continue
-			}
-			at := sort.Search(len(ids), func(n int) bool { return logits[ids[n]] < x })
-			ids = append(ids, 0)
-			copy(ids[at+1:], ids[at:])
-			ids[at] = i
-			if len(ids) > k {
-				ids = ids[:k]
-			}
+	ids := make([]int, 0, k+1)
+	for i, x := range logits {
+		if k == 0 || len(ids) == k && x <= logits[ids[k-1]] {
+			continue
 		}
-		out.topIDs = ids
-		for _, id := range ids {
-			out.top = append(out.top, alternative{logprob: float32(float64(logits[id]) - logZ)})
+		at := sort.Search(len(ids), func(n int) bool { return logits[ids[n]] < x })
+		ids = append(ids, 0)
+		copy(ids[at+1:], ids[at:])
+		ids[at] = i
+		if len(ids) > k {
+			ids = ids[:k]
 		}
 	}
-	return out
+	top := make([]rankedToken, len(ids))
+	for n, id := range ids {
+		top[n] = rankedToken{id, float32(float64(logits[id]) - logZ)}
+	}
+	return float32(float64(logits[chosen]) - logZ), top
 }
 
 // emit sends the job's sampled token as text, unless the generation is over
@@ -341,11 +356,10 @@ func (s *Server) emit(j *job) (done bool, reason string) {
 	if j.ctx.Err() != nil {
 		return true, "client disconnected"
 	}
-	if s.model.IsEndOfGeneration(j.next) {
-		s.send(j, len(j.held))
+	if s.eog[j.next] {
 		return true, "stop"
 	}
-	piece := s.piece(j.next)
+	piece := s.pieces[j.next]
 	if j.nextLP != nil {
 		j.nextLP.offset = j.sent + len(j.held)
 		j.heldLP = append(j.heldLP, *j.nextLP)
@@ -353,13 +367,12 @@ func (s *Server) emit(j *job) (done bool, reason string) {
 	j.held = append(j.held, piece...)
 	j.generated++
 	s.metrics.generatedTokens.Add(1)
+	// At the end, `end` sends what is held.
 	if at, found := j.stop.find(j.held); found {
 		j.held = j.held[:at]
-		s.send(j, at)
 		return true, "stop"
 	}
 	if j.generated >= j.maxTokens {
-		s.send(j, len(j.held))
 		return true, "length"
 	}
 	s.send(j, j.stop.sendable(j.held))
@@ -446,13 +459,4 @@ func (s *Server) noteStep(took time.Duration) {
 	} else {
 		s.stepTime += 0.3 * (took.Seconds() - s.stepTime)
 	}
-}
-
-// piece is a token's text ("" if it has none).
-func (s *Server) piece(t m40.Token) string {
-	p, err := s.model.TokenPiece(t)
-	if err != nil {
-		return ""
-	}
-	return p
 }

@@ -8,7 +8,6 @@ package server
 import (
 	"context"
 	"crypto/subtle"
-	"errors"
 	"fmt"
 	"log"
 	"net"
@@ -60,6 +59,10 @@ type Server struct {
 	metrics  metrics
 	// Requests admitted and not finished, choices counted (the queue bound).
 	inFlight atomic.Int64
+	// Each token's text and whether it ends a generation, read once rather
+	// than through the library for every token generated.
+	pieces []string
+	eog    []bool
 	// The longest token's text: a prompt longer than NCtx times this cannot
 	// fit, and is refused before it is tokenized.
 	maxTokenBytes int
@@ -87,9 +90,14 @@ func New(model *m40.Model, cfg Config) (*Server, error) {
 		stop:  make(chan struct{}),
 		mux:   http.NewServeMux(),
 	}
-	for t := 0; t < model.NVocab(); t++ {
-		if n := len(s.piece(m40.Token(t))); n > s.maxTokenBytes {
-			s.maxTokenBytes = n
+	n := model.NVocab()
+	s.pieces, s.eog = make([]string, n), make([]bool, n)
+	for t := range s.pieces {
+		// A token without text (an error here) stays "".
+		s.pieces[t], _ = model.TokenPiece(m40.Token(t))
+		s.eog[t] = model.IsEndOfGeneration(m40.Token(t))
+		if len(s.pieces[t]) > s.maxTokenBytes {
+			s.maxTokenBytes = len(s.pieces[t])
 		}
 	}
 	if s.maxTokenBytes == 0 {
@@ -247,4 +255,5 @@ func (s *Server) setWriteDeadline(r *http.Request) {
 	}
 }
 
-var errStopping = errors.New("the server is stopping")
+// What requests get when the server stops.
+const stopping = "the server is stopping"

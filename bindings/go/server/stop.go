@@ -2,7 +2,8 @@ package server
 
 import (
 	"bytes"
-	"unicode/utf8"
+
+	m40 "m40llm/bindings/go"
 )
 
 // stopper finds a request's stop strings in generated text, holding back
@@ -36,23 +37,5 @@ func (s *stopper) sendable(text []byte) int {
 		}
 	}
 	cut := len(text) - keep
-	return completeUTF8(text[:cut])
-}
-
-// completeUTF8 is the length of text without a trailing incomplete
-// character (at most three bytes go).
-func completeUTF8(text []byte) int {
-	for back := 1; back <= 3 && back <= len(text); back++ {
-		b := text[len(text)-back]
-		if b < 0x80 {
-			return len(text) // ASCII: complete
-		}
-		if b >= 0xC0 { // a lead byte: complete only if its sequence is
-			if utf8.FullRune(text[len(text)-back:]) {
-				return len(text)
-			}
-			return len(text) - back
-		}
-	}
-	return len(text)
+	return m40.CompleteUTF8(text[:cut])
 }

@@ -231,8 +231,6 @@ func ReadInfo(path string) (*Info, error) {
 		info.Tensors++
 		if gt, ok := ggmlTypes[t]; ok {
 			info.TypeBytes[gt.name] += elements / gt.block * gt.bytes
-		} else {
-			info.TypeBytes[fmt.Sprintf("type %d", t)] += 0
 		}
 	}
 	if r.err != nil {

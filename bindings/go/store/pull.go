@@ -82,9 +82,9 @@ func (s Store) Pull(ctx context.Context, ref string, opt PullOptions) (string, e
 		return "", err
 	}
 	if opt.Name != "" {
-		src.name = strings.TrimSuffix(opt.Name, ".gguf")
+		src.name = opt.Name
 	}
-	if err := validName(src.name); err != nil {
+	if src.name, _, err = s.modelPath(src.name); err != nil {
 		return "", err
 	}
 	if opt.SHA256 != "" {
@@ -268,7 +268,7 @@ func (s Store) download(ctx context.Context, src source, opt PullOptions) (strin
 	if err := os.MkdirAll(partialDir, 0o755); err != nil {
 		return "", err
 	}
-	final := filepath.Join(s.Dir, src.name+".gguf")
+	_, final, _ := s.modelPath(src.name)
 	partial := filepath.Join(partialDir, src.name+".gguf.partial")
 	statePath := partial + ".json"
 
@@ -303,18 +303,18 @@ func (s Store) download(ctx context.Context, src source, opt PullOptions) (strin
 	if d.published != "" && src.sha256 == "" {
 		src.sha256 = d.published
 	}
-	if src.sha256 != "" && sum != src.sha256 {
+	discard := func(err error) (string, error) {
 		f.Close()
 		os.Remove(partial)
 		os.Remove(statePath)
-		return "", fmt.Errorf("%s: sha256 %s, but the source says %s: the download was removed", src.url, sum, src.sha256)
+		return "", err
+	}
+	if src.sha256 != "" && sum != src.sha256 {
+		return discard(fmt.Errorf("%s: sha256 %s, but the source says %s: the download was removed", src.url, sum, src.sha256))
 	}
 	var magic [4]byte
 	if _, err := f.ReadAt(magic[:], 0); err != nil || string(magic[:]) != "GGUF" {
-		f.Close()
-		os.Remove(partial)
-		os.Remove(statePath)
-		return "", fmt.Errorf("%s is not a GGUF file: the download was removed", src.url)
+		return discard(fmt.Errorf("%s is not a GGUF file: the download was removed", src.url))
 	}
 	if err := f.Sync(); err != nil {
 		return "", err
@@ -384,6 +384,15 @@ func (d *downloader) run(ctx context.Context) error {
 	return fmt.Errorf("%s: gave up after %d attempts: %v (what arrived is kept; pull again to resume)", d.src.url, retries+1, last)
 }
 
+// startOver drops what arrived and has the next attempt begin at byte 0,
+// for `reason`.
+func (d *downloader) startOver(reason error) (bool, error) {
+	if err := d.restart(); err != nil {
+		return false, err
+	}
+	return false, errRetry{reason}
+}
+
 // restart drops what arrived: the server sent the whole file again.
 func (d *downloader) restart() error {
 	if err := d.f.Truncate(0); err != nil {
@@ -441,16 +450,10 @@ func (d *downloader) attempt(ctx context.Context) (bool, error) {
 		if etag := resp.Header.Get("ETag"); d.state.ETag != "" && etag != "" && etag != d.state.ETag {
 			// The file changed and the server ignored If-Range.
 			d.state.ETag = etag
-			if err := d.restart(); err != nil {
-				return false, err
-			}
-			return false, errRetry{errors.New("the file changed on the server: starting over")}
+			return d.startOver(errors.New("the file changed on the server: starting over"))
 		}
 		if !ok || start != d.offset {
-			if err := d.restart(); err != nil {
-				return false, err
-			}
-			return false, errRetry{fmt.Errorf("the server resumed at the wrong place (%q)", resp.Header.Get("Content-Range"))}
+			return d.startOver(fmt.Errorf("the server resumed at the wrong place (%q)", resp.Header.Get("Content-Range")))
 		}
 		d.total = total
 	case resp.StatusCode == http.StatusOK:
@@ -465,16 +468,13 @@ func (d *downloader) attempt(ctx context.Context) (bool, error) {
 		if _, total, ok := contentRange(resp.Header.Get("Content-Range")); ok && total == d.offset {
 			return true, nil
 		}
-		if err := d.restart(); err != nil {
-			return false, err
-		}
-		return false, errRetry{errors.New("the server refused the range: starting over")}
+		return d.startOver(errors.New("the server refused the range: starting over"))
 	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests:
 		return false, errRetry{fmt.Errorf("GET %s: %s", d.src.url, resp.Status)}
 	default:
 		return false, fmt.Errorf("GET %s: %s", d.src.url, resp.Status)
 	}
-	if etag := resp.Header.Get("ETag"); etag != "" && etag != d.state.ETag {
+	if etag := resp.Header.Get("ETag"); etag != "" {
 		d.state.ETag = etag
 	}
 	if b, err := json.Marshal(d.state); err == nil {

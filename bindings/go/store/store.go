@@ -75,6 +75,16 @@ func validName(name string) error {
 	return nil
 }
 
+// modelPath is a model's name (without .gguf) and its file in the store,
+// once the name is checked to stay inside the store.
+func (s Store) modelPath(name string) (string, string, error) {
+	name = strings.TrimSuffix(name, ".gguf")
+	if err := validName(name); err != nil {
+		return "", "", err
+	}
+	return name, filepath.Join(s.Dir, name+".gguf"), nil
+}
+
 // Find is the path of a model given by name (with or without .gguf), or
 // of a GGUF file given by its path.
 func (s Store) Find(name string) (string, error) {
@@ -84,11 +94,10 @@ func (s Store) Find(name string) (string, error) {
 		}
 		return name, nil
 	}
-	name = strings.TrimSuffix(name, ".gguf")
-	if err := validName(name); err != nil {
+	name, path, err := s.modelPath(name)
+	if err != nil {
 		return "", err
 	}
-	path := filepath.Join(s.Dir, name+".gguf")
 	if _, err := os.Stat(path); err != nil {
 		if _, local := os.Stat(name + ".gguf"); local == nil {
 			return name + ".gguf", nil
@@ -100,11 +109,10 @@ func (s Store) Find(name string) (string, error) {
 
 // Remove deletes a model from the store.
 func (s Store) Remove(name string) error {
-	name = strings.TrimSuffix(name, ".gguf")
-	if err := validName(name); err != nil {
+	name, path, err := s.modelPath(name)
+	if err != nil {
 		return err
 	}
-	path := filepath.Join(s.Dir, name+".gguf")
 	if err := os.Remove(path); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("no model %q in %s", name, s.Dir)

@@ -133,18 +133,7 @@ pub fn matmul_many(pool: &ThreadPool, kernels: Kernels, products: &mut [Product]
     let mut quantized = Vec::new();
     let plans = products
         .iter_mut()
-        .map(|p| {
-            plan(
-                pool,
-                kernels,
-                &p.w,
-                p.x,
-                p.n_tokens,
-                p.y,
-                tasks,
-                &mut quantized,
-            )
-        })
+        .map(|p| plan(pool, kernels, p, tasks, &mut quantized))
         .collect::<Result<Vec<_>>>()?;
     let starts: Vec<usize> = plans
         .iter()
@@ -208,17 +197,14 @@ fn quantized_input(
 /// Checks a product's shapes, quantizes its activations (or takes them
 /// from `quantized`) and chooses its kernels and its split into about
 /// `tasks` tasks.
-#[allow(clippy::too_many_arguments)]
 fn plan<'a>(
     pool: &ThreadPool,
     kernels: Kernels,
-    w: &WeightMatrix<'a>,
-    x: &'a [f32],
-    n_tokens: usize,
-    y: &'a mut [f32],
+    p: &'a mut Product<'_>,
     tasks: usize,
     quantized: &mut Quantized,
 ) -> Result<Plan<'a>> {
+    let (w, x, n_tokens, y) = (&p.w, p.x, p.n_tokens, &mut *p.y);
     let format = kernels
         .format(w.ty)
         .ok_or_else(|| Error::unsupported(format!("no CPU kernels for {} weights", w.ty)))?;
@@ -270,8 +256,7 @@ fn plan<'a>(
     };
     let blocks = w.cols / Q8_BLOCK;
     let act = quantized_input(pool, kernels, x, w.cols, quantized)?;
-    if let Some((data, code)) = interleaved(kernels, &w) {
-        let group_bytes = data.len() / (w.rows / INTERLEAVED_ROWS);
+    if let Some((data, code, group_bytes)) = interleaved(kernels, &w) {
         if n_tokens >= GEMM_MIN_TOKENS {
             let pack = move |g: usize, panel: &mut Panel| {
                 (code.pack)(&data[g * group_bytes..(g + 1) * group_bytes], panel)
@@ -339,17 +324,18 @@ fn plan<'a>(
     })
 }
 
-/// The interleaved copy of `w` and its code, where both exist and fit.
+/// The interleaved copy of `w`, its code and the bytes of a group of its
+/// rows, where the copy and the code exist and fit.
 fn interleaved<'a>(
     kernels: Kernels,
     w: &WeightMatrix<'a>,
-) -> Option<(&'a [u8], InterleavedKernels)> {
+) -> Option<(&'a [u8], InterleavedKernels, usize)> {
     let data = w.interleaved?;
     let group = interleaved_group_bytes(w.ty, w.cols)?;
     let fits =
         w.rows.is_multiple_of(INTERLEAVED_ROWS) && data.len() == w.rows / INTERLEAVED_ROWS * group;
     fits.then_some(())?;
-    Some((data, kernels.interleaved(w.ty)?))
+    Some((data, kernels.interleaved(w.ty)?, group))
 }
 
 /// `out[t][r]` = row r · token t over an interleaved matrix, a band of

@@ -199,17 +199,14 @@ impl CpuBackend {
             }
             xs.push(xe);
         }
-        let buffers = |len: &dyn Fn(usize) -> usize| -> Result<Vec<Vec<f32>>> {
+        // One buffer of `width` values for each row of each used expert.
+        let buffers = |width: usize| -> Result<Vec<Vec<f32>>> {
             used.iter()
-                .map(|(_, u)| self.buffer(len(u.len())))
+                .map(|(_, u)| self.buffer(u.len() * width))
                 .collect()
         };
-        let (mut g, mut u, mut act) = (
-            buffers(&|m| m * ff)?,
-            buffers(&|m| m * ff)?,
-            buffers(&|m| m * ff)?,
-        );
-        let mut ye = buffers(&|m| m * d)?;
+        let (mut g, mut u, mut act) = (buffers(ff)?, buffers(ff)?, buffers(ff)?);
+        let mut ye = buffers(d)?;
         let copies = [&ex.gate, &ex.up, &ex.down].map(|w| self.experts_interleaved(w, n));
         let mut products = Vec::with_capacity(2 * used.len());
         for (((&(e, users), x), g), u) in used.iter().zip(&xs).zip(&mut g).zip(&mut u) {

@@ -17,7 +17,7 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     x.iter_mut().zip(w).for_each(|(v, &w)| *v = *v * scale * w);
 }
 
-pub use crate::quant::exp;
+use crate::quant::exp;
 
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {
@@ -138,15 +138,15 @@ fn span_partials(
     let key_rows = &f16_bytes(keys)[kv_head * dk * 2..];
     let value_rows = &f16_bytes(values)[kv_head * dv * 2..];
     let queries = &q[kv_head * group * dk..][..group * dk];
-    let mut scores = vec![0f32; group * n];
-    (kernels.dots)(key_rows, k_width * 2, queries, dk, &mut scores);
-    let mut weighted = vec![0f32; group * dv];
+    let mut scratch = vec![0f32; group * (n + dv)];
+    let (scores, weighted) = scratch.split_at_mut(group * n);
+    (kernels.dots)(key_rows, k_width * 2, queries, dk, scores);
     for (part, head_scores) in out.chunks_exact_mut(dv + 2).zip(scores.chunks_exact_mut(n)) {
         let (max, sum) = (kernels.softmax)(head_scores, s.scale);
         part[0] = max;
         part[1] = sum;
     }
-    (kernels.axpys)(value_rows, v_width * 2, &scores, n, &mut weighted);
+    (kernels.axpys)(value_rows, v_width * 2, scores, n, weighted);
     for (part, w) in out.chunks_exact_mut(dv + 2).zip(weighted.chunks_exact(dv)) {
         part[2..].copy_from_slice(w);
     }
@@ -192,7 +192,7 @@ fn f16_bytes(values: &[f16]) -> &[u8] {
 /// (`SPAN`): one task a pair where the pairs keep the threads busy, else
 /// one task a span, the pairs' partials merged afterwards. A span's scores
 /// and its weighted sum of values are one call each of the CPU's attention
-/// kernels a query head (`Kernels::attention`).
+/// kernels for all the query heads of the KV head (`Kernels::attention`).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
@@ -325,20 +325,6 @@ mod tests {
         let mut normal = vec![1.0, 0.0, 0.0, 0.0];
         rotate(&mut normal, RopeMode::Normal, &cos, &sin);
         assert!((normal[0] - 1f32.cos()).abs() < 1e-6 && (normal[1] - 1f32.sin()).abs() < 1e-6);
-    }
-
-    #[test]
-    fn exp_is_within_two_ulps_of_the_exact_value() {
-        let mut worst = 0f64;
-        let mut x = -87.0f32;
-        while x < 88.0 {
-            let exact = f64::from(x).exp();
-            worst = worst.max((f64::from(exp(x)) - exact).abs() / exact);
-            x += 0.0137;
-        }
-        assert!(worst < 3e-7, "worst relative error {worst:e}");
-        assert_eq!(exp(-1000.0), exp(-87.0));
-        assert!(exp(1000.0).is_finite());
     }
 
     #[test]

@@ -7,7 +7,9 @@
 
 use std::arch::x86_64::*;
 
-use super::int_dot::{crumbs, k_min_codes, load32, masked_bit, nibbles16, q5_codes, IntDot};
+use super::int_dot::{
+    crumbs, k_min_codes, load32, masked_bit, nibbles16, q5_codes, q6_codes, IntDot,
+};
 use crate::quant::interleaved::{
     Q4_0_GROUP_BLOCK, Q4_K_GROUP_BLOCK, Q5_0_GROUP_BLOCK, Q6_K_GROUP_BLOCK, Q8_0_GROUP_BLOCK,
 };
@@ -247,26 +249,11 @@ impl Unpack for Q6K {
         scale: &mut [f32; 16],
         offset: &mut [f32; 16],
     ) {
-        let m4 = _mm256_set1_epi8(0x0F);
-        // Bits `shift..shift + 2` of each byte of `qh`, moved to bits 4..6.
-        let high = |qh: __m256i, shift: i64| {
-            let two = _mm256_and_si256(
-                _mm256_srlv_epi64(qh, _mm256_set1_epi64x(shift)),
-                _mm256_set1_epi8(3),
-            );
-            _mm256_slli_epi16(two, 4)
-        };
         for half in 0..2 {
             let ql0 = load32(&b[half * 64..]);
             let ql1 = load32(&b[half * 64 + 32..]);
             let qh = load32(&b[128 + half * 32..]);
-            let j = half * 4;
-            codes[j] = _mm256_or_si256(_mm256_and_si256(ql0, m4), high(qh, 0));
-            codes[j + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), high(qh, 2));
-            codes[j + 2] =
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(qh, 4));
-            codes[j + 3] =
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(qh, 6));
+            codes[half * 4..half * 4 + 4].copy_from_slice(&q6_codes(ql0, ql1, qh));
         }
         let d = f16_at(&b[208..]);
         for g in 0..16 {
@@ -466,22 +453,12 @@ pub(super) unsafe fn interleaved_q4_k_rows<D: IntDot>(
     out: &mut [f32],
 ) {
     const BLOCK: usize = Q4_K_GROUP_BLOCK;
-    let supers = cols / 256;
-    assert!(
-        cols.is_multiple_of(256)
-            && act.len() == supers * 8
-            && out.len().is_multiple_of(PANEL_ROWS)
-            && data.len() == out.len() / PANEL_ROWS * supers * BLOCK,
-        "interleaved Q4_K shapes"
-    );
     let m4 = _mm256_set1_epi8(0x0F);
-    for (group, y) in data
-        .chunks_exact(supers * BLOCK)
-        .zip(out.chunks_exact_mut(PANEL_ROWS))
-    {
+    let far = far_prefetch();
+    for (group, y) in row_groups(data, cols, 256, BLOCK, act, out, "Q4_K") {
         let (mut total, mut total_min) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         for (s, block) in group.chunks_exact(BLOCK).enumerate() {
-            prefetch_ahead(block, &[2 * BLOCK, 2 * BLOCK + 512]);
+            prefetch_ahead(block, far, &[2 * BLOCK, 2 * BLOCK + 512]);
             let b = block.as_ptr();
             let blocks = &act[s * 8..s * 8 + 8];
             // Σ_j sc_j · a_j.d · isum_j and Σ_j min_j · a_j.d_sum, d and dmin
@@ -527,6 +504,30 @@ pub(super) unsafe fn interleaved_q4_k_rows<D: IntDot>(
     }
 }
 
+/// The groups of eight interleaved rows in `data`, each with its eight
+/// outputs, once the shapes are checked: a group holds `block` bytes for
+/// every `span` columns, and `act` one Q8 block per 32 columns.
+fn row_groups<'a>(
+    data: &'a [u8],
+    cols: usize,
+    span: usize,
+    block: usize,
+    act: &[Q8Block],
+    out: &'a mut [f32],
+    what: &str,
+) -> impl Iterator<Item = (&'a [u8], &'a mut [f32])> {
+    let blocks = cols / span;
+    assert!(
+        cols.is_multiple_of(span)
+            && act.len() * 32 == cols
+            && out.len().is_multiple_of(PANEL_ROWS)
+            && data.len() == out.len() / PANEL_ROWS * blocks * block,
+        "interleaved {what} shapes"
+    );
+    data.chunks_exact(blocks * block)
+        .zip(out.chunks_exact_mut(PANEL_ROWS))
+}
+
 /// How far ahead of the block in use the interleaved kernels prefetch on
 /// Intel cores (`prefetch_ahead`).
 const FAR_PREFETCH: usize = 4608;
@@ -542,8 +543,8 @@ const FAR_PREFETCH: usize = 4608;
 /// (offsets from the block), which the hardware streams on from. Past the
 /// copy's end the addresses are only prefetched, never read.
 #[inline(always)]
-unsafe fn prefetch_ahead(block: &[u8], near: &[usize]) {
-    if far_prefetch() {
+unsafe fn prefetch_ahead(block: &[u8], far: bool, near: &[usize]) {
+    if far {
         let ahead = block.as_ptr().wrapping_add(FAR_PREFETCH);
         for line in (0..block.len()).step_by(64) {
             _mm_prefetch(ahead.wrapping_add(line).cast(), _MM_HINT_T0);
@@ -556,7 +557,7 @@ unsafe fn prefetch_ahead(block: &[u8], near: &[usize]) {
     }
 }
 
-/// Whether this is an Intel core (`prefetch_ahead`), read once.
+/// Whether this is an Intel core (`prefetch_ahead`'s `far`), read once.
 fn far_prefetch() -> bool {
     static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *INTEL.get_or_init(|| {
@@ -690,29 +691,18 @@ pub(super) unsafe fn interleaved_block32_rows<D: IntDot, L: Block32>(
     act: &[Q8Block],
     out: &mut [f32],
 ) {
-    let blocks = cols / 32;
-    assert!(
-        cols.is_multiple_of(32)
-            && act.len() == blocks
-            && out.len().is_multiple_of(PANEL_ROWS)
-            && data.len() == out.len() / PANEL_ROWS * blocks * L::BLOCK,
-        "interleaved 32-column shapes"
-    );
-    // Codes are q + OFFSET: Σ (q + OFFSET)·a − OFFSET·Σ a, the second term
-    // per activation block.
-    let offsets: Vec<i32> = act.iter().map(|a| -L::OFFSET * a.sum()).collect();
-    for (group, y) in data
-        .chunks_exact(blocks * L::BLOCK)
-        .zip(out.chunks_exact_mut(PANEL_ROWS))
-    {
+    let far = far_prefetch();
+    for (group, y) in row_groups(data, cols, 32, L::BLOCK, act, out, "32-column") {
         let mut acc = [_mm256_setzero_ps(); 2];
         for (b, (block, a)) in group.chunks_exact(L::BLOCK).zip(act).enumerate() {
-            prefetch_ahead(block, &[2048]);
+            prefetch_ahead(block, far, &[2048]);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()));
             let codes = L::codes(block);
             let q = a.qs.as_ptr();
-            // Two chains of four dots, half the latency of one of eight.
-            let mut isum = [_mm256_set1_epi32(offsets[b]), _mm256_setzero_si256()];
+            // Codes are q + OFFSET: Σ (q + OFFSET)·a − OFFSET·Σ a. Two
+            // chains of four dots, half the latency of one of eight.
+            let offset = -L::OFFSET * a.sum();
+            let mut isum = [_mm256_set1_epi32(offset), _mm256_setzero_si256()];
             for (k, c) in codes.into_iter().enumerate() {
                 // SAFETY: activation bytes 4k..4k + 4 are in bounds (k < 8).
                 let four = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
@@ -754,28 +744,11 @@ pub(super) unsafe fn pack_interleaved_block32<L: Block32>(group: &[u8], panel: &
 /// bits from the high-bit chunk.
 #[inline(always)]
 unsafe fn q6_k_codes(chunks: *const u8) -> [__m256i; 4] {
-    let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
-    let low0 = _mm256_loadu_si256(chunks.cast());
-    let low1 = _mm256_loadu_si256(chunks.add(32).cast());
-    let high = _mm256_loadu_si256(chunks.add(64).cast());
-    [
-        _mm256_or_si256(
-            _mm256_and_si256(low0, m4),
-            _mm256_and_si256(_mm256_slli_epi16(high, 4), m30),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(low1, m4),
-            _mm256_and_si256(_mm256_slli_epi16(high, 2), m30),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(low0, 4), m4),
-            _mm256_and_si256(high, m30),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(low1, 4), m4),
-            _mm256_and_si256(_mm256_srli_epi16(high, 2), m30),
-        ),
-    ]
+    q6_codes(
+        _mm256_loadu_si256(chunks.cast()),
+        _mm256_loadu_si256(chunks.add(32).cast()),
+        _mm256_loadu_si256(chunks.add(64).cast()),
+    )
 }
 
 /// Eight i8 scales at `p` as eight f32 lanes.
@@ -794,21 +767,11 @@ pub(super) unsafe fn interleaved_q6_k_rows<D: IntDot>(
     out: &mut [f32],
 ) {
     const BLOCK: usize = Q6_K_GROUP_BLOCK;
-    let supers = cols / 256;
-    assert!(
-        cols.is_multiple_of(256)
-            && act.len() == supers * 8
-            && out.len().is_multiple_of(PANEL_ROWS)
-            && data.len() == out.len() / PANEL_ROWS * supers * BLOCK,
-        "interleaved Q6_K shapes"
-    );
-    for (group, y) in data
-        .chunks_exact(supers * BLOCK)
-        .zip(out.chunks_exact_mut(PANEL_ROWS))
-    {
+    let far = far_prefetch();
+    for (group, y) in row_groups(data, cols, 256, BLOCK, act, out, "Q6_K") {
         let mut total = _mm256_setzero_ps();
         for (s, block) in group.chunks_exact(BLOCK).enumerate() {
-            prefetch_ahead(block, &[2 * BLOCK, 2 * BLOCK + 840]);
+            prefetch_ahead(block, far, &[2 * BLOCK, 2 * BLOCK + 840]);
             let b = block.as_ptr();
             let blocks = &act[s * 8..s * 8 + 8];
             let mut sums = _mm256_setzero_ps();

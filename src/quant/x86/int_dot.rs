@@ -522,20 +522,35 @@ unsafe fn q5_k<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
     k_with_min::<D, T, true>(row, acts)
 }
 
-/// Bits `shift..shift + 2` of each byte of `qh`, moved to bits 4..6.
+/// The 6-bit codes of 128 Q6_K weights: the low nibbles of `ql0` and
+/// `ql1`, then their high nibbles, each with two bits of `qh` (bits 0..2,
+/// 2..4, 4..6, 6..8 of each byte) as bits 4..6.
 #[inline(always)]
-unsafe fn q6_high(qh: __m256i, shift: i64) -> __m256i {
-    let two_bits = _mm256_and_si256(
-        _mm256_srlv_epi64(qh, _mm256_set1_epi64x(shift)),
-        _mm256_set1_epi8(3),
-    );
-    _mm256_slli_epi16(two_bits, 4)
+pub(super) unsafe fn q6_codes(ql0: __m256i, ql1: __m256i, qh: __m256i) -> [__m256i; 4] {
+    let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(ql0, m4),
+            _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(ql1, m4),
+            _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+            _mm256_and_si256(qh, m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+        ),
+    ]
 }
 
 #[inline(always)]
 unsafe fn q6_k<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
     let mut acc = Acc::<T>::new();
-    let m4 = _mm256_set1_epi8(0x0F);
     for (i, b) in row.chunks_exact(210).enumerate() {
         prefetch(b);
         let d = f16x8(b, 208);
@@ -544,18 +559,7 @@ unsafe fn q6_k<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
             let ql0 = load32(&b[half * 64..]);
             let ql1 = load32(&b[half * 64 + 32..]);
             let qh = load32(&b[128 + half * 32..]);
-            let codes = [
-                _mm256_or_si256(_mm256_and_si256(ql0, m4), q6_high(qh, 0)),
-                _mm256_or_si256(_mm256_and_si256(ql1, m4), q6_high(qh, 2)),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                    q6_high(qh, 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                    q6_high(qh, 6),
-                ),
-            ];
+            let codes = q6_codes(ql0, ql1, qh);
             for (s, q) in codes.into_iter().enumerate() {
                 let j = half * 4 + s;
                 let (s0, s1) = (

@@ -270,75 +270,36 @@ pub fn avx512_dot_rows(ty: GgmlType) -> Option<Q8RowsFn> {
     rows_table!(avx512, ty)
 }
 
+macro_rules! interleaved_table {
+    ($module:ident, $ty:expr, $($extra:ident)?) => {{
+        use GgmlType::*;
+        type DotRows = fn(&[u8], usize, &[Q8Block], &mut [f32]);
+        let k = |sub: usize, dot_rows: DotRows, pack: fn(&[u8], &mut Panel)| {
+            let product = if sub == 16 { $module::product_by16 } else { $module::product_by32 };
+            Some(InterleavedKernels { sub, dot_rows, pack, product })
+        };
+        match $ty {
+            $($extra => k(32, $module::q8_0_interleaved_rows, $module::q8_0_interleaved_pack),)?
+            Q4_0 => k(32, $module::q4_0_interleaved_rows, $module::q4_0_interleaved_pack),
+            Q5_0 => k(32, $module::q5_0_interleaved_rows, $module::q5_0_interleaved_pack),
+            Q4K => k(32, $module::q4_k_interleaved_rows, $module::q4_k_interleaved_pack),
+            Q6K => k(16, $module::q6_k_interleaved_rows, $module::q6_k_interleaved_pack),
+            _ => None,
+        }
+    }};
+}
+
 /// The AVX2 code for interleaved `ty` matrices: Q4_0, Q5_0, Q4_K and Q6_K (Q8_0's
 /// codes are unsigned bytes up to 255, which `vpmaddubsw` would saturate).
 /// Call only after `avx2_available()`.
 pub fn avx2_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
-    match ty {
-        GgmlType::Q4_0 => Some(InterleavedKernels {
-            sub: 32,
-            dot_rows: avx2::q4_0_interleaved_rows,
-            pack: avx2::q4_0_interleaved_pack,
-            product: avx2::product_by32,
-        }),
-        GgmlType::Q5_0 => Some(InterleavedKernels {
-            sub: 32,
-            dot_rows: avx2::q5_0_interleaved_rows,
-            pack: avx2::q5_0_interleaved_pack,
-            product: avx2::product_by32,
-        }),
-        GgmlType::Q4K => Some(InterleavedKernels {
-            sub: 32,
-            dot_rows: avx2::q4_k_interleaved_rows,
-            pack: avx2::q4_k_interleaved_pack,
-            product: avx2::product_by32,
-        }),
-        GgmlType::Q6K => Some(InterleavedKernels {
-            sub: 16,
-            dot_rows: avx2::q6_k_interleaved_rows,
-            pack: avx2::q6_k_interleaved_pack,
-            product: avx2::product_by16,
-        }),
-        _ => None,
-    }
+    interleaved_table!(avx2, ty,)
 }
 
 /// The AVX-512 code for interleaved `ty` matrices. Call only after
 /// `avx512_available()`.
 pub fn avx512_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
-    match ty {
-        GgmlType::Q8_0 => Some(InterleavedKernels {
-            sub: 32,
-            dot_rows: avx512::q8_0_interleaved_rows,
-            pack: avx512::q8_0_interleaved_pack,
-            product: avx512::product_by32,
-        }),
-        GgmlType::Q4_0 => Some(InterleavedKernels {
-            sub: 32,
-            dot_rows: avx512::q4_0_interleaved_rows,
-            pack: avx512::q4_0_interleaved_pack,
-            product: avx512::product_by32,
-        }),
-        GgmlType::Q5_0 => Some(InterleavedKernels {
-            sub: 32,
-            dot_rows: avx512::q5_0_interleaved_rows,
-            pack: avx512::q5_0_interleaved_pack,
-            product: avx512::product_by32,
-        }),
-        GgmlType::Q4K => Some(InterleavedKernels {
-            sub: 32,
-            dot_rows: avx512::q4_k_interleaved_rows,
-            pack: avx512::q4_k_interleaved_pack,
-            product: avx512::product_by32,
-        }),
-        GgmlType::Q6K => Some(InterleavedKernels {
-            sub: 16,
-            dot_rows: avx512::q6_k_interleaved_rows,
-            pack: avx512::q6_k_interleaved_pack,
-            product: avx512::product_by16,
-        }),
-        _ => None,
-    }
+    interleaved_table!(avx512, ty, Q8_0)
 }
 
 /// The AVX2 panel code for `ty`. Call only after `avx2_available()`. Not

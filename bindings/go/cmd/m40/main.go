@@ -399,7 +399,7 @@ func (c *chat) reply(text string, out io.Writer) (string, error) {
 		}
 		reply = append(reply, piece...)
 		// Whole characters only.
-		if end := completeUTF8(reply); end > sent {
+		if end := m40.CompleteUTF8(reply); end > sent {
 			out.Write(reply[sent:end])
 			sent = end
 		}
@@ -411,30 +411,6 @@ func (c *chat) reply(text string, out io.Writer) (string, error) {
 	out.Write(reply[sent:])
 	c.messages = append(c.messages, m40.ChatMessage{Role: "assistant", Content: string(reply)})
 	return string(reply), nil
-}
-
-// completeUTF8 is the length of b without a trailing incomplete character.
-func completeUTF8(b []byte) int {
-	for back := 1; back <= 3 && back <= len(b); back++ {
-		c := b[len(b)-back]
-		if c < 0x80 {
-			return len(b)
-		}
-		if c >= 0xC0 {
-			need := 2
-			if c >= 0xE0 {
-				need = 3
-			}
-			if c >= 0xF0 {
-				need = 4
-			}
-			if back >= need {
-				return len(b)
-			}
-			return len(b) - back
-		}
-	}
-	return len(b)
 }
 
 func serve(args []string) error {
