@@ -500,7 +500,7 @@ fn main() {
     };
     let result = Model::load(path.as_ref(), options).and_then(|model| {
         println!("{} on {}", path, model.device().name());
-        match model.backend() {
+        match &model.stages()[0].backend {
             ModelBackend::Cpu(b) => profile(b, None, &model, prompt, &batches),
             #[cfg(feature = "cuda")]
             ModelBackend::Cuda(b) => {

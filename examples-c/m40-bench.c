@@ -2,8 +2,13 @@
  * m40-bench: speed of libm40llm as a host sees it, through the public C API,
  * reported like llama.cpp's llama-bench so the two read side by side.
  *
- *   m40-bench -m MODEL [-d DEVICE] [-t THREADS] [-p 512] [-n 128] [-r 5]
- *             [-b 1,8,32] [--n-depth 0,2048] [-s] [--n-batch N] [--json]
+ *   m40-bench -m MODEL [-d DEVICE[,DEVICE...] [--ts SHARES]] [-t THREADS]
+ *             [-p 512] [-n 128] [-r 5] [-b 1,8,32] [--n-depth 0,2048] [-s]
+ *             [--n-batch N] [--json]
+ *
+ * Several devices (-d 0,1 or -d -1,0) split the model's layers over them in
+ * that order (m40_model_load_split), by the shares of --ts (llama-bench's
+ * -ts, e.g. 3,1 or 3/1; default: from free memory).
  *
  *   pp N   tokens/s processing an N-token prompt in one m40_decode
  *   tg N   tokens/s generating N tokens, one m40_decode each
@@ -252,10 +257,40 @@ static int parse_list(const char *list, int *out, int allow_zero) {
     }
 }
 
+/* Comma- or slash-separated shares (llama-bench's -ts): the count, or -1. */
+static int parse_shares(const char *list, float *out, int cap) {
+    int n = 0;
+    const char *at = list;
+    for (;;) {
+        char *end;
+        double v = strtod(at, &end);
+        if (end == at || !(v >= 0) || n == cap) return -1;
+        out[n++] = (float)v;
+        if (*end == '\0') return n;
+        if (*end != ',' && *end != '/') return -1;
+        at = end + 1;
+    }
+}
+
+/* Comma-separated device indices (-1 allowed): the count, or -1. */
+static int parse_devices(const char *list, int *out, int cap) {
+    int n = 0;
+    const char *at = list;
+    for (;;) {
+        char *end;
+        long v = strtol(at, &end, 10);
+        if (end == at || v < -1 || v > 1 << 16 || n == cap) return -1;
+        out[n++] = (int)v;
+        if (*end == '\0') return n;
+        if (*end != ',') return -1;
+        at = end + 1;
+    }
+}
+
 static void usage(void) {
     fprintf(stderr,
-            "usage: m40-bench -m MODEL [-d DEVICE] [-t THREADS] [-p 512] [-n 128] [-r 5] [-b 1,8,32]\n"
-            "                 [--n-depth 0,2048] [-s] [--n-batch N] [--json]\n"
+            "usage: m40-bench -m MODEL [-d DEVICE[,DEVICE...] [--ts SHARES]] [-t THREADS] [-p 512]\n"
+            "                 [-n 128] [-r 5] [-b 1,8,32] [--n-depth 0,2048] [-s] [--n-batch N] [--json]\n"
             "  -p N      prompt tokens for the pp test (0: skip)\n"
             "  --n-batch N  the pp test's prompt chunk, as a session's n_batch (default: the\n"
             "            whole prompt in one pass)\n"
@@ -264,7 +299,9 @@ static void usage(void) {
             "  -b LIST   sessions stepped together with m40_decode_batch, e.g. 1,8,32\n"
             "  --n-depth LIST  tokens of context before each test (llama-bench's -d), e.g. 0,2048\n"
             "  -s        tg steps also sample each session's next token (m40_decode_batch_sample)\n"
-            "  -d D      -1: CPU, 0..: CUDA device (default: CUDA 0 if usable)\n"
+            "  -d D      -1: CPU, 0..: CUDA device (default: CUDA 0 if usable); a list splits the\n"
+            "            layers over the devices in order, e.g. 0,1 or -1,0 (CPU first, GPU last)\n"
+            "  --ts LIST  each listed device's share of the layers, e.g. 3,1 (default: from free memory)\n"
             "  -t N      CPU threads (default: one per core)\n");
     exit(2);
 }
@@ -283,13 +320,20 @@ int main(int argc, char **argv) {
     m40_model_params mp = m40_model_default_params();
     int n_prompt = 512, n_gen = 128, reps = 5, json = 0, n_batch = 0, sample = 0;
     int batches[16] = {1}, n_batches = 1, depths[16] = {0}, n_depths = 1;
+    int devices[64], n_devices = 0, n_shares = 0;
+    float shares[64];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--json") == 0) { json = 1; continue; }
         if (strcmp(a, "-s") == 0) { sample = 1; continue; }
         if (!v) usage();
         if (strcmp(a, "-m") == 0) path = v;
-        else if (strcmp(a, "-d") == 0) mp.device = atoi(v);
+        else if (strcmp(a, "-d") == 0) {
+            if ((n_devices = parse_devices(v, devices, 64)) < 0) usage();
+            mp.device = devices[0];
+        } else if (strcmp(a, "--ts") == 0) {
+            if ((n_shares = parse_shares(v, shares, 64)) < 0) usage();
+        }
         else if (strcmp(a, "-t") == 0) mp.n_threads = (uint32_t)atoi(v);
         else if (strcmp(a, "-p") == 0) n_prompt = atoi(v);
         else if (strcmp(a, "-n") == 0) n_gen = atoi(v);
@@ -303,9 +347,19 @@ int main(int argc, char **argv) {
         i++;
     }
     if (!path || reps < 1 || n_prompt < 0 || n_gen < 0 || n_batch < 0) usage();
+    if (n_shares > 0 && n_shares != n_devices) usage();
 
     m40_model *model = NULL;
-    if (m40_model_load(path, &mp, &model) != M40_OK) die("load");
+    if (n_devices > 1) {
+        m40_device_share split[64];
+        for (int i = 0; i < n_devices; i++) {
+            split[i].device = devices[i];
+            split[i].share = n_shares > 0 ? shares[i] : 0.0f;
+        }
+        if (m40_model_load_split(path, &mp, split, (size_t)n_devices, &model) != M40_OK) die("load");
+    } else if (m40_model_load(path, &mp, &model) != M40_OK) {
+        die("load");
+    }
     size_t len = 0;
     m40_model_describe(model, NULL, 0, &len);
     char *desc = malloc(len + 1);
@@ -403,6 +457,17 @@ int main(int argc, char **argv) {
                device, bandwidth_kind, bandwidth, per_token / 1048576.0, peak_rss / 1048576.0);
         if (device_peak >= 0)
             printf("device memory: peak %.1f MiB of %.1f MiB\n", device_peak / 1048576.0, device_total / 1048576.0);
+        const char *split = n_devices > 1 ? strstr(desc, "\"devices\":[") : NULL;
+        if (split) {
+            /* The describe object's device list, as it is: one object per device. */
+            int depth = 0;
+            const char *end = split + strlen("\"devices\":");
+            do {
+                depth += (*end == '[') - (*end == ']');
+                end++;
+            } while (depth > 0 && *end);
+            printf("split: %.*s\n", (int)(end - split), split);
+        }
         printf("\n");
         printf("| model | size | params | backend | threads | test | t/s | roofline |\n");
         printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");

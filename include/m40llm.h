@@ -145,6 +145,29 @@ typedef struct m40_model_params {
 } m40_model_params;
 
 /**
+ * One device of a split model (`m40_model_load_split`): which device, and
+ * its share of the layers.
+ */
+typedef struct m40_device_share {
+  /**
+   * -1: the CPU; 0..N-1: a CUDA device. A device may be named more than
+   * once: each entry holds its own layers.
+   */
+  int32_t device;
+  /**
+   * The entry's share of the layers relative to the others', finite and
+   * not negative: entry i holds the layers from round(n_layer × (the
+   * shares before it) / total) up to round(n_layer × (the shares through
+   * it) / total). 0 on every entry: chosen from free memory — the
+   * GPUs take layers in proportion to their free memory, each at most
+   * what fits beside 1 GiB for caches and scratch, and the CPU entries
+   * share the rest (with no CPU entry, every device's share is its free
+   * memory). An entry left with no layers holds nothing.
+   */
+  float share;
+} m40_device_share;
+
+/**
  * A token id.
  */
 typedef int32_t m40_token;
@@ -278,6 +301,33 @@ struct m40_model_params m40_model_default_params(void);
 enum m40_status m40_model_load(const char *path,
                                const struct m40_model_params *params,
                                struct m40_model **out_model);
+
+/**
+ * Loads the GGUF model at `path` as `m40_model_load` does, with its layers
+ * split over `n_devices` devices (`devices`, in order; at most 64): each
+ * holds the weights of a contiguous run of layers and their part of every
+ * session's KV cache, the first also the token embeddings and the last the
+ * output norm and projection. A forward pass runs the devices in order;
+ * only the activations of the rows in flight cross between them, through
+ * host memory, once per device boundary per step. GPU + CPU entries give
+ * partial offload (llama.cpp's `-ngl`), several GPUs a layer split
+ * (`-sm layer -ts`). `params->device` is not used; `n_threads` applies
+ * to every CPU entry. Every function of the API works on a split model as
+ * on any other; `m40_model_describe` lists its devices under "devices".
+ * `n_devices` 0 or more than 64, a NULL `devices`, a share that is
+ * negative or not finite, or an unknown device give
+ * M40_ERR_INVALID_ARGUMENT (or M40_ERR_UNSUPPORTED for a CUDA device in a
+ * build without CUDA); a device whose layers do not fit
+ * M40_ERR_OUT_OF_MEMORY, naming it.
+ *
+ * # Safety
+ * As `m40_model_load`; `devices` is NULL or holds `n_devices` entries.
+ */
+enum m40_status m40_model_load_split(const char *path,
+                                     const struct m40_model_params *params,
+                                     const struct m40_device_share *devices,
+                                     size_t n_devices,
+                                     struct m40_model **out_model);
 
 /**
  * ==== 3. Models: queries ====

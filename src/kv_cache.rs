@@ -124,6 +124,11 @@ fn zeroed_f16(n: usize) -> Option<Vec<f16>> {
     Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
 }
 
+/// Bytes of memory a new allocation can get now, where the OS says.
+pub(crate) fn available_memory() -> Option<u64> {
+    memory::available().map(|a| a.bytes)
+}
+
 /// How much memory a new allocation can get: the machine's and the
 /// process's cgroup's, whichever is less.
 mod memory {

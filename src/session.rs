@@ -20,7 +20,8 @@ pub struct SessionParams {
 
 pub struct Session {
     model: Arc<Model>,
-    kv: SequenceCache,
+    /// The KV cache of each stage of the model, holding its layers.
+    kv: Vec<SequenceCache>,
     /// Positions the cache holds.
     n_ctx: usize,
     n_batch: usize,
@@ -56,8 +57,13 @@ impl Session {
         let k_width = (hp.n_head_kv * hp.head_dim_k) as usize;
         let v_width = (hp.n_head_kv * hp.head_dim_v) as usize;
         let kv = model
-            .backend()
-            .kv_cache(n_ctx, hp.n_layer as usize, k_width, v_width)?;
+            .stages()
+            .iter()
+            .map(|stage| {
+                let n_layer = stage.layers.len();
+                stage.backend.kv_cache(n_ctx, n_layer, k_width, v_width)
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Session {
             model,
             kv,
@@ -192,7 +198,14 @@ impl Session {
                 &mut [&mut self.logits]
             };
             let mut out = StepOutput::Logits(rows_out);
-            run(&model, &mut [&mut self.kv], chunk, &rows, wanted, &mut out)?;
+            run(
+                &model,
+                &mut [&mut self.kv[..]],
+                chunk,
+                &rows,
+                wanted,
+                &mut out,
+            )?;
             self.tokens.extend_from_slice(chunk);
         }
         Ok(())
@@ -209,9 +222,9 @@ impl Session {
         // with no batch-wide vector between (32 sessions of a 32000-token
         // vocabulary: 4 MB a step to allocate, zero and copy); on failure
         // run leaves them as they were.
-        let (mut caches, mut logits): (Vec<&mut SequenceCache>, Vec<&mut Vec<f32>>) = sessions
+        let (mut caches, mut logits): (Vec<&mut [SequenceCache]>, Vec<&mut Vec<f32>>) = sessions
             .iter_mut()
-            .map(|s| (&mut s.kv, &mut s.logits))
+            .map(|s| (&mut s.kv[..], &mut s.logits))
             .unzip();
         let mut out = StepOutput::Logits(&mut logits);
         run(&model, &mut caches, tokens, &rows, &wanted, &mut out)?;
@@ -264,8 +277,8 @@ impl Session {
         let wanted: Vec<usize> = (0..sessions.len()).collect();
         let mut answers = vec![Candidates::default(); sessions.len()];
         {
-            let mut caches: Vec<&mut SequenceCache> =
-                sessions.iter_mut().map(|s| &mut s.kv).collect();
+            let mut caches: Vec<&mut [SequenceCache]> =
+                sessions.iter_mut().map(|s| &mut s.kv[..]).collect();
             let mut out = StepOutput::Candidates {
                 requests: &requests,
                 out: &mut answers,

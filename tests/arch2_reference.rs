@@ -14,60 +14,14 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 
 use common::reference::{arch2_cases, TeacherForced};
 use m40llm::model::{LoadOptions, Model};
 
-/// The model `arch2-{name}.gguf`, written once into the scratch folder by
-/// the command the sha256 file records, and checked against its hash.
-fn arch2_model(name: &str) -> PathBuf {
-    let file = format!("arch2-{name}.gguf");
-    let manifest =
-        std::fs::read_to_string(common::test_data("reference/arch2-tiny.sha256")).unwrap();
-    let args = manifest
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("# {file} (")))
-        .and_then(|l| l.split_once("): "))
-        .map(|(_, args)| args.to_string())
-        .unwrap_or_else(|| panic!("{file} is not in arch2-tiny.sha256"));
-    let sha256 = manifest
-        .lines()
-        .find_map(|l| l.strip_suffix(&format!("  {file}")))
-        .unwrap_or_else(|| panic!("no sha256 for {file}"));
-    let path = common::scratch_path(&file);
-    let args: Vec<String> = args
-        .split_whitespace()
-        .map(|a| match a.strip_prefix("$VOCAB/") {
-            Some(file) => vocab_file(file).display().to_string(),
-            None => a.to_string(),
-        })
-        .collect();
-    common::synth_model(&args, &path);
-    let sum = Command::new("sha256sum").arg(&path).output().unwrap();
-    let sum = String::from_utf8(sum.stdout).unwrap();
-    assert!(
-        sum.starts_with(sha256),
-        "{file}: sha256 {sum} differs from the reference's {sha256}: tools/synth_gguf.py no longer writes the model llama.cpp ran"
-    );
-    path
-}
-
-/// The vocabulary `ggml-vocab-{name}.gguf` a model's command names, from
-/// the repository or fetched into the cache.
-fn vocab_file(file: &str) -> PathBuf {
-    let name = file
-        .strip_prefix("ggml-vocab-")
-        .and_then(|f| f.strip_suffix(".gguf"))
-        .unwrap_or_else(|| panic!("{file} is not a llama.cpp vocabulary file"));
-    common::vocab_path(name)
-}
-
 /// `name`'s model against llama.cpp within the module's bounds.
 fn matches_llama_cpp(name: &str) {
-    let path = arch2_model(name);
+    let path = common::arch2_model(name);
     let options = LoadOptions {
         device: common::test_device(),
         n_threads: 0,

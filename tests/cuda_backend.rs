@@ -37,8 +37,8 @@ use std::sync::Arc;
 use m40llm::backend::cpu::CpuBackend;
 use m40llm::backend::cuda::{self, CudaBackend, CudaOptions, GraphStats};
 use m40llm::backend::{
-    fused, AttentionShape, AttentionStep, Backend, CandidateRequest, Candidates, GatedFfn, Glu,
-    Heads, Norm, Product, Rope, RopeMode, Scratch, SeqPos, StepOutput,
+    fused, AttentionShape, AttentionStep, Backend, Batch, CandidateRequest, Candidates, GatedFfn,
+    Glu, Heads, Norm, Product, Rope, RopeMode, Scratch, SeqPos, StepOutput,
 };
 use m40llm::error::ErrorKind;
 use m40llm::gguf::{GgufFile, ReadOptions};
@@ -133,7 +133,7 @@ fn pair_of(arch: &str, path: &Path, options: CudaOptions) -> Pair {
     Pair {
         weights: Weights::locate(&file, &hp),
         cpu: CpuBackend::new(Arc::clone(&file), 2).unwrap(),
-        gpu: CudaBackend::new(Arc::clone(&file), 0, options).unwrap(),
+        gpu: CudaBackend::new(Arc::clone(&file), 0, options, &|_| true).unwrap(),
         file,
     }
 }
@@ -1373,7 +1373,7 @@ fn projections_of_mixed_types_match_the_cpu() {
 /// decode step, straight through the forward pass on a backend of its own.
 fn decode_logits(model: &Model, path: &Path, options: CudaOptions) -> (bool, Vec<Vec<f32>>) {
     let file = Arc::new(open_mapped(path));
-    let gpu = CudaBackend::new(file, 0, options).unwrap();
+    let gpu = CudaBackend::new(file, 0, options, &|_| true).unwrap();
     let (_, hp) = model.config();
     let cache = || {
         gpu.kv_cache(
@@ -1499,7 +1499,7 @@ fn stepped_logits(model: &Model, path: &Path, graph_decode: bool) -> (GraphStats
         overlap_launches: true,
         graph_decode,
     };
-    let gpu = CudaBackend::new(file, 0, options).unwrap();
+    let gpu = CudaBackend::new(file, 0, options, &|_| true).unwrap();
     let (_, hp) = model.config();
     let n_vocab = hp.n_vocab as usize;
     let cache = || {
@@ -1519,7 +1519,12 @@ fn stepped_logits(model: &Model, path: &Path, graph_decode: bool) -> (GraphStats
         let mut out = vec![Vec::new(); wanted.len()];
         let mut refs: Vec<&mut Vec<f32>> = out.iter_mut().collect();
         let mut step_out = StepOutput::Logits(&mut refs);
-        gpu.run_step(caches, tokens, rows, wanted, n_vocab, &mut step_out, |c| {
+        let batch = Batch {
+            tokens,
+            rows,
+            logit_rows: wanted,
+        };
+        gpu.run_step(caches, batch, None, n_vocab, &mut step_out, |c| {
             logits_on_device(&gpu, model, c, tokens, rows, wanted)
         })
         .unwrap();
@@ -1651,7 +1656,7 @@ fn sessions_on_several_threads_get_the_logits_they_get_alone() {
     for (seed, (a, b)) in alone.iter().zip(&together).enumerate() {
         assert_same_steps(&format!("session {seed}"), a, b, "when run beside others");
     }
-    let m40llm::backend::ModelBackend::Cuda(b) = model.backend() else {
+    let m40llm::backend::ModelBackend::Cuda(b) = &model.stages()[0].backend else {
         unreachable!()
     };
     println!(
@@ -1682,7 +1687,7 @@ fn errors_are_statuses_and_the_backend_stays_usable() {
     assert!(bad.message().contains("device 64"), "{bad}");
 
     let model = load(&path, 0);
-    let stats_before = match model.backend() {
+    let stats_before = match &model.stages()[0].backend {
         m40llm::backend::ModelBackend::Cuda(b) => b.memory_stats(),
         _ => panic!("device 0 is the CUDA backend"),
     };
@@ -1699,7 +1704,7 @@ fn errors_are_statuses_and_the_backend_stays_usable() {
     assert_eq!(huge.kind(), ErrorKind::OutOfMemory, "{huge}");
     assert!(huge.message().contains("out of memory"), "{huge}");
     // Nothing leaked, and the model still runs.
-    let stats_after = match model.backend() {
+    let stats_after = match &model.stages()[0].backend {
         m40llm::backend::ModelBackend::Cuda(b) => b.memory_stats(),
         _ => unreachable!(),
     };
@@ -1746,7 +1751,7 @@ fn the_decode_loop_allocates_no_device_memory() {
     .unwrap();
     s.decode(&tokens(20, 5)).unwrap();
     s.decode(&[7]).unwrap();
-    let stats = || match model.backend() {
+    let stats = || match &model.stages()[0].backend {
         m40llm::backend::ModelBackend::Cuda(b) => b.memory_stats(),
         _ => unreachable!(),
     };
@@ -1759,7 +1764,7 @@ fn the_decode_loop_allocates_no_device_memory() {
         after.device_allocations, before.device_allocations,
         "decode steps called cudaMalloc: {before:?} → {after:?}"
     );
-    let m40llm::backend::ModelBackend::Cuda(b) = model.backend() else {
+    let m40llm::backend::ModelBackend::Cuda(b) = &model.stages()[0].backend else {
         unreachable!()
     };
     // Replays of a recorded step allocate nothing at all; steps launched one
@@ -1782,7 +1787,7 @@ fn device_memory_is_about_the_file_size() {
     let path = synth("llama", "q4_0");
     let file_size = std::fs::metadata(&path).unwrap().len() as usize;
     let model = load(&path, 0);
-    let m40llm::backend::ModelBackend::Cuda(b) = model.backend() else {
+    let m40llm::backend::ModelBackend::Cuda(b) = &model.stages()[0].backend else {
         panic!("device 0 is the CUDA backend")
     };
     let weights = b.weight_bytes();

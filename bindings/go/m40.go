@@ -87,6 +87,18 @@ type ModelParams struct {
 	Device int
 	// Threads for the CPU backend; 0: one per core.
 	Threads int
+	// Split, when not empty, divides the model's layers over these devices
+	// in order, and Device is not used (m40_model_load_split): GPU + CPU
+	// is partial offload, several GPUs a layer split.
+	Split []DeviceShare
+}
+
+// DeviceShare is one device of a split model: -1 for the CPU or a CUDA
+// device index, and its share of the layers relative to the others' (0 on
+// every entry: chosen from each device's free memory).
+type DeviceShare struct {
+	Device int
+	Share  float32
 }
 
 // DefaultModelParams are the library's defaults (the first CUDA device when
@@ -107,7 +119,24 @@ func Load(path string, params ModelParams) (*Model, error) {
 	p := C.m40_model_default_params()
 	p.device = C.int32_t(params.Device)
 	p.n_threads = C.uint32_t(params.Threads)
-	return load(path, p)
+	if len(params.Split) == 0 {
+		return load(path, p)
+	}
+	split := make([]C.struct_m40_device_share, len(params.Split))
+	for i, d := range params.Split {
+		split[i].device = C.int32_t(d.Device)
+		split[i].share = C.float(d.Share)
+	}
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var ptr *C.struct_m40_model
+	err := call(func() C.enum_m40_status {
+		return C.m40_model_load_split(cpath, &p, &split[0], C.size_t(len(split)), &ptr)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return newModel(ptr), nil
 }
 
 // LoadVocab loads only a model's vocabulary and metadata: tokenizing, chat
@@ -125,9 +154,13 @@ func load(path string, p C.struct_m40_model_params) (*Model, error) {
 	if err := call(func() C.enum_m40_status { return C.m40_model_load(cpath, &p, &ptr) }); err != nil {
 		return nil, err
 	}
+	return newModel(ptr), nil
+}
+
+func newModel(ptr *C.struct_m40_model) *Model {
 	m := &Model{ptr: ptr}
 	runtime.SetFinalizer(m, (*Model).Close)
-	return m, nil
+	return m
 }
 
 // Close releases the model (its sessions keep it alive until they close).

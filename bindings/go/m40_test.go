@@ -56,6 +56,45 @@ func TestGenerateStreamsLlamaCppsGreedyText(t *testing.T) {
 	}
 }
 
+func TestASplitModelGivesTheUnsplitLogits(t *testing.T) {
+	m := gemma(t)
+	split, err := Load(os.Getenv("M40_GEMMA_GGUF"), ModelParams{
+		Threads: 2,
+		Split:   []DeviceShare{{Device: -1, Share: 1}, {Device: -1, Share: 2}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer split.Close()
+	if d, err := split.Describe(); err != nil || !strings.Contains(d, `"layers":[0,6],"embedding":true`) {
+		t.Fatalf("the split is not described: %s %v", d, err)
+	}
+	logits := func(m *Model) []float32 {
+		s, err := m.NewSession(64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if err := s.Decode([]Token{2, 818, 5279, 529, 7001, 563}); err != nil {
+			t.Fatal(err)
+		}
+		out, err := s.Logits(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	want, got := logits(m), logits(split)
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("logit %d: %v split, %v unsplit", i, got[i], want[i])
+		}
+	}
+	if _, err := Load(os.Getenv("M40_GEMMA_GGUF"), ModelParams{Split: []DeviceShare{{Device: -1, Share: -1}}}); !IsStatus(err, InvalidArgument) {
+		t.Fatalf("a negative share: %v", err)
+	}
+}
+
 func TestACallbackStopsOrPanicsWithoutCrossingTheLibrary(t *testing.T) {
 	m := gemma(t)
 	s, _ := m.NewSession(0)

@@ -243,6 +243,12 @@ pub trait Backend {
     }
     /// Copies host values into the start of a buffer.
     fn write(&self, buffer: &mut Self::Buffer, values: &[f32]) -> Result<()>;
+    /// The rows a step starts from when another device computed them (the
+    /// previous stage of a split model): `values` into the start of `out`.
+    /// A backend that records steps reads them from the recording's inputs.
+    fn step_input(&self, values: &[f32], out: &mut Self::Buffer) -> Result<()> {
+        self.write(out, values)
+    }
 
     /// A cache for `n_ctx` positions of `n_layer` layers of the given widths.
     fn kv_cache(
@@ -492,6 +498,23 @@ impl Device {
         }
     }
 
+    /// Memory free for a model's weights and caches now: a GPU's free
+    /// device memory, or the host memory available to this process.
+    pub fn free_memory(&self) -> Result<u64> {
+        match self {
+            Device::Cpu { .. } => Ok(crate::kv_cache::available_memory().unwrap_or(0)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda { index } => {
+                cuda::runtime::ensure_device(*index)?;
+                Ok(cuda::runtime::memory_info()?.0 as u64)
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda { .. } => {
+                unreachable!("Device::select refuses CUDA devices in this build")
+            }
+        }
+    }
+
     /// A human-readable device name (the CPU's model name where the OS tells it).
     pub fn name(&self) -> String {
         match self {
@@ -522,7 +545,8 @@ pub enum SequenceCache {
 }
 
 /// The rows of one forward pass: each row's token and its sequence and
-/// position, and the rows whose next-token logits are wanted.
+/// position, and the rows whose outputs are wanted (for the last stage of
+/// a model, their next-token logits; for any other, every row).
 #[derive(Clone, Copy, Debug)]
 pub struct Batch<'a> {
     pub tokens: &'a [u32],
@@ -537,16 +561,24 @@ pub trait ForwardPass {
 }
 
 impl ModelBackend {
-    /// The backend for `device`, computing with the weights of `file` (a GPU
-    /// uploads them). The CUDA backend's options come from the environment
+    /// The backend for `device`, computing with the weights of `file` that
+    /// `holds` names (a GPU uploads those; the others are never read). The
+    /// CUDA backend's options come from the environment
     /// (`cuda::CudaOptions::from_env`).
-    pub fn new(device: &Device, file: Arc<GgufFile>) -> Result<ModelBackend> {
+    pub fn new(
+        device: &Device,
+        file: Arc<GgufFile>,
+        holds: &dyn Fn(&str) -> bool,
+    ) -> Result<ModelBackend> {
         match *device {
-            Device::Cpu { threads } => Ok(ModelBackend::Cpu(cpu::CpuBackend::new(file, threads)?)),
+            Device::Cpu { threads } => {
+                let _ = holds;
+                Ok(ModelBackend::Cpu(cpu::CpuBackend::new(file, threads)?))
+            }
             #[cfg(feature = "cuda")]
             Device::Cuda { index } => {
                 let options = cuda::CudaOptions::from_env();
-                let backend = cuda::CudaBackend::new(file, index, options)?;
+                let backend = cuda::CudaBackend::new(file, index, options, holds)?;
                 Ok(ModelBackend::Cuda(Box::new(backend)))
             }
             #[cfg(not(feature = "cuda"))]
@@ -574,24 +606,29 @@ impl ModelBackend {
         })
     }
 
-    /// Runs `pass` over `batch` with caches made by this backend, the
-    /// logits of `batch.logit_rows[i]` (`n_vocab` each) going to row i of
-    /// `out` (logits replacing the contents of a vector, whose allocation is
-    /// reused, or a sampler's candidates). On failure no output is touched.
-    /// The CUDA backend replays decode steps it has recorded (see
-    /// `cuda::CudaBackend::run_step`).
+    /// Runs `pass` over `batch` with caches made by this backend: its
+    /// output rows (`row_len` values each from the start of the buffer the
+    /// pass returns) go to `out`: logits replacing the contents of a vector,
+    /// whose allocation is reused, or a sampler's candidates. `input` is the
+    /// step's first activations when the previous stage of a split model
+    /// computed them (the pass reads them through `Backend::step_input`).
+    /// On failure no output is touched. The CUDA backend replays decode
+    /// steps it has recorded (see `cuda::CudaBackend::run_step`).
     pub fn run_step(
         &self,
         caches: &mut [&mut SequenceCache],
         batch: Batch,
-        n_vocab: usize,
+        input: Option<&[f32]>,
+        row_len: usize,
         out: &mut StepOutput,
         pass: &impl ForwardPass,
     ) -> Result<()> {
-        assert_eq!(out.len(), batch.logit_rows.len());
         let mismatch = || Error::internal("a session's KV cache is not on its model's backend");
         match self {
             ModelBackend::Cpu(b) => {
+                // The pass reads `input` itself; only a recorded step needs
+                // the batch and input apart from it.
+                let _ = (batch, input);
                 let mut own = caches
                     .iter_mut()
                     .map(|c| match &mut **c {
@@ -601,7 +638,7 @@ impl ModelBackend {
                     })
                     .collect::<Result<Vec<_>>>()?;
                 let device = pass.enqueue(b, &mut own)?;
-                out.read(b, &device, n_vocab)
+                out.read(b, &device, row_len)
             }
             #[cfg(feature = "cuda")]
             ModelBackend::Cuda(b) => {
@@ -612,12 +649,7 @@ impl ModelBackend {
                         _ => Err(mismatch()),
                     })
                     .collect::<Result<Vec<_>>>()?;
-                let Batch {
-                    tokens,
-                    rows,
-                    logit_rows,
-                } = batch;
-                b.run_step(&mut own, tokens, rows, logit_rows, n_vocab, out, |caches| {
+                b.run_step(&mut own, batch, input, row_len, out, |caches| {
                     pass.enqueue(&**b, caches)
                 })
             }

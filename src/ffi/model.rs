@@ -5,7 +5,8 @@ use std::ffi::c_char;
 use super::args;
 use super::handles;
 use super::status::{guard, guard_value, m40_status};
-use crate::model::{LoadOptions, Model};
+use crate::model::placement::MAX_DEVICES;
+use crate::model::{DeviceShare, LoadOptions, Model};
 
 /// An opaque loaded model. Immutable after load: any number of threads and
 /// sessions may use one model at the same time. Release it with `m40_free`.
@@ -95,6 +96,80 @@ pub unsafe extern "C" fn m40_model_load(
             )
         };
         let model = Model::load(&path, params.into())?;
+        *out_model = handles::register_model(model)?.cast();
+        Ok(())
+    })
+}
+
+/// One device of a split model (`m40_model_load_split`): which device, and
+/// its share of the layers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct m40_device_share {
+    /// -1: the CPU; 0..N-1: a CUDA device. A device may be named more than
+    /// once: each entry holds its own layers.
+    pub device: i32,
+    /// The entry's share of the layers relative to the others', finite and
+    /// not negative: entry i holds the layers from round(n_layer × (the
+    /// shares before it) / total) up to round(n_layer × (the shares through
+    /// it) / total). 0 on every entry: chosen from free memory — the
+    /// GPUs take layers in proportion to their free memory, each at most
+    /// what fits beside 1 GiB for caches and scratch, and the CPU entries
+    /// share the rest (with no CPU entry, every device's share is its free
+    /// memory). An entry left with no layers holds nothing.
+    pub share: f32,
+}
+
+/// Loads the GGUF model at `path` as `m40_model_load` does, with its layers
+/// split over `n_devices` devices (`devices`, in order; at most 64): each
+/// holds the weights of a contiguous run of layers and their part of every
+/// session's KV cache, the first also the token embeddings and the last the
+/// output norm and projection. A forward pass runs the devices in order;
+/// only the activations of the rows in flight cross between them, through
+/// host memory, once per device boundary per step. GPU + CPU entries give
+/// partial offload (llama.cpp's `-ngl`), several GPUs a layer split
+/// (`-sm layer -ts`). `params->device` is not used; `n_threads` applies
+/// to every CPU entry. Every function of the API works on a split model as
+/// on any other; `m40_model_describe` lists its devices under "devices".
+/// `n_devices` 0 or more than 64, a NULL `devices`, a share that is
+/// negative or not finite, or an unknown device give
+/// M40_ERR_INVALID_ARGUMENT (or M40_ERR_UNSUPPORTED for a CUDA device in a
+/// build without CUDA); a device whose layers do not fit
+/// M40_ERR_OUT_OF_MEMORY, naming it.
+///
+/// # Safety
+/// As `m40_model_load`; `devices` is NULL or holds `n_devices` entries.
+#[no_mangle]
+pub unsafe extern "C" fn m40_model_load_split(
+    path: *const c_char,
+    params: *const m40_model_params,
+    devices: *const m40_device_share,
+    n_devices: usize,
+    out_model: *mut *mut m40_model,
+) -> m40_status {
+    guard(|| {
+        if n_devices == 0 || n_devices > MAX_DEVICES {
+            return Err(crate::error::Error::invalid_argument(format!(
+                "n_devices is {n_devices}; a split takes 1 to {MAX_DEVICES} devices"
+            )));
+        }
+        // SAFETY: the caller's promises, forwarded.
+        let (path, params, devices, out_model) = unsafe {
+            (
+                args::path(path, "path")?,
+                args::struct_or_default(params, || m40_model_default_params()),
+                args::slice(devices, n_devices, "devices")?,
+                args::out(out_model, "out_model")?,
+            )
+        };
+        let shares: Vec<DeviceShare> = devices
+            .iter()
+            .map(|d| DeviceShare {
+                device: d.device,
+                share: d.share,
+            })
+            .collect();
+        let model = Model::load_split(&path, params.into(), &shares)?;
         *out_model = handles::register_model(model)?.cast();
         Ok(())
     })

@@ -78,9 +78,58 @@ impl Model {
             Device::Cuda { index } => j.value("device_index", index),
         };
         if let Some(engine) = &self.engine {
-            engine.backend.describe(&mut j);
+            engine.stages[0].backend.describe(&mut j);
+            j.value("devices", self.describe_stages());
         }
         j.finish()
+    }
+
+    /// The devices that hold the model, in order: which layers each holds,
+    /// its bytes of weights and of KV cache per token of a session.
+    fn describe_stages(&self) -> String {
+        let hp = self
+            .hparams()
+            .expect("a computing model has hyper-parameters");
+        let w = self.weights();
+        let tied = w.output == w.token_embd;
+        let stages = self.stages();
+        let kv_per_layer = u64::from(hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v)) * 2;
+        let items: Vec<String> = stages
+            .iter()
+            .enumerate()
+            .map(|(i, stage)| {
+                let (first, last) = (i == 0, i + 1 == stages.len());
+                let weight_bytes: u64 = self
+                    .gguf()
+                    .tensors()
+                    .iter()
+                    .filter(|t| {
+                        super::weights::stage_holds(&t.name, &stage.layers, first, last, tied)
+                    })
+                    .map(|t| t.n_bytes)
+                    .sum();
+                let mut j = JsonObject::new();
+                j.string("backend", Some(stage.device.backend_name()))
+                    .string("device", Some(&stage.device.name()));
+                match stage.device {
+                    Device::Cpu { threads } => j.value("threads", threads),
+                    Device::Cuda { index } => j.value("device_index", index),
+                };
+                j.value(
+                    "layers",
+                    format_args!("[{},{}]", stage.layers.start, stage.layers.end),
+                )
+                .value("embedding", first)
+                .value("output", last)
+                .value("weight_bytes", weight_bytes)
+                .value(
+                    "kv_bytes_per_token",
+                    kv_per_layer * stage.layers.len() as u64,
+                );
+                j.finish()
+            })
+            .collect();
+        format!("[{}]", items.join(","))
     }
 
     /// Bytes of weights one generated token reads: every matrix once, except

@@ -4,15 +4,18 @@
 mod arch;
 mod describe;
 mod hparams;
+pub mod placement;
 pub mod transformer;
 mod weights;
 
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
 pub use crate::backend::Weight;
 pub use arch::{ArchTraits, Architecture};
 pub use hparams::HyperParams;
+pub use placement::DeviceShare;
 pub use weights::{FeedForward, LayerWeights, Weights};
 
 use crate::backend::{Device, ModelBackend};
@@ -55,32 +58,72 @@ pub struct Model {
     tokenizer: Tokenizer,
     n_vocab: u32,
     n_ctx_train: u32,
+    /// The (first) device it runs on.
     device: Device,
     options: LoadOptions,
 }
 
-/// The parts of a model that compute: its shape, weights and backend.
+/// The parts of a model that compute: its shape, weights and the devices
+/// that hold its layers.
 struct Engine {
     arch: Architecture,
     hparams: HyperParams,
     weights: Weights,
-    backend: ModelBackend,
+    stages: Vec<Stage>,
+}
+
+/// One device's part of a model: a contiguous run of its layers, with the
+/// embedding on the first stage and the output on the last.
+pub struct Stage {
+    pub device: Device,
+    pub backend: ModelBackend,
+    pub layers: Range<usize>,
 }
 
 impl Model {
-    /// Loads and checks the model at `path`. Errors name the file.
+    /// Loads and checks the model at `path` onto `options.device`. Errors
+    /// name the file.
     pub fn load(path: &Path, options: LoadOptions) -> Result<Model> {
-        let device = Device::select(options.device, options.n_threads)?;
+        let one = DeviceShare {
+            device: options.device,
+            share: 1.0,
+        };
+        Self::load_split(path, options, &[one])
+    }
+
+    /// Loads the model at `path` with its layers split over `shares` (see
+    /// [`placement::place`]); `options.device` is not used.
+    pub fn load_split(path: &Path, options: LoadOptions, shares: &[DeviceShare]) -> Result<Model> {
+        placement::check_shares(shares)?;
+        let devices = shares
+            .iter()
+            .map(|s| Ok((Device::select(s.device, options.n_threads)?, s.share)))
+            .collect::<Result<Vec<_>>>()?;
         let read = ReadOptions {
             use_mmap: options.use_mmap,
             load_data: !options.vocab_only,
         };
         let gguf = GgufFile::open(path, read).map_err(|e| e.context(path.display()))?;
-        Self::from_gguf(gguf, device, options).map_err(|e| e.context(path.display()))
+        Self::from_gguf_split(gguf, &devices, options).map_err(|e| e.context(path.display()))
     }
 
-    /// Checks a parsed file and makes a model of it.
+    /// Checks a parsed file and makes a model of it on `device`.
     pub fn from_gguf(gguf: GgufFile, device: Device, options: LoadOptions) -> Result<Model> {
+        Self::from_gguf_split(gguf, &[(device, 1.0)], options)
+    }
+
+    /// Checks a parsed file and makes a model of it, its layers split over
+    /// `devices` by their shares (see [`placement::place`]).
+    pub fn from_gguf_split(
+        gguf: GgufFile,
+        devices: &[(Device, f32)],
+        options: LoadOptions,
+    ) -> Result<Model> {
+        let first_device = devices
+            .first()
+            .ok_or_else(|| Error::invalid_argument("a model needs at least one device"))?
+            .0
+            .clone();
         let architecture_name = gguf.require("general.architecture")?.str()?.to_string();
         let tokens = gguf.require("tokenizer.ggml.tokens")?;
         let n_vocab = tokens.string_array()?.len();
@@ -107,7 +150,7 @@ impl Model {
                 tokenizer,
                 n_vocab,
                 n_ctx_train,
-                device,
+                device: first_device,
                 options,
             });
         }
@@ -124,21 +167,42 @@ impl Model {
         debug_assert_eq!(tokenizer.n_vocab(), n_vocab);
         let n_ctx_train = hparams.n_ctx_train;
         let weights = Weights::locate(&gguf, &hparams);
+        let layer_bytes = weights::layer_bytes(&gguf, hparams.n_layer as usize);
+        let edge_bytes = (weights.token_embd.n_bytes + weights.output.n_bytes) as u64;
+        let placements = placement::place(devices, &layer_bytes, edge_bytes, Device::free_memory)?;
+        let tied = weights.output == weights.token_embd;
         let gguf = Arc::new(gguf);
-        let backend = ModelBackend::new(&device, Arc::clone(&gguf))?;
+        let n_stages = placements.len();
+        let stages = placements
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let (first, last) = (i == 0, i + 1 == n_stages);
+                let holds = |name: &str| weights::stage_holds(name, &p.layers, first, last, tied);
+                let backend =
+                    ModelBackend::new(&p.device, Arc::clone(&gguf), &holds).map_err(|e| {
+                        e.context(format!("{} (layers {:?})", p.device.name(), p.layers))
+                    })?;
+                Ok(Stage {
+                    device: p.device,
+                    backend,
+                    layers: p.layers,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Model {
             gguf,
             architecture_name,
+            device: stages[0].device.clone(),
             engine: Some(Engine {
                 arch,
                 hparams,
                 weights,
-                backend,
+                stages,
             }),
             tokenizer,
             n_vocab,
             n_ctx_train,
-            device,
             options,
         })
     }
@@ -177,8 +241,10 @@ impl Model {
     pub fn weights(&self) -> &Weights {
         &self.engine().weights
     }
-    pub fn backend(&self) -> &ModelBackend {
-        &self.engine().backend
+    /// The devices that hold the layers, in the order a forward pass runs
+    /// them (one, unless the model was split).
+    pub fn stages(&self) -> &[Stage] {
+        &self.engine().stages
     }
     pub fn n_vocab(&self) -> u32 {
         self.n_vocab

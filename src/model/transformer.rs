@@ -10,6 +10,8 @@
 //! sequence's cache before attention, so causal attention is simply "each row
 //! over its sequence's positions up to its own".
 
+use std::ops::Range;
+
 use super::{ArchTraits, FeedForward, HyperParams, Model, Weights};
 use crate::backend::{
     AttentionShape, AttentionStep, Backend, Batch, ForwardPass, GatedFfn, Heads, Norm, Product,
@@ -17,32 +19,79 @@ use crate::backend::{
 };
 use crate::error::Result;
 
-/// [`forward`] on the model's own backend, over caches made by it, the
-/// logits of `logit_rows[i]` going to row i of `out` (replacing the
-/// contents of a vector, whose allocation is reused, or a sampler's
-/// candidates). On failure no output is touched.
+/// [`forward`] on the model's own devices, each session's caches one per
+/// stage of the model (see [`Model::stages`]), the logits of
+/// `logit_rows[i]` going to row i of `out` (replacing the contents of a
+/// vector, whose allocation is reused, or a sampler's candidates). A split
+/// model runs its stages in order, each passing the activations of every
+/// row to the next through the host. On failure no output is touched.
 pub fn run(
     model: &Model,
-    caches: &mut [&mut SequenceCache],
+    caches: &mut [&mut [SequenceCache]],
     tokens: &[u32],
     rows: &[SeqPos],
     logit_rows: &[usize],
     out: &mut StepOutput,
 ) -> Result<()> {
-    let batch = Batch {
-        tokens,
-        rows,
-        logit_rows,
+    assert_eq!(out.len(), logit_rows.len());
+    let stages = model.stages();
+    let hp = model.config().1;
+    let (n_vocab, width) = (hp.n_vocab as usize, hp.n_embd as usize);
+    let every_row: Vec<usize> = if stages.len() > 1 {
+        (0..rows.len()).collect()
+    } else {
+        Vec::new()
     };
-    let n_vocab = model.config().1.n_vocab as usize;
-    let pass = Pass { model, batch };
-    model.backend().run_step(caches, batch, n_vocab, out, &pass)
+    let mut hidden = Vec::new();
+    for (i, stage) in stages.iter().enumerate() {
+        let last = i + 1 == stages.len();
+        let mut own: Vec<&mut SequenceCache> = caches.iter_mut().map(|c| &mut c[i]).collect();
+        let input = (i > 0).then_some(&hidden[..]);
+        let part = StagePart {
+            layers: stage.layers.clone(),
+            input,
+            last,
+        };
+        let batch = Batch {
+            tokens,
+            rows,
+            logit_rows: if last { logit_rows } else { &every_row },
+        };
+        let pass = Pass { model, batch, part };
+        if last {
+            stage
+                .backend
+                .run_step(&mut own, batch, input, n_vocab, out, &pass)?;
+        } else {
+            let mut next = Vec::new();
+            let mut slots = [&mut next];
+            let mut activations = StepOutput::Logits(&mut slots);
+            let len = rows.len() * width;
+            stage
+                .backend
+                .run_step(&mut own, batch, input, len, &mut activations, &pass)?;
+            hidden = next;
+        }
+    }
+    Ok(())
 }
 
-/// The model's forward pass over one batch, for whichever backend runs it.
+/// What one stage of a (possibly split) model computes: its layers, from
+/// the previous stage's activations (`input`) or, on the first stage, from
+/// the tokens; up to the logits on the last stage, else up to the
+/// activations the next stage starts from.
+#[derive(Clone)]
+pub struct StagePart<'a> {
+    pub layers: Range<usize>,
+    pub input: Option<&'a [f32]>,
+    pub last: bool,
+}
+
+/// The forward pass of one stage over one batch, for whichever backend runs it.
 struct Pass<'a> {
     model: &'a Model,
     batch: Batch<'a>,
+    part: StagePart<'a>,
 }
 
 impl ForwardPass for Pass<'_> {
@@ -52,7 +101,7 @@ impl ForwardPass for Pass<'_> {
             rows,
             logit_rows,
         } = self.batch;
-        logits_on_device(b, self.model, caches, tokens, rows, logit_rows)
+        stage_on_device(b, self.model, &self.part, caches, tokens, rows, logit_rows)
     }
 }
 
@@ -76,6 +125,27 @@ pub fn forward<B: Backend>(
 pub fn logits_on_device<B: Backend>(
     b: &B,
     model: &Model,
+    caches: &mut [&mut B::KvCache],
+    tokens: &[u32],
+    rows: &[SeqPos],
+    logit_rows: &[usize],
+) -> Result<B::Buffer> {
+    let whole = StagePart {
+        layers: 0..model.config().1.n_layer as usize,
+        input: None,
+        last: true,
+    };
+    stage_on_device(b, model, &whole, caches, tokens, rows, logit_rows)
+}
+
+/// One stage's part of the forward pass, enqueued on `b`: its layers (the
+/// caches hold those layers only, the stage's first at index 0), then the
+/// logits of `logit_rows` on the last stage, or the activations of every
+/// row (`rows × n_embd`) on any other.
+fn stage_on_device<B: Backend>(
+    b: &B,
+    model: &Model,
+    part: &StagePart,
     caches: &mut [&mut B::KvCache],
     tokens: &[u32],
     rows: &[SeqPos],
@@ -119,10 +189,13 @@ pub fn logits_on_device<B: Backend>(
     } else {
         1.0
     };
-    b.embed(&w.token_embd, tokens, embedding_scale, &mut x)?;
+    match part.input {
+        Some(input) => b.step_input(input, &mut x)?,
+        None => b.embed(&w.token_embd, tokens, embedding_scale, &mut x)?,
+    }
 
-    for (il, lw) in w.layers.iter().enumerate() {
-        let (rope, window) = layer_attention(hp, &t, w, il);
+    for (il, lw) in w.layers[part.layers.clone()].iter().enumerate() {
+        let (rope, window) = layer_attention(hp, &t, w, part.layers.start + il);
         let shape = AttentionShape {
             n_head,
             n_head_kv,
@@ -192,6 +265,9 @@ pub fn logits_on_device<B: Backend>(
         }
     }
 
+    if !part.last {
+        return Ok(x);
+    }
     // Output: only the rows whose next-token logits are wanted.
     let n_out = logit_rows.len();
     let n_vocab = hp.n_vocab as usize;

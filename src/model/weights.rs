@@ -95,3 +95,41 @@ impl Weights {
         }
     }
 }
+
+/// Bytes of weights of each of the `n_layer` layers (`blk.N.*`).
+pub fn layer_bytes(gguf: &GgufFile, n_layer: usize) -> Vec<u64> {
+    let mut bytes = vec![0u64; n_layer];
+    for t in gguf.tensors() {
+        if let Some(il) = layer_of(&t.name).filter(|&il| il < n_layer) {
+            bytes[il] += t.n_bytes;
+        }
+    }
+    bytes
+}
+
+/// The layer a tensor belongs to, from its name (`blk.N.`).
+fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
+/// Whether the stage running `layers` (the first and/or last of a split)
+/// needs the tensor `name`: its layers' tensors, the embedding table on the
+/// first stage (and on the last when it is also the output projection),
+/// the output norm and projection on the last, and whatever belongs to no
+/// layer (RoPE factors) everywhere.
+pub fn stage_holds(
+    name: &str,
+    layers: &std::ops::Range<usize>,
+    first: bool,
+    last: bool,
+    tied_output: bool,
+) -> bool {
+    if let Some(il) = layer_of(name) {
+        return layers.contains(&il);
+    }
+    match name {
+        "token_embd.weight" => first || (last && tied_output),
+        "output.weight" | "output_norm.weight" => last,
+        _ => true,
+    }
+}

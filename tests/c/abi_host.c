@@ -185,6 +185,38 @@ int main(int argc, char **argv) {
     for (int i = 1; logits && i < n_vocab; i++)
         if (logits[i] > logits[best])
             best = i;
+
+    /* The same model split over the CPU given twice: the same logits. */
+    const m40_device_share cpu_twice[2] = {{-1, 1.0f}, {-1, 1.0f}};
+    m40_model *split = (m40_model *)0x1;
+    CHECK(m40_model_load_split(valid, NULL, cpu_twice, 0, &split) == M40_ERR_INVALID_ARGUMENT &&
+              split == (m40_model *)0x1 && contains(m40_last_error(), "n_devices"),
+          "a split of 0 devices is refused");
+    CHECK(m40_model_load_split(valid, NULL, NULL, 2, &split) == M40_ERR_INVALID_ARGUMENT, "a NULL device list");
+    const m40_device_share negative_share[2] = {{-1, 1.0f}, {-1, -2.0f}};
+    CHECK(m40_model_load_split(valid, NULL, negative_share, 2, &split) == M40_ERR_INVALID_ARGUMENT &&
+              contains(m40_last_error(), "share"),
+          "a negative share is refused");
+    m40_model_params two_threads = m40_model_default_params();
+    two_threads.n_threads = 2;
+    CHECK(m40_model_load_split(valid, &two_threads, cpu_twice, 2, &split) == M40_OK, "load split: %s",
+          m40_last_error());
+    len = 0;
+    m40_model_describe(split, NULL, 0, &len);
+    char *split_json = malloc(len + 1);
+    CHECK(m40_model_describe(split, split_json, len + 1, NULL) == M40_OK &&
+              contains(split_json, "\"layers\":[0,1],\"embedding\":true,\"output\":false") &&
+              contains(split_json, "\"layers\":[1,2],\"embedding\":false,\"output\":true"),
+          "describe lists the split: %s", split_json);
+    free(split_json);
+    m40_session *split_session = NULL;
+    CHECK(m40_session_new(split, NULL, &split_session) == M40_OK &&
+              m40_decode(split_session, prompt, 3) == M40_OK && logits &&
+              memcmp(m40_logits(split_session), logits, sizeof(float) * (size_t)n_vocab) == 0,
+          "a split model's logits are the unsplit model's");
+    m40_free(split_session);
+    m40_free(split);
+
     m40_sampler_params greedy = m40_sampler_default_params();
     CHECK(greedy.temperature > 0.79f && greedy.top_k == 40 && greedy.repeat_last_n == 64, "sampler defaults");
     greedy.temperature = 0.0f;

@@ -208,3 +208,49 @@ pub fn batch_samplers(large_top_k: i32) -> [m40llm::sampling::SamplerParams; 6] 
         },
     ]
 }
+
+/// The model `arch2-{name}.gguf`, written once into the scratch folder by
+/// the command the sha256 file records, and checked against its hash.
+pub fn arch2_model(name: &str) -> PathBuf {
+    let file = format!("arch2-{name}.gguf");
+    let manifest = std::fs::read_to_string(test_data("reference/arch2-tiny.sha256")).unwrap();
+    let args = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("# {file} (")))
+        .and_then(|l| l.split_once("): "))
+        .map(|(_, args)| args.to_string())
+        .unwrap_or_else(|| panic!("{file} is not in arch2-tiny.sha256"));
+    let sha256 = manifest
+        .lines()
+        .find_map(|l| l.strip_suffix(&format!("  {file}")))
+        .unwrap_or_else(|| panic!("no sha256 for {file}"));
+    let path = scratch_path(&file);
+    let args: Vec<String> = args
+        .split_whitespace()
+        .map(|a| match a.strip_prefix("$VOCAB/") {
+            Some(file) => vocab_file(file).display().to_string(),
+            None => a.to_string(),
+        })
+        .collect();
+    synth_model(&args, &path);
+    let sum = std::process::Command::new("sha256sum")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let sum = String::from_utf8(sum.stdout).unwrap();
+    assert!(
+        sum.starts_with(sha256),
+        "{file}: sha256 {sum} differs from the reference's {sha256}: tools/synth_gguf.py no longer writes the model llama.cpp ran"
+    );
+    path
+}
+
+/// The vocabulary `ggml-vocab-{name}.gguf` a model's command names, from
+/// the repository or fetched into the cache.
+fn vocab_file(file: &str) -> PathBuf {
+    let name = file
+        .strip_prefix("ggml-vocab-")
+        .and_then(|f| f.strip_suffix(".gguf"))
+        .unwrap_or_else(|| panic!("{file} is not a llama.cpp vocabulary file"));
+    vocab_path(name)
+}

@@ -5,6 +5,8 @@
 #   cuda_backend_ptx   the same tests built with compute_52 PTX only: the M40's code,
 #                      run on a newer GPU through the driver's JIT
 #   gemma_reference    the Gemma 3 270M reference test (run with M40_TEST_DEVICE=0)
+#   split_fat, split_ptx  tests/split.rs in both builds (run with M40_TEST_SPLIT=0,-1 ...),
+#                      with the llama.cpp vocabularies its models are made with
 #   op_profile         per-operation times of a prompt and decode steps (benches/op_profile.rs)
 #   gemv_bench         the decode products alone against a plain read of their bytes
 #                      (tests/gpu/gemv_bench.cu, sm_90; ptx/gemv_bench: compute_52, the
@@ -20,15 +22,20 @@ cd "$(dirname "$0")/../.."
 executable() { # the binary cargo reports for the source file $1
   grep -o "$1 (\([^)]*\))" | sed 's/.*(\(.*\))/\1/'
 }
-fat=$(cargo test --release --features cuda --no-run --test cuda_backend --test gemma_reference 2>&1)
+fat=$(cargo test --release --features cuda --no-run --test cuda_backend --test gemma_reference --test split 2>&1)
 profiler=$(cargo bench --features cuda --no-run --bench op_profile 2>&1)
-ptx=$(M40_CUDA_ARCHS=ptx CARGO_TARGET_DIR=target/ptx cargo test --release --features cuda --no-run --test cuda_backend 2>&1)
+ptx=$(M40_CUDA_ARCHS=ptx CARGO_TARGET_DIR=target/ptx cargo test --release --features cuda --no-run --test cuda_backend --test split 2>&1)
 cargo build --release --features cuda
 M40_CUDA_ARCHS=ptx CARGO_TARGET_DIR=target/ptx cargo build --release --features cuda
-rm -rf .device && mkdir -p .device/tools .device/tests/data/reference .device/ptx
+rm -rf .device && mkdir -p .device/tools .device/tests/data/reference .device/tests/data/vocab .device/ptx
 cp "$(echo "$fat" | executable tests/cuda_backend.rs)" .device/cuda_backend_fat
 cp "$(echo "$ptx" | executable tests/cuda_backend.rs)" .device/cuda_backend_ptx
 cp "$(echo "$fat" | executable tests/gemma_reference.rs)" .device/gemma_reference
+cp "$(echo "$fat" | executable tests/split.rs)" .device/split_fat
+cp "$(echo "$ptx" | executable tests/split.rs)" .device/split_ptx
+for vocab in qwen2 llama-bpe; do
+  cp "$(python3 tests/fetch-vocab.py $vocab)/ggml-vocab-$vocab.gguf" .device/tests/data/vocab/
+done
 cp "$(echo "$profiler" | executable benches/op_profile.rs)" .device/op_profile
 cp target/release/libm40llm.so .device/
 cp target/ptx/release/libm40llm.so .device/ptx/
@@ -40,9 +47,9 @@ ${NVCC:-nvcc} -std=c++17 -O3 -ccbin="${NVCC_CCBIN:-g++-11}" -gencode=arch=comput
 ${NVCC:-nvcc} -std=c++17 -O3 -ccbin="${NVCC_CCBIN:-g++-11}" -Wno-deprecated-gpu-targets \
   -gencode=arch=compute_52,code=compute_52 -Icuda tests/gpu/gemv_bench.cu -o .device/ptx/gemv_bench
 cp tools/synth_gguf.py .device/tools/
-cp tests/data/reference/*.jsonl .device/tests/data/reference/
+cp tests/data/reference/*.jsonl tests/data/reference/*.sha256 .device/tests/data/reference/
 cp tests/gpu/run.sh .device/
-strip .device/cuda_backend_fat .device/cuda_backend_ptx .device/gemma_reference .device/op_profile .device/{,ptx/}gemv_bench .device/{,ptx/}libm40llm.so .device/{,ptx/}m40-bench
+strip .device/cuda_backend_fat .device/cuda_backend_ptx .device/split_fat .device/split_ptx .device/gemma_reference .device/op_profile .device/{,ptx/}gemv_bench .device/{,ptx/}libm40llm.so .device/{,ptx/}m40-bench
 du -sh .device
 mkdir -p .devpack && tar -C .device -cf - . | xz -T0 -4 > .devpack/device.tar.xz
 du -sh .devpack/device.tar.xz

@@ -6,6 +6,14 @@
 #                  with $BENCH_ARGS (default -p 512 -n 128 -r 3 -b 1,8) and the
 #                  library in $BENCH_LIB (default: the fat build; ptx for compute_52 PTX)
 #   run.sh gemma   the Gemma 3 270M reference on CUDA device 0 ($M40_GEMMA_GGUF)
+#   run.sh split   tests/split.rs on GPU + CPU, CPU + GPU, GPU 0 twice, and every GPU
+#                  where there are several (fat build; GPU + CPU and the GPUs also PTX);
+#                  the Gemma test only where $M40_GEMMA_GGUF names the model
+#   run.sh splitbench DEVICES SHARES [PRESET:TYPE ...]
+#                  m40-bench with the layers split over DEVICES (e.g. 0,1) by SHARES
+#                  (e.g. 1,1), beside llama.cpp's llama-bench and llama-batched-bench
+#                  (in $LLAMA_BIN) with the same split (-sm layer -ts, or -ngl when
+#                  DEVICES is -1,0: its share of GPU layers), two rounds
 #   run.sh gemv [7b|1b] [TYPE ...]
 #                  gemv_bench: each decode product of the model's shapes against a
 #                  plain read of its bytes, for GGUF type ids (default 2 12 8: Q4_0 Q4_K Q8_0);
@@ -43,6 +51,46 @@ bench)
     model=$(synthetic "$preset" "$ty")
     # shellcheck disable=SC2086
     "$bench" -m "$model" -d 0 ${BENCH_ARGS:--p 512 -n 128 -r 3 -b 1,8} 2>&1 | tee "$out/bench-$preset-$ty${BENCH_LIB:+-$BENCH_LIB}.log" || status=1
+  done
+  ;;
+split)
+  gpus=$(nvidia-smi -L | wc -l)
+  splits="0,-1 -1,0 0,0"
+  all=$(seq -s, 0 $((gpus - 1)))
+  [ "$gpus" -ge 2 ] && splits="$splits $all"
+  skip=()
+  [ -n "${M40_GEMMA_GGUF:-}" ] || skip=(--skip split_gemma)
+  for build in fat ptx; do
+    for split in $splits; do
+      if [ $build = ptx ] && [ "$split" != 0,-1 ] && [ "$split" != "$all" ]; then continue; fi
+      log=$out/split_${build}_$split.log
+      M40_TEST_SPLIT=$split "$here/split_$build" "${skip[@]}" --nocapture --test-threads=2 > "$log" 2>&1 || status=1
+      echo "== split $split ($build build)"
+      grep -E "^test |test result|split \[|panicked|error" "$log" | cut -c1-400
+    done
+  done
+  ;;
+splitbench)
+  devices=$2 shares=$3
+  shift 3
+  bench=$here/${BENCH_LIB:+$BENCH_LIB/}m40-bench
+  for spec in ${*:-llama-13b:q4_k}; do
+    model=$(synthetic "${spec%%:*}" "${spec##*:}")
+    for round in 1 2; do
+      echo "== $spec split $devices shares $shares round $round"
+      # shellcheck disable=SC2086
+      ours=$("$bench" -m "$model" -d "$devices" --ts "$shares" -t "${THREADS:-16}" ${BENCH_ARGS:--p 512 -n 128 -r 3 -b 1,8} 2>&1)
+      echo "$ours" | grep -E '^split|\| (pp|tg)' | tee -a "$out/splitbench.log"
+      if [ "$devices" = -1,0 ]; then
+        # Partial offload: llama.cpp's -ngl, as many layers on the GPU as ours holds.
+        gpu_layers=$(echo "$ours" | grep '^split' | python3 -c 'import json, sys; s = sys.stdin.read(); d = json.loads(s[s.index("["):]); print(d[-1]["layers"][1] - d[-1]["layers"][0])')
+        llama=(-ngl "$gpu_layers" -t "${THREADS:-16}")
+      else
+        llama=(-ngl 99 -sm layer -ts "${shares//,//}")
+      fi
+      "$LLAMA_BIN/llama-bench" -m "$model" "${llama[@]}" -p 512 -n 128 -r 3 2>&1 | grep -E '\| +(pp|tg)' | tee -a "$out/splitbench.log"
+      "$LLAMA_BIN/llama-batched-bench" -m "$model" "${llama[@]}" -c 4096 -npp 128 -ntg 128 -npl 8 2>&1 | grep -E '^\| +128' | tee -a "$out/splitbench.log"
+    done
   done
   ;;
 profile)

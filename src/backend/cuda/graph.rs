@@ -27,7 +27,7 @@ use super::memory::{Arena, DeviceAllocator, DevicePtr};
 use super::runtime::{self, OwnedGraph, OwnedStream, PinnedBuffer};
 use super::staging::as_bytes;
 use super::{AttentionShape, CudaBackend, CudaKvCache, DeviceBuffer};
-use crate::backend::{SeqPos, StepOutput};
+use crate::backend::{Batch, StepOutput};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Recorded steps kept per backend; the least recently used goes first.
@@ -41,26 +41,35 @@ const MAX_GRAPHS: usize = 8;
 const GRAPH_MAX_ROWS: usize = 64;
 
 /// A step's inputs in device memory, at addresses the recording names:
-/// the token ids, then the row table (positions and KV caches).
+/// the token ids, then the row table (positions and KV caches), then the
+/// activations the step starts from when an earlier stage of a split model
+/// computed them (`input_len` values).
 pub(super) struct StepInputs {
     device: DevicePtr<u8>,
     host: PinnedBuffer,
     rows: usize,
+    input_len: usize,
 }
 
 impl StepInputs {
-    fn new(allocator: &Arc<DeviceAllocator>, rows: usize) -> Result<StepInputs> {
-        let bytes = Self::rows_offset(rows) + rows * std::mem::size_of::<DeviceRow>();
+    fn new(allocator: &Arc<DeviceAllocator>, rows: usize, input_len: usize) -> Result<StepInputs> {
+        let bytes = Self::input_offset(rows) + input_len * std::mem::size_of::<f32>();
         Ok(StepInputs {
             device: allocator.alloc(bytes)?,
             host: PinnedBuffer::new(bytes)?,
             rows,
+            input_len,
         })
     }
 
     /// Where the row table starts: past the ids, 16-byte aligned.
     fn rows_offset(rows: usize) -> usize {
         (rows * std::mem::size_of::<c_int>()).next_multiple_of(16)
+    }
+
+    /// Where the input activations start: past the row table, 16-byte aligned.
+    fn input_offset(rows: usize) -> usize {
+        (Self::rows_offset(rows) + rows * std::mem::size_of::<DeviceRow>()).next_multiple_of(16)
     }
 
     /// The ids of a step of `n` rows.
@@ -76,6 +85,18 @@ impl StepInputs {
         Ok(unsafe { self.device.as_ptr().add(Self::rows_offset(self.rows)) }.cast())
     }
 
+    /// The input activations of a step, `len` values.
+    pub(super) fn input(&self, len: usize) -> Result<*const f32> {
+        if len != self.input_len {
+            return Err(Error::internal(format!(
+                "a recorded step of {} input values was given {len}",
+                self.input_len
+            )));
+        }
+        // SAFETY: the offset lies inside the block (see `new`).
+        Ok(unsafe { self.device.as_ptr().add(Self::input_offset(self.rows)) }.cast())
+    }
+
     fn check_rows(&self, n: usize) -> Result<()> {
         if n != self.rows {
             return Err(Error::internal(format!(
@@ -87,14 +108,24 @@ impl StepInputs {
     }
 
     /// Enqueues the copy of a step's inputs to the device. The previous
-    /// step's copy has run: every step ends by waiting for its logits.
-    fn upload(&mut self, ids: &[c_int], rows: &[DeviceRow], stream: &OwnedStream) -> Result<()> {
+    /// step's copy has run: every step ends by waiting for its outputs.
+    fn upload(
+        &mut self,
+        ids: &[c_int],
+        rows: &[DeviceRow],
+        input: &[f32],
+        stream: &OwnedStream,
+    ) -> Result<()> {
         self.check_rows(ids.len())?;
         self.check_rows(rows.len())?;
+        self.input(input.len())?;
         let offset = Self::rows_offset(self.rows);
+        let input_offset = Self::input_offset(self.rows);
         let host = self.host.as_mut_slice();
         host[..std::mem::size_of_val(ids)].copy_from_slice(as_bytes(ids));
         host[offset..offset + std::mem::size_of_val(rows)].copy_from_slice(as_bytes(rows));
+        host[input_offset..input_offset + std::mem::size_of_val(input)]
+            .copy_from_slice(as_bytes(input));
         // SAFETY: the device block holds at least the pinned buffer's bytes
         // (same request, rounded up to a size class); the pinned copy stays
         // untouched until the next step, which starts after this one ended.
@@ -122,6 +153,8 @@ pub(super) struct DecodeGraph {
     graph: OwnedGraph,
     inputs: StepInputs,
     attention: Vec<(AttentionShape, AttentionLaunch)>,
+    /// What the step computes: its logits, or on a stage of a split model
+    /// before the last, its activations.
     logits: DeviceBuffer,
     /// The recording's activations and scratch, named by its kernels.
     _memory: (Vec<DevicePtr<u8>>, Arena),
@@ -151,37 +184,43 @@ pub(super) struct DecodeGraphs {
 
 impl CudaBackend {
     /// One forward pass: `enqueue` enqueues it and returns the device buffer
-    /// of the logits of `logit_rows` (`n_vocab` each), which go to `out`
-    /// (untouched on failure). A decode step (up to
-    /// GRAPH_MAX_ROWS rows, one per session, logits for each) runs as a
-    /// recorded graph where the device allows.
-    #[allow(clippy::too_many_arguments)]
+    /// whose output rows (`row_len` values each from its start: the logits
+    /// of `logit_rows`, or the activations of every row on a stage before
+    /// the last of a split model) go to `out` (untouched on failure). A
+    /// decode step (up to GRAPH_MAX_ROWS rows, one per session, an output
+    /// for each) runs as a recorded graph where the device allows; `input`,
+    /// the activations an earlier stage computed, is then one of its inputs.
     pub fn run_step(
         &self,
         caches: &mut [&mut CudaKvCache],
-        tokens: &[u32],
-        rows: &[SeqPos],
-        logit_rows: &[usize],
-        n_vocab: usize,
+        batch: Batch,
+        input: Option<&[f32]>,
+        row_len: usize,
         out: &mut StepOutput,
         mut enqueue: impl FnMut(&mut [&mut CudaKvCache]) -> Result<DeviceBuffer>,
     ) -> Result<()> {
-        assert_eq!(out.len(), logit_rows.len());
+        let Batch {
+            tokens,
+            rows,
+            logit_rows,
+        } = batch;
         let decode_step = tokens.len() == rows.len()
             && (1..=GRAPH_MAX_ROWS).contains(&rows.len())
             && logit_rows.iter().copied().eq(0..rows.len());
         if !self.graph_decode || !decode_step {
-            return self.run_directly(caches, &mut enqueue, n_vocab, out);
+            return self.run_directly(caches, &mut enqueue, row_len, out);
         }
         let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
         let large = rows.len() > super::GEMV_MAX_X;
         if graphs.off || (large && graphs.large_off) {
-            return self.run_directly(caches, &mut enqueue, n_vocab, out);
+            return self.run_directly(caches, &mut enqueue, row_len, out);
         }
+        let input = input.unwrap_or(&[]);
         let ids: Vec<c_int> = tokens.iter().map(|&t| t as c_int).collect();
         let table = device_rows(caches, rows)?;
         let recorded = graphs.graphs.iter().position(|g| {
             g.inputs.rows == rows.len()
+                && g.inputs.input_len == input.len()
                 && g.attention
                     .iter()
                     .all(|(shape, launch)| self.attention_launch(rows, shape) == *launch)
@@ -189,14 +228,14 @@ impl CudaBackend {
         let graph = match recorded {
             // The most recently used goes last.
             Some(i) => graphs.graphs.remove(i),
-            None => match self.record(&mut graphs, caches, rows.len(), &mut enqueue) {
+            None => match self.record(&mut graphs, caches, rows.len(), input.len(), &mut enqueue) {
                 Ok(graph) => graph,
                 Err(e) => {
                     // A step that cannot be recorded runs launch by launch;
                     // if it fails that way too, its error is the real one.
                     // Out of memory says nothing about recording: a later
                     // step is recorded.
-                    self.run_directly(caches, &mut enqueue, n_vocab, out)?;
+                    self.run_directly(caches, &mut enqueue, row_len, out)?;
                     if e.kind() != ErrorKind::OutOfMemory {
                         if large {
                             graphs.large_off = true;
@@ -212,10 +251,10 @@ impl CudaBackend {
         let graph = graphs.graphs.last_mut().expect("pushed above");
         {
             let state = self.lock();
-            graph.inputs.upload(&ids, &table, &state.stream)?;
+            graph.inputs.upload(&ids, &table, input, &state.stream)?;
             graph.graph.launch(&state.stream)?;
         }
-        out.read(self, &graph.logits, n_vocab)?;
+        out.read(self, &graph.logits, row_len)?;
         graphs.replays += 1;
         Ok(())
     }
@@ -239,13 +278,14 @@ impl CudaBackend {
         graphs: &mut DecodeGraphs,
         caches: &mut [&mut CudaKvCache],
         n_rows: usize,
+        input_len: usize,
         enqueue: &mut impl FnMut(&mut [&mut CudaKvCache]) -> Result<DeviceBuffer>,
     ) -> Result<DecodeGraph> {
         const ATTEMPTS: usize = 3;
         let mut attempt = 0;
         let graph = loop {
             attempt += 1;
-            match self.record_step(caches, n_rows, enqueue) {
+            match self.record_step(caches, n_rows, input_len, enqueue) {
                 Ok(graph) => break graph,
                 Err(e) if attempt == ATTEMPTS || e.kind() == ErrorKind::OutOfMemory => {
                     return Err(e)
@@ -264,20 +304,22 @@ impl CudaBackend {
         &self,
         caches: &mut [&mut CudaKvCache],
         enqueue: &mut impl FnMut(&mut [&mut CudaKvCache]) -> Result<DeviceBuffer>,
-        n_vocab: usize,
+        row_len: usize,
         out: &mut StepOutput,
     ) -> Result<()> {
         let _shared = self.no_capture();
         let device = enqueue(caches)?;
-        out.read(self, &device, n_vocab)
+        out.read(self, &device, row_len)
     }
 
-    /// Records one step of `n_rows` rows: `enqueue`'s launches go into a
-    /// graph, and the memory they name stays the graph's.
+    /// Records one step of `n_rows` rows (and `input_len` input
+    /// activations): `enqueue`'s launches go into a graph, and the memory
+    /// they name stays the graph's.
     fn record_step(
         &self,
         caches: &mut [&mut CudaKvCache],
         n_rows: usize,
+        input_len: usize,
         enqueue: &mut impl FnMut(&mut [&mut CudaKvCache]) -> Result<DeviceBuffer>,
     ) -> Result<DecodeGraph> {
         // No other thread may enqueue work while the stream is recorded.
@@ -285,7 +327,7 @@ impl CudaBackend {
             .capture_exclusion
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        let inputs = StepInputs::new(&self.allocator, n_rows)?;
+        let inputs = StepInputs::new(&self.allocator, n_rows, input_len)?;
         let mut scratch = Arena::default();
         let recording = {
             let mut state = self.lock();

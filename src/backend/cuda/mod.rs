@@ -151,13 +151,19 @@ fn dim(v: usize, what: &str) -> Result<c_int> {
 }
 
 impl CudaBackend {
-    /// Uploads the weights of `file` to CUDA device `index`.
-    pub fn new(file: Arc<GgufFile>, index: usize, options: CudaOptions) -> Result<CudaBackend> {
+    /// Uploads the weights of `file` that `holds` names to CUDA device
+    /// `index` (the layers of one stage of a split model, or all of them).
+    pub fn new(
+        file: Arc<GgufFile>,
+        index: usize,
+        options: CudaOptions,
+        holds: &dyn Fn(&str) -> bool,
+    ) -> Result<CudaBackend> {
         let info = runtime::device_info(index)?;
-        let data = weights::checked_data(&file, &info)?;
+        let held = weights::checked_tensors(&file, &info, holds)?;
         let allocator = DeviceAllocator::new(index);
         let stream = OwnedStream::new()?;
-        let weights = DeviceWeights::upload(&file, data, &allocator, &stream)?;
+        let weights = DeviceWeights::upload(&file, held, &allocator, &stream)?;
         let cublas = if options.use_cublas {
             cublas::Cublas::new(stream.raw())?
         } else {

@@ -79,6 +79,34 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn step_input(&self, values: &[f32], out: &mut DeviceBuffer) -> Result<()> {
+        let mut state = self.lock();
+        let st = &mut *state;
+        assert!(values.len() <= out.len());
+        match &st.capture {
+            // A recorded step copies from its input block, which each
+            // replay fills with that step's values.
+            Some(capture) => {
+                let src = capture.inputs.input(values.len())?;
+                // SAFETY: the input block holds `values.len()` values (checked
+                // by `input`), and `out` holds as many.
+                unsafe {
+                    runtime::copy_on_device(
+                        out.as_mut_ptr().cast(),
+                        src.cast(),
+                        std::mem::size_of_val(values),
+                        st.stream.raw(),
+                    )
+                }
+            }
+            // SAFETY: the buffer holds the values.
+            None => unsafe {
+                st.staging
+                    .copy_to_device(out.as_mut_ptr().cast(), as_bytes(values), &st.stream)
+            },
+        }
+    }
+
     fn kv_cache(
         &self,
         n_ctx: usize,

@@ -24,57 +24,128 @@ const HEADROOM: usize = 256 << 20;
 
 /// The weights in device memory.
 pub(super) struct DeviceWeights {
-    /// The file's whole data section, as in the file.
+    /// The tensors this device holds, in spans of the file's data section
+    /// copied as they are in the file.
     data: DevicePtr<u8>,
+    /// Where each span lies, by data offset, in order.
+    spans: Vec<Span>,
     /// One-row weights as f32, by data offset.
     vectors: HashMap<usize, DevicePtr<f32>>,
 }
 
-/// The data section of `file`, once checked that the kernels can read its
-/// matrices and that it fits on the device with room to run.
-pub(super) fn checked_data<'f>(file: &'f GgufFile, info: &DeviceInfo) -> Result<&'f [u8]> {
-    let data = file
-        .data()
-        .ok_or_else(|| Error::internal("the CUDA backend needs the tensor data"))?
-        .bytes();
+/// Data-section bytes `file_start..file_end`, at `device_start` in the
+/// device block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Span {
+    file_start: usize,
+    file_end: usize,
+    device_start: usize,
+}
+
+/// Tensors closer than this in the file share a span (the padding between
+/// them is uploaded too).
+const SPAN_GAP: usize = 64 << 10;
+/// Where spans start in the device block: a multiple of this keeps every
+/// tensor's alignment.
+const SPAN_ALIGN: usize = 256;
+
+/// The spans that cover the tensors `held` (data offset and bytes), and
+/// the device bytes they take.
+fn spans_of(mut held: Vec<(usize, usize)>) -> (Vec<Span>, usize) {
+    held.sort_unstable();
+    let mut spans: Vec<Span> = Vec::new();
+    let mut device_end = 0;
+    for (offset, len) in held {
+        match spans.last_mut() {
+            Some(span) if offset <= span.file_end + SPAN_GAP => {
+                let end = span.file_end.max(offset + len);
+                device_end += end - span.file_end;
+                span.file_end = end;
+            }
+            _ => {
+                let device_start = device_end.next_multiple_of(SPAN_ALIGN);
+                spans.push(Span {
+                    file_start: offset,
+                    file_end: offset + len,
+                    device_start,
+                });
+                device_end = device_start + len;
+            }
+        }
+    }
+    (spans, device_end)
+}
+
+/// The tensors of `file` that `holds` names, once checked that the kernels
+/// can read the file's matrices and that they fit on the device with room
+/// to run: their data offsets and bytes.
+pub(super) fn checked_tensors(
+    file: &GgufFile,
+    info: &DeviceInfo,
+    holds: &dyn Fn(&str) -> bool,
+) -> Result<Vec<(usize, usize)>> {
     check_tensor_layouts(file)?;
+    let held: Vec<(usize, usize)> = file
+        .tensors()
+        .iter()
+        .filter(|t| holds(&t.name))
+        .map(|t| (t.offset as usize, t.n_bytes as usize))
+        .collect();
+    let bytes = spans_of(held.clone()).1;
     let (free, total) = runtime::memory_info()?;
-    if data.len() + HEADROOM > free {
+    if bytes + HEADROOM > free {
         return Err(Error::out_of_memory(format!(
             "the model's weights need {} of device memory (plus {} for activations); {} has {} free of {}",
-            human(data.len()),
+            human(bytes),
             human(HEADROOM),
             info.name,
             human(free),
             human(total)
         )));
     }
-    Ok(data)
+    Ok(held)
 }
 
 impl DeviceWeights {
-    /// Uploads `data` (the data section of `file`, see [`checked_data`])
-    /// and converts the file's one-row weights on `stream`.
+    /// Uploads the tensors `held` (data offsets and bytes, see
+    /// [`checked_tensors`]) of `file` and converts its one-row weights
+    /// among them on `stream`.
     pub fn upload(
         file: &GgufFile,
-        data: &[u8],
+        held: Vec<(usize, usize)>,
         allocator: &Arc<DeviceAllocator>,
         stream: &OwnedStream,
     ) -> Result<DeviceWeights> {
-        let mut weights = allocator.alloc_exact::<u8>(data.len() + WEIGHT_TAIL)?;
-        upload(data, &mut weights)?;
-        let mut vectors = HashMap::new();
+        let data = file
+            .data()
+            .ok_or_else(|| Error::internal("the CUDA backend needs the tensor data"))?
+            .bytes();
+        let (spans, bytes) = spans_of(held);
+        let mut weights = allocator.alloc_exact::<u8>(bytes + WEIGHT_TAIL)?;
+        let pieces: Vec<(&[u8], usize)> = spans
+            .iter()
+            .map(|s| (&data[s.file_start..s.file_end], s.device_start))
+            .collect();
+        upload(&pieces, &mut weights)?;
+        let mut weights = DeviceWeights {
+            data: weights,
+            spans,
+            vectors: HashMap::new(),
+        };
         for t in file.tensors() {
+            let Some(src) = weights.locate(t.offset as usize, t.n_bytes as usize) else {
+                continue;
+            };
             if is_vector(t) {
                 let n = t.n_elements() as usize;
                 let mut v = allocator.alloc::<f32>(n)?;
-                // SAFETY: the tensor's bytes lie inside the uploaded data
-                // section (checked by the reader); `v` holds n values.
+                // SAFETY: `src` is the tensor's bytes on the device (an
+                // uploaded span holds them); `v` holds n values.
                 check(
                     unsafe {
                         m40_vector_to_f32(
                             t.ggml_type.id() as c_int,
-                            weights.as_ptr().add(t.offset as usize),
+                            src,
                             dim(n, "a vector length")?,
                             v.as_mut_ptr(),
                             stream.raw(),
@@ -82,21 +153,34 @@ impl DeviceWeights {
                     },
                     || format!("converting tensor '{}'", t.name),
                 )?;
-                vectors.insert(t.offset as usize, v);
+                weights.vectors.insert(t.offset as usize, v);
             }
         }
         runtime::synchronize(stream)?;
-        Ok(DeviceWeights {
-            data: weights,
-            vectors,
+        Ok(weights)
+    }
+
+    /// Device address of the `len` bytes at data offset `offset`, when an
+    /// uploaded span holds them.
+    fn locate(&self, offset: usize, len: usize) -> Option<*const u8> {
+        let i = self.spans.partition_point(|s| s.file_start <= offset);
+        let span = self.spans[..i].last()?;
+        (offset + len <= span.file_end).then(|| {
+            // SAFETY: the span's bytes lie inside the device block.
+            unsafe {
+                self.data
+                    .as_ptr()
+                    .add(span.device_start + offset - span.file_start)
+            }
         })
     }
 
-    /// Device address of a matrix, in its stored format.
+    /// Device address of a matrix, in its stored format. The model asks
+    /// only for the weights of the layers this device holds.
     pub fn matrix(&self, w: &Weight) -> *const u8 {
-        debug_assert!(w.offset + w.n_bytes <= self.data.len());
-        // SAFETY: a located weight lies inside the data section.
-        unsafe { self.data.as_ptr().add(w.offset) }
+        let ptr = self.locate(w.offset, w.n_bytes);
+        debug_assert!(ptr.is_some(), "a weight this device does not hold");
+        ptr.unwrap_or(std::ptr::null())
     }
 
     /// Device address of a one-row weight's f32 values.
@@ -118,24 +202,31 @@ pub(super) fn matrices(file: &GgufFile) -> impl Iterator<Item = &TensorInfo> {
     file.tensors().iter().filter(|t| !is_vector(t))
 }
 
-/// Copies the data section to the device through two pinned buffers, so
-/// that filling one overlaps the transfer of the other.
-fn upload(data: &[u8], dst: &mut DevicePtr<u8>) -> Result<()> {
+/// Copies each piece (bytes, offset in `dst`) to the device through two
+/// pinned buffers, so that filling one overlaps the transfer of the other.
+fn upload(pieces: &[(&[u8], usize)], dst: &mut DevicePtr<u8>) -> Result<()> {
     let stream = OwnedStream::new()?;
     let mut staging = [
         PinnedBuffer::new(UPLOAD_CHUNK)?,
         PinnedBuffer::new(UPLOAD_CHUNK)?,
     ];
     let done = [OwnedEvent::new()?, OwnedEvent::new()?];
-    for (i, chunk) in data.chunks(UPLOAD_CHUNK).enumerate() {
+    let chunks = pieces.iter().flat_map(|&(bytes, at)| {
+        bytes
+            .chunks(UPLOAD_CHUNK)
+            .enumerate()
+            .map(move |(i, chunk)| (chunk, at + i * UPLOAD_CHUNK))
+    });
+    for (i, (chunk, at)) in chunks.enumerate() {
         let slot = i % 2;
         done[slot].wait()?;
         staging[slot].as_mut_slice()[..chunk.len()].copy_from_slice(chunk);
-        // SAFETY: the destination range lies inside `dst`; the staging
-        // buffer is not touched again until its event has fired.
+        assert!(at + chunk.len() <= dst.len());
+        // SAFETY: the destination range lies inside `dst` (checked above);
+        // the staging buffer is not touched again until its event has fired.
         unsafe {
             runtime::copy_to_device(
-                dst.as_mut_ptr().add(i * UPLOAD_CHUNK).cast(),
+                dst.as_mut_ptr().add(at).cast(),
                 staging[slot].as_ptr(),
                 chunk.len(),
                 stream.raw(),
@@ -179,4 +270,30 @@ fn check_tensor_layouts(file: &GgufFile) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn near_tensors_share_a_span_and_far_ones_start_aligned() {
+        let (spans, bytes) = spans_of(vec![(1 << 20, 100), (0, 64), (64, 32)]);
+        assert_eq!(
+            spans,
+            [
+                Span {
+                    file_start: 0,
+                    file_end: 96,
+                    device_start: 0
+                },
+                Span {
+                    file_start: 1 << 20,
+                    file_end: (1 << 20) + 100,
+                    device_start: 256
+                },
+            ]
+        );
+        assert_eq!(bytes, 356);
+    }
 }

@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -43,6 +44,9 @@ const usage = `m40: pull, list, show, remove, run and serve GGUF models.
 
 The store is $M40_MODELS (default $XDG_DATA_HOME/m40/models). NAME is a model
 in it or a path to a GGUF file. 'm40 COMMAND -h' lists a command's flags.
+run and serve split a model's layers over several devices with -devices 0,1
+(two GPUs) or -devices -1,0 (CPU, then GPU: partial offload), -split 3,1
+setting each one's share.
 `
 
 func main() {
@@ -238,14 +242,57 @@ func remove(args []string) error {
 }
 
 // modelFlags are the flags that choose where a model runs.
-type modelFlags struct{ device, threads *int }
+type modelFlags struct {
+	device, threads *int
+	devices, split  *string
+}
 
 func addModelFlags(fs *flag.FlagSet) modelFlags {
 	return modelFlags{
 		device:  fs.Int("device", m40.DefaultModelParams().Device, "-1: CPU, 0..: CUDA device"),
 		threads: fs.Int("threads", 0, "CPU threads (0: one per core)"),
+		devices: fs.String("devices", "", "split the layers over these devices in order, e.g. 0,1 (two GPUs) or -1,0 (CPU, then GPU 0: partial offload)"),
+		split:   fs.String("split", "", "each of -devices' share of the layers, e.g. 3,1 (default: from free memory)"),
 	}
 }
+
+// params are the flags' model parameters.
+func (mf modelFlags) params() (m40.ModelParams, error) {
+	p := m40.ModelParams{Device: *mf.device, Threads: *mf.threads}
+	if *mf.devices == "" {
+		if *mf.split != "" {
+			return p, fmt.Errorf("-split needs -devices")
+		}
+		return p, nil
+	}
+	var shares []string
+	if *mf.split != "" {
+		shares = strings.Split(*mf.split, ",")
+	}
+	devices := strings.Split(*mf.devices, ",")
+	if shares != nil && len(shares) != len(devices) {
+		return p, fmt.Errorf("-split has %d shares for %d devices", len(shares), len(devices))
+	}
+	for i, d := range devices {
+		device, err := strconv.Atoi(strings.TrimSpace(d))
+		if err != nil {
+			return p, fmt.Errorf("-devices: %q is not a device index", d)
+		}
+		share := autoShare
+		if shares != nil {
+			v, err := strconv.ParseFloat(strings.TrimSpace(shares[i]), 32)
+			if err != nil {
+				return p, fmt.Errorf("-split: %q is not a number", shares[i])
+			}
+			share = float32(v)
+		}
+		p.Split = append(p.Split, m40.DeviceShare{Device: device, Share: share})
+	}
+	return p, nil
+}
+
+// autoShare leaves a device's share of the layers to free memory.
+const autoShare float32 = 0
 
 // loadModel loads a model of the store by name (or a GGUF file by a path
 // with a folder in it), or, with direct, the file at path as it is.
@@ -259,7 +306,11 @@ func loadModel(path string, direct bool, mf modelFlags) (*m40.Model, string, err
 			return nil, "", err
 		}
 	}
-	model, err := m40.Load(path, m40.ModelParams{Device: *mf.device, Threads: *mf.threads})
+	params, err := mf.params()
+	if err != nil {
+		return nil, "", err
+	}
+	model, err := m40.Load(path, params)
 	return model, path, err
 }
 
