@@ -509,6 +509,8 @@ fn interleaved_products_are_within_bound_for_one_to_many_tokens() {
         (GgmlType::Q8_0, 40, 96),
         (GgmlType::Q4_0, 16, 256),
         (GgmlType::Q4_0, 40, 96),
+        (GgmlType::Q4_1, 16, 256),
+        (GgmlType::Q4_1, 40, 96),
         (GgmlType::Q5_0, 16, 256),
         (GgmlType::Q5_0, 40, 96),
         (GgmlType::Q4K, 16, 256),

@@ -1,4 +1,4 @@
-//! Q8_0, Q4_0, Q5_0, Q4_K and Q6_K matrices stored eight rows
+//! Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K matrices stored eight rows
 //! interleaved, for the CPU's products.
 //!
 //! A one-token dot over a row spends several vector instructions a block of
@@ -12,7 +12,7 @@
 //! it is made from.
 //!
 //! Every layout goes group by group of [`INTERLEAVED_ROWS`] rows, and within
-//! a group block by block (32 columns for Q8_0, Q4_0 and Q5_0, 256 for
+//! a group block by block (32 columns for Q8_0, Q4_0, Q4_1 and Q5_0, 256 for
 //! Q4_K and Q6_K). A *chunk* is
 //! 32 bytes holding four columns of each row, row r at bytes 4r..4r + 4.
 //! - Q8_0, [`Q8_0_GROUP_BLOCK`] bytes a block: the eight rows' f16 scales,
@@ -23,6 +23,9 @@
 //!   nibble and of column c + 16 in the high one (chunk k: columns
 //!   4k..4k + 4 and 16 + 4k..20 + 4k), as Q4_0 stores them. The same size
 //!   as the rows.
+//! - Q4_1, [`Q4_1_GROUP_BLOCK`] bytes a block: the eight rows' f16 scales,
+//!   their f16 minimums, then four chunks of nibbles as in Q4_0. The same
+//!   size as the rows.
 //! - Q5_0, [`Q5_0_GROUP_BLOCK`] bytes a block: the eight rows' f16 scales,
 //!   their 32 fifth bits (a little-endian u32 each), then four chunks of
 //!   nibbles as in Q4_0. The same size as the rows.
@@ -53,6 +56,9 @@ pub const Q8_0_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 34;
 /// Bytes of one block of 32 columns of a Q4_0 group.
 pub const Q4_0_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 18;
 
+/// Bytes of one block of 32 columns of a Q4_1 group.
+pub const Q4_1_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 20;
+
 /// Bytes of one block of 32 columns of a Q5_0 group.
 pub const Q5_0_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 22;
 
@@ -67,6 +73,7 @@ pub fn interleaved_group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
     match ty {
         GgmlType::Q8_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q8_0_GROUP_BLOCK),
         GgmlType::Q4_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q4_0_GROUP_BLOCK),
+        GgmlType::Q4_1 if cols.is_multiple_of(32) => Some(cols / 32 * Q4_1_GROUP_BLOCK),
         GgmlType::Q5_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q5_0_GROUP_BLOCK),
         GgmlType::Q4K if cols.is_multiple_of(256) => Some(cols / 256 * Q4_K_GROUP_BLOCK),
         GgmlType::Q6K if cols.is_multiple_of(256) => Some(cols / 256 * Q6_K_GROUP_BLOCK),
@@ -114,6 +121,8 @@ pub fn interleave_groups(ty: GgmlType, rows: &[u8], cols: usize, out: &mut [u8])
         match ty {
             GgmlType::Q8_0 => interleave_block32_group(row, dst, 34, 0, 8, 0x80),
             GgmlType::Q4_0 => interleave_block32_group(row, dst, 18, 0, 4, 0),
+            // The minimum follows the scale, as Q5_0's fifth bits do.
+            GgmlType::Q4_1 => interleave_block32_group(row, dst, 20, 2, 4, 0),
             GgmlType::Q5_0 => interleave_block32_group(row, dst, 22, 4, 4, 0),
             GgmlType::Q6K => interleave_q6_k_group(row, dst),
             _ => interleave_q4_k_group(row, dst),
@@ -129,8 +138,9 @@ fn chunk(dst: &mut [u8], four: impl Fn(usize) -> [u8; 4], flip: u8) {
     }
 }
 
-/// A 32-column layout (Q8_0, Q4_0, Q5_0), a block at a time: the eight
-/// rows' f16 scales, then their `high_bytes` bytes of fifth bits (Q5_0),
+/// A 32-column layout (Q8_0, Q4_0, Q4_1, Q5_0), a block at a time: the
+/// eight rows' f16 scales, then their `high_bytes` bytes that follow the
+/// scale in a block (Q4_1's f16 minimum, Q5_0's fifth bits),
 /// then `chunks` chunks of codes, four bytes of each row a chunk, `flip`
 /// xored into each byte.
 fn interleave_block32_group<'a>(
@@ -240,6 +250,7 @@ mod tests {
         for (ty, n_rows, cols) in [
             (GgmlType::Q8_0, 32, 256),
             (GgmlType::Q4_0, 64, 96),
+            (GgmlType::Q4_1, 16, 64),
             (GgmlType::Q5_0, 16, 64),
             (GgmlType::Q4K, 24, 512),
             (GgmlType::Q6K, 16, 512),
@@ -261,7 +272,7 @@ mod tests {
 
     #[test]
     fn shapes_without_a_layout_have_no_copy() {
-        assert!(interleave(GgmlType::Q4_1, &[0; 20 * 8], 8, 32).is_none());
+        assert!(interleave(GgmlType::Q5_1, &[0; 24 * 8], 8, 32).is_none());
         assert!(interleave(GgmlType::Q8_0, &[0; 34 * 7], 7, 32).is_none());
         assert!(interleave(GgmlType::Q4K, &[0; 144 * 8], 8, 128).is_none());
     }

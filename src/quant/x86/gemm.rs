@@ -11,7 +11,8 @@ use super::int_dot::{
     crumbs, k_min_codes, load32, masked_bit, nibbles16, q5_codes, q6_codes, IntDot,
 };
 use crate::quant::interleaved::{
-    Q4_0_GROUP_BLOCK, Q4_K_GROUP_BLOCK, Q5_0_GROUP_BLOCK, Q6_K_GROUP_BLOCK, Q8_0_GROUP_BLOCK,
+    Q4_0_GROUP_BLOCK, Q4_1_GROUP_BLOCK, Q4_K_GROUP_BLOCK, Q5_0_GROUP_BLOCK, Q6_K_GROUP_BLOCK,
+    Q8_0_GROUP_BLOCK,
 };
 use crate::quant::kquants::{k_scale_min, q3k_scales};
 use crate::quant::panel::{Panel, PANEL_ROWS};
@@ -627,17 +628,27 @@ unsafe fn fifth_bits(qh: __m256i, first: i32) -> __m256i {
 }
 
 /// A layout of 32-column blocks (`crate::quant::interleaved`): each block
-/// is the eight rows' f16 scales, then what `codes` turns into eight
-/// chunks of unsigned codes q + `OFFSET` (chunk c: columns 4c..4c + 4).
+/// is the eight rows' f16 scales d, then what `codes` turns into eight
+/// chunks of unsigned codes q + `OFFSET` (chunk c: columns 4c..4c + 4); a
+/// weight is d · q, or with `MINS` (Q4_1: the rows' f16 minimums m follow
+/// the scales) d · q + m.
 pub(super) trait Block32 {
     const BLOCK: usize;
     const OFFSET: i32;
+    const MINS: bool = false;
     /// The block's eight chunks of codes.
     unsafe fn codes(block: &[u8]) -> [__m256i; 8];
 }
 
+/// The eight rows' f16 minimums of a [`Block32::MINS`] block.
+#[inline(always)]
+unsafe fn block_mins(block: &[u8]) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(block[16..32].as_ptr().cast()))
+}
+
 pub(super) struct Q8_0x8;
 pub(super) struct Q4_0x8;
+pub(super) struct Q4_1x8;
 pub(super) struct Q5_0x8;
 
 impl Block32 for Q8_0x8 {
@@ -669,6 +680,16 @@ impl Block32 for Q4_0x8 {
     #[inline(always)]
     unsafe fn codes(block: &[u8]) -> [__m256i; 8] {
         nibble_chunks(&block[16..], |_| _mm256_setzero_si256())
+    }
+}
+
+impl Block32 for Q4_1x8 {
+    const BLOCK: usize = Q4_1_GROUP_BLOCK;
+    const OFFSET: i32 = 0;
+    const MINS: bool = true;
+    #[inline(always)]
+    unsafe fn codes(block: &[u8]) -> [__m256i; 8] {
+        nibble_chunks(&block[32..], |_| _mm256_setzero_si256())
     }
 }
 
@@ -710,6 +731,11 @@ pub(super) unsafe fn interleaved_block32_rows<D: IntDot, L: Block32>(
             }
             let sums = _mm256_cvtepi32_ps(_mm256_add_epi32(isum[0], isum[1]));
             acc[b % 2] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, _mm256_set1_ps(a.d)), acc[b % 2]);
+            if L::MINS {
+                // Σ m · a = m · (the block's activation scale × Σ codes).
+                let a_sum = _mm256_set1_ps(a.d * a.sum() as f32);
+                acc[b % 2] = _mm256_fmadd_ps(block_mins(block), a_sum, acc[b % 2]);
+            }
         }
         _mm256_storeu_ps(y.as_mut_ptr(), _mm256_add_ps(acc[0], acc[1]));
     }
@@ -730,7 +756,13 @@ pub(super) unsafe fn pack_interleaved_block32<L: Block32>(group: &[u8], panel: &
         let d = _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()));
         let f = &mut panel.factors[b * 2 * PANEL_ROWS..(b + 1) * 2 * PANEL_ROWS];
         _mm256_storeu_ps(f.as_mut_ptr(), d);
-        _mm256_storeu_ps(f[PANEL_ROWS..].as_mut_ptr(), _mm256_mul_ps(d, offset));
+        // A panel subtracts its offsets: d · OFFSET, or a minimum's −m.
+        let subtracted = if L::MINS {
+            _mm256_sub_ps(_mm256_setzero_ps(), block_mins(block))
+        } else {
+            _mm256_mul_ps(d, offset)
+        };
+        _mm256_storeu_ps(f[PANEL_ROWS..].as_mut_ptr(), subtracted);
         let codes = &mut panel.codes[b * 256..(b + 1) * 256];
         for (k, c) in L::codes(block).into_iter().enumerate() {
             _mm256_storeu_si256(codes[32 * k..].as_mut_ptr().cast(), c);

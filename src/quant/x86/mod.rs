@@ -151,6 +151,8 @@ mod avx2 {
     interleaved_wrappers!(Avx2Dot, "avx2,fma,f16c";
         q4_0_interleaved_rows / q4_0_interleaved_pack:
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_0x8,
+        q4_1_interleaved_rows / q4_1_interleaved_pack:
+            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_1x8,
         q5_0_interleaved_rows / q5_0_interleaved_pack:
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q5_0x8,
         q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k,
@@ -173,6 +175,8 @@ mod avx512 {
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q8_0x8,
         q4_0_interleaved_rows / q4_0_interleaved_pack:
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_0x8,
+        q4_1_interleaved_rows / q4_1_interleaved_pack:
+            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_1x8,
         q5_0_interleaved_rows / q5_0_interleaved_pack:
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q5_0x8,
         q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k,
@@ -281,6 +285,7 @@ macro_rules! interleaved_table {
         match $ty {
             $($extra => k(32, $module::q8_0_interleaved_rows, $module::q8_0_interleaved_pack),)?
             Q4_0 => k(32, $module::q4_0_interleaved_rows, $module::q4_0_interleaved_pack),
+            Q4_1 => k(32, $module::q4_1_interleaved_rows, $module::q4_1_interleaved_pack),
             Q5_0 => k(32, $module::q5_0_interleaved_rows, $module::q5_0_interleaved_pack),
             Q4K => k(32, $module::q4_k_interleaved_rows, $module::q4_k_interleaved_pack),
             Q6K => k(16, $module::q6_k_interleaved_rows, $module::q6_k_interleaved_pack),
@@ -289,7 +294,7 @@ macro_rules! interleaved_table {
     }};
 }
 
-/// The AVX2 code for interleaved `ty` matrices: Q4_0, Q5_0, Q4_K and Q6_K (Q8_0's
+/// The AVX2 code for interleaved `ty` matrices: Q4_0, Q4_1, Q5_0, Q4_K and Q6_K (Q8_0's
 /// codes are unsigned bytes up to 255, which `vpmaddubsw` would saturate).
 /// Call only after `avx2_available()`.
 pub fn avx2_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
