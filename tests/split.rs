@@ -131,7 +131,7 @@ fn a_split_model_describes_its_devices() {
         json.contains(r#""embedding":false,"output":true"#),
         "{json}"
     );
-    // Tied output: the last device holds the embedding table too.
+    // The model's own keys, then one object per device.
     let stages = json.split(r#""backend":"cpu","device""#).count() - 1;
     assert_eq!(stages, 3, "the model's own entry and two devices: {json}");
 }

@@ -119,24 +119,12 @@ func Load(path string, params ModelParams) (*Model, error) {
 	p := C.m40_model_default_params()
 	p.device = C.int32_t(params.Device)
 	p.n_threads = C.uint32_t(params.Threads)
-	if len(params.Split) == 0 {
-		return load(path, p)
-	}
 	split := make([]C.struct_m40_device_share, len(params.Split))
 	for i, d := range params.Split {
 		split[i].device = C.int32_t(d.Device)
 		split[i].share = C.float(d.Share)
 	}
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
-	var ptr *C.struct_m40_model
-	err := call(func() C.enum_m40_status {
-		return C.m40_model_load_split(cpath, &p, &split[0], C.size_t(len(split)), &ptr)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return newModel(ptr), nil
+	return load(path, p, split)
 }
 
 // LoadVocab loads only a model's vocabulary and metadata: tokenizing, chat
@@ -144,23 +132,27 @@ func Load(path string, params ModelParams) (*Model, error) {
 func LoadVocab(path string) (*Model, error) {
 	p := C.m40_model_default_params()
 	p.vocab_only = true
-	return load(path, p)
+	return load(path, p, nil)
 }
 
-func load(path string, p C.struct_m40_model_params) (*Model, error) {
+// load loads the model at path on p's device, or split over the devices
+// of split when there are any.
+func load(path string, p C.struct_m40_model_params, split []C.struct_m40_device_share) (*Model, error) {
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
 	var ptr *C.struct_m40_model
-	if err := call(func() C.enum_m40_status { return C.m40_model_load(cpath, &p, &ptr) }); err != nil {
+	err := call(func() C.enum_m40_status {
+		if len(split) > 0 {
+			return C.m40_model_load_split(cpath, &p, &split[0], C.size_t(len(split)), &ptr)
+		}
+		return C.m40_model_load(cpath, &p, &ptr)
+	})
+	if err != nil {
 		return nil, err
 	}
-	return newModel(ptr), nil
-}
-
-func newModel(ptr *C.struct_m40_model) *Model {
 	m := &Model{ptr: ptr}
 	runtime.SetFinalizer(m, (*Model).Close)
-	return m
+	return m, nil
 }
 
 // Close releases the model (its sessions keep it alive until they close).

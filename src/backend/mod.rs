@@ -545,8 +545,7 @@ pub enum SequenceCache {
 }
 
 /// The rows of one forward pass: each row's token and its sequence and
-/// position, and the rows whose outputs are wanted (for the last stage of
-/// a model, their next-token logits; for any other, every row).
+/// position, and the rows whose next-token logits are wanted.
 #[derive(Clone, Copy, Debug)]
 pub struct Batch<'a> {
     pub tokens: &'a [u32],

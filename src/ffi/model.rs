@@ -114,7 +114,8 @@ pub struct m40_device_share {
     /// shares before it) / total) up to round(n_layer × (the shares through
     /// it) / total). 0 on every entry: chosen from free memory — the
     /// GPUs take layers in proportion to their free memory, each at most
-    /// what fits beside 1 GiB for caches and scratch, and the CPU entries
+    /// what fits beside 1 GiB for caches and scratch and the embedding and
+    /// output (a GPU named twice divides its free memory), and the CPU entries
     /// share the rest (with no CPU entry, every device's share is its free
     /// memory). An entry left with no layers holds nothing.
     pub share: f32,

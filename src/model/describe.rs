@@ -91,7 +91,6 @@ impl Model {
             .hparams()
             .expect("a computing model has hyper-parameters");
         let w = self.weights();
-        let tied = w.output == w.token_embd;
         let stages = self.stages();
         let kv_per_layer = u64::from(hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v)) * 2;
         let items: Vec<String> = stages
@@ -103,9 +102,7 @@ impl Model {
                     .gguf()
                     .tensors()
                     .iter()
-                    .filter(|t| {
-                        super::weights::stage_holds(&t.name, &stage.layers, first, last, tied)
-                    })
+                    .filter(|t| w.stage_holds(&t.name, &stage.layers, first, last))
                     .map(|t| t.n_bytes)
                     .sum();
                 let mut j = JsonObject::new();
@@ -153,7 +150,7 @@ impl Model {
             .sum();
         let embd = w.token_embd.n_bytes as u64;
         let embd_row = w.token_embd.row_bytes() as u64;
-        let tied = w.output == w.token_embd;
-        Some(all - embd + embd_row + if tied { embd } else { 0 })
+        let tied = if w.output_is_embedding() { embd } else { 0 };
+        Some(all - embd + embd_row + tied)
     }
 }

@@ -170,7 +170,6 @@ impl Model {
         let layer_bytes = weights::layer_bytes(&gguf, hparams.n_layer as usize);
         let edge_bytes = (weights.token_embd.n_bytes + weights.output.n_bytes) as u64;
         let placements = placement::place(devices, &layer_bytes, edge_bytes, Device::free_memory)?;
-        let tied = weights.output == weights.token_embd;
         let gguf = Arc::new(gguf);
         let n_stages = placements.len();
         let stages = placements
@@ -178,7 +177,7 @@ impl Model {
             .enumerate()
             .map(|(i, p)| {
                 let (first, last) = (i == 0, i + 1 == n_stages);
-                let holds = |name: &str| weights::stage_holds(name, &p.layers, first, last, tied);
+                let holds = |name: &str| weights.stage_holds(name, &p.layers, first, last);
                 let backend =
                     ModelBackend::new(&p.device, Arc::clone(&gguf), &holds).map_err(|e| {
                         e.context(format!("{} (layers {:?})", p.device.name(), p.layers))

@@ -38,20 +38,22 @@ pub struct Placement {
 
 /// The shares' validity, before any device is touched.
 pub fn check_shares(shares: &[DeviceShare]) -> Result<()> {
-    if shares.is_empty() || shares.len() > MAX_DEVICES {
+    check_share_values(shares.len(), shares.iter().map(|s| s.share))
+}
+
+fn check_share_values(n: usize, mut shares: impl Iterator<Item = f32>) -> Result<()> {
+    if n == 0 || n > MAX_DEVICES {
         return Err(Error::invalid_argument(format!(
-            "a split names {} devices; it takes 1 to {MAX_DEVICES}",
-            shares.len()
+            "a split names {n} devices; it takes 1 to {MAX_DEVICES}"
         )));
     }
     if let Some((i, s)) = shares
-        .iter()
+        .by_ref()
         .enumerate()
-        .find(|(_, s)| !(s.share.is_finite() && s.share >= 0.0))
+        .find(|(_, s)| !(s.is_finite() && *s >= 0.0))
     {
         return Err(Error::invalid_argument(format!(
-            "device entry {i} has share {}; shares are finite and at least 0",
-            s.share
+            "device entry {i} has share {s}; shares are finite and at least 0"
         )));
     }
     Ok(())
@@ -71,6 +73,7 @@ pub fn place(
     edge_bytes: u64,
     free_memory: impl Fn(&Device) -> Result<u64>,
 ) -> Result<Vec<Placement>> {
+    check_share_values(devices.len(), devices.iter().map(|(_, s)| *s))?;
     let n_layer = layer_bytes.len();
     let explicit = devices.iter().any(|(_, s)| *s > 0.0);
     let counts = if explicit {
@@ -82,9 +85,13 @@ pub fn place(
             n_layer,
         )
     } else {
+        // A device named more than once shares its free memory among them.
         let free = devices
             .iter()
-            .map(|(d, _)| free_memory(d))
+            .map(|(d, _)| {
+                let times = devices.iter().filter(|(other, _)| other == d).count() as u64;
+                Ok(free_memory(d)? / times)
+            })
             .collect::<Result<Vec<u64>>>()?;
         let is_cpu = |d: &Device| matches!(d, Device::Cpu { .. });
         if devices.iter().all(|(d, _)| !is_cpu(d)) || devices.iter().all(|(d, _)| is_cpu(d)) {
@@ -104,7 +111,11 @@ pub fn place(
         }
         start += count;
     }
-    debug_assert_eq!(start, n_layer);
+    if start != n_layer {
+        return Err(Error::internal(format!(
+            "a split placed {start} of {n_layer} layers"
+        )));
+    }
     if placements.is_empty() {
         // A model with no layers still embeds and projects on one device.
         placements.push(Placement {
@@ -137,7 +148,8 @@ fn counts_by_share(shares: &[f64], n_layer: usize) -> Vec<usize> {
 }
 
 /// GPUs take their part of the layers by free memory up to what fits,
-/// the CPU entries the rest.
+/// the CPU entries the rest. Which layers a GPU gets depends on the counts
+/// of the entries before it, so the fit is reckoned with the largest layer.
 fn gpus_first(
     devices: &[(Device, f32)],
     free: &[u64],
@@ -155,23 +167,14 @@ fn gpus_first(
         .map(|(&f, &g)| if g { f as f64 } else { 0.0 })
         .collect();
     let mut counts = counts_by_share(&gpu_free, n_layer);
-    // Each GPU keeps only what fits, taking the layers in order.
-    let mut next = 0;
+    let largest = layer_bytes.iter().copied().max().unwrap_or(0).max(1);
     for (i, count) in counts.iter_mut().enumerate() {
-        if !is_gpu[i] {
-            continue;
+        if is_gpu[i] {
+            let room = free[i].saturating_sub(GPU_RESERVE + edge_bytes);
+            *count = (*count).min((room / largest) as usize);
         }
-        let room = free[i].saturating_sub(GPU_RESERVE + edge_bytes);
-        let mut used = 0u64;
-        let mut fits = 0;
-        while fits < *count && used + layer_bytes[next + fits] <= room {
-            used += layer_bytes[next + fits];
-            fits += 1;
-        }
-        *count = fits;
-        next += fits;
     }
-    let rest = n_layer - next;
+    let rest = n_layer - counts.iter().sum::<usize>();
     let cpus: Vec<usize> = (0..devices.len()).filter(|&i| !is_gpu[i]).collect();
     for (k, &i) in cpus.iter().enumerate() {
         counts[i] = rest / cpus.len() + usize::from(k < rest % cpus.len());
@@ -244,9 +247,23 @@ mod tests {
         // Without a CPU entry: by free memory, 6 : 4.
         let p = place(&[(GPU0, 0.0), (GPU1, 0.0)], &[gib; 10], 0, free).unwrap();
         assert_eq!(ranges(&p), [0..6, 6..10]);
+        // The CPU first: the GPU still takes what fits, the last layers.
+        let p = place(&[(CPU, 0.0), (GPU1, 0.0)], &[gib; 10], 0, free).unwrap();
+        assert_eq!(ranges(&p), [0..7, 7..10]);
+        // One GPU named twice: its 6 GiB are shared, 3 GiB each, 2 layers
+        // each beside the reserve.
+        let p = place(&[(GPU0, 0.0), (GPU0, 0.0), (CPU, 0.0)], &[gib; 10], 0, free).unwrap();
+        assert_eq!(ranges(&p), [0..2, 2..4, 4..10]);
         // Everything fits: the CPU is left out.
         let p = place(&[(GPU0, 0.0), (CPU, 0.0)], &[1; 10], 0, free).unwrap();
         assert_eq!((p.len(), p[0].layers.clone()), (1, 0..10));
+    }
+
+    #[test]
+    fn bad_shares_are_refused_by_place_too() {
+        let no_memory = |_: &Device| -> Result<u64> { unreachable!() };
+        assert!(place(&[(CPU, f32::NAN), (CPU, 1.0)], &[1; 4], 0, no_memory).is_err());
+        assert!(place(&[(CPU, f32::INFINITY)], &[1; 4], 0, no_memory).is_err());
     }
 
     #[test]

@@ -37,11 +37,6 @@ pub fn run(
     let stages = model.stages();
     let hp = model.config().1;
     let (n_vocab, width) = (hp.n_vocab as usize, hp.n_embd as usize);
-    let every_row: Vec<usize> = if stages.len() > 1 {
-        (0..rows.len()).collect()
-    } else {
-        Vec::new()
-    };
     let mut hidden = Vec::new();
     for (i, stage) in stages.iter().enumerate() {
         let last = i + 1 == stages.len();
@@ -52,10 +47,14 @@ pub fn run(
             input,
             last,
         };
+        // Every stage sees the caller's wanted rows, so that each takes a
+        // step for what it is (a decode step is recorded and replayed on a
+        // GPU, a prompt chunk is not); a stage before the last hands on
+        // every row all the same.
         let batch = Batch {
             tokens,
             rows,
-            logit_rows: if last { logit_rows } else { &every_row },
+            logit_rows,
         };
         let pass = Pass { model, batch, part };
         if last {

@@ -112,24 +112,31 @@ fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
-/// Whether the stage running `layers` (the first and/or last of a split)
-/// needs the tensor `name`: its layers' tensors, the embedding table on the
-/// first stage (and on the last when it is also the output projection),
-/// the output norm and projection on the last, and whatever belongs to no
-/// layer (RoPE factors) everywhere.
-pub fn stage_holds(
-    name: &str,
-    layers: &std::ops::Range<usize>,
-    first: bool,
-    last: bool,
-    tied_output: bool,
-) -> bool {
-    if let Some(il) = layer_of(name) {
-        return layers.contains(&il);
+impl Weights {
+    /// Whether the output projection is the embedding table (the file ties them).
+    pub fn output_is_embedding(&self) -> bool {
+        self.output == self.token_embd
     }
-    match name {
-        "token_embd.weight" => first || (last && tied_output),
-        "output.weight" | "output_norm.weight" => last,
-        _ => true,
+
+    /// Whether the stage running `layers` (the first and/or last of a
+    /// split) needs the tensor `name`: its layers' tensors, the embedding
+    /// table on the first stage (and on the last when it is also the output
+    /// projection), the output norm and projection on the last, and whatever
+    /// belongs to no layer (RoPE factors) everywhere.
+    pub fn stage_holds(
+        &self,
+        name: &str,
+        layers: &std::ops::Range<usize>,
+        first: bool,
+        last: bool,
+    ) -> bool {
+        if let Some(il) = layer_of(name) {
+            return layers.contains(&il);
+        }
+        match name {
+            "token_embd.weight" => first || (last && self.output_is_embedding()),
+            "output.weight" | "output_norm.weight" => last,
+            _ => true,
+        }
     }
 }

@@ -155,7 +155,7 @@ pub(super) struct DecodeGraph {
     attention: Vec<(AttentionShape, AttentionLaunch)>,
     /// What the step computes: its logits, or on a stage of a split model
     /// before the last, its activations.
-    logits: DeviceBuffer,
+    output: DeviceBuffer,
     /// The recording's activations and scratch, named by its kernels.
     _memory: (Vec<DevicePtr<u8>>, Arena),
 }
@@ -254,7 +254,7 @@ impl CudaBackend {
             graph.inputs.upload(&ids, &table, input, &state.stream)?;
             graph.graph.launch(&state.stream)?;
         }
-        out.read(self, &graph.logits, row_len)?;
+        out.read(self, &graph.output, row_len)?;
         graphs.replays += 1;
         Ok(())
     }
@@ -342,7 +342,7 @@ impl CudaBackend {
             recording
         };
         // Whatever `enqueue` does, the recording ends before this returns.
-        let logits = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| enqueue(caches)));
+        let output = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| enqueue(caches)));
         let mut state = self.lock();
         let st = &mut *state;
         let graph = runtime::end_capture(&st.stream, recording);
@@ -350,12 +350,12 @@ impl CudaBackend {
         let capture = st.capture.take().expect("set above");
         let memory = self.allocator.take_held();
         drop(state);
-        let logits = logits.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let output = output.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         Ok(DecodeGraph {
             graph: graph?,
             inputs: capture.inputs,
             attention: capture.attention,
-            logits: logits?,
+            output: output?,
             _memory: (memory, scratch),
         })
     }

@@ -160,10 +160,10 @@ impl CudaBackend {
         holds: &dyn Fn(&str) -> bool,
     ) -> Result<CudaBackend> {
         let info = runtime::device_info(index)?;
-        let held = weights::checked_tensors(&file, &info, holds)?;
+        let spans = weights::checked_spans(&file, &info, holds)?;
         let allocator = DeviceAllocator::new(index);
         let stream = OwnedStream::new()?;
-        let weights = DeviceWeights::upload(&file, held, &allocator, &stream)?;
+        let weights = DeviceWeights::upload(&file, spans, &allocator, &stream)?;
         let cublas = if options.use_cublas {
             cublas::Cublas::new(stream.raw())?
         } else {

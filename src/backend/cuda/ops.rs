@@ -83,27 +83,22 @@ impl Backend for CudaBackend {
         let mut state = self.lock();
         let st = &mut *state;
         assert!(values.len() <= out.len());
-        match &st.capture {
-            // A recorded step copies from its input block, which each
-            // replay fills with that step's values.
-            Some(capture) => {
-                let src = capture.inputs.input(values.len())?;
-                // SAFETY: the input block holds `values.len()` values (checked
-                // by `input`), and `out` holds as many.
-                unsafe {
-                    runtime::copy_on_device(
-                        out.as_mut_ptr().cast(),
-                        src.cast(),
-                        std::mem::size_of_val(values),
-                        st.stream.raw(),
-                    )
-                }
-            }
-            // SAFETY: the buffer holds the values.
-            None => unsafe {
-                st.staging
-                    .copy_to_device(out.as_mut_ptr().cast(), as_bytes(values), &st.stream)
-            },
+        // A recorded step copies from its input block, which each replay
+        // fills with that step's values.
+        let Some(capture) = &st.capture else {
+            drop(state);
+            return self.write(out, values);
+        };
+        let src = capture.inputs.input(values.len())?;
+        // SAFETY: the input block holds `values.len()` values (checked by
+        // `input`), and `out` holds as many.
+        unsafe {
+            runtime::copy_on_device(
+                out.as_mut_ptr().cast(),
+                src.cast(),
+                std::mem::size_of_val(values),
+                st.stream.raw(),
+            )
         }
     }
 

@@ -36,7 +36,7 @@ pub(super) struct DeviceWeights {
 /// Data-section bytes `file_start..file_end`, at `device_start` in the
 /// device block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Span {
+pub(super) struct Span {
     file_start: usize,
     file_end: usize,
     device_start: usize,
@@ -45,8 +45,8 @@ struct Span {
 /// Tensors closer than this in the file share a span (the padding between
 /// them is uploaded too).
 const SPAN_GAP: usize = 64 << 10;
-/// Where spans start in the device block: a multiple of this keeps every
-/// tensor's alignment.
+/// The alignment grid of spans in the device block: a span lies at the
+/// same offset from a multiple of this as its first tensor in the file.
 const SPAN_ALIGN: usize = 256;
 
 /// The spans that cover the tensors `held` (data offset and bytes), and
@@ -63,7 +63,9 @@ fn spans_of(mut held: Vec<(usize, usize)>) -> (Vec<Span>, usize) {
                 span.file_end = end;
             }
             _ => {
-                let device_start = device_end.next_multiple_of(SPAN_ALIGN);
+                // The span's start keeps its offset from the file's
+                // alignment grid, so every tensor in it keeps its alignment.
+                let device_start = device_end.next_multiple_of(SPAN_ALIGN) + offset % SPAN_ALIGN;
                 spans.push(Span {
                     file_start: offset,
                     file_end: offset + len,
@@ -76,14 +78,15 @@ fn spans_of(mut held: Vec<(usize, usize)>) -> (Vec<Span>, usize) {
     (spans, device_end)
 }
 
-/// The tensors of `file` that `holds` names, once checked that the kernels
-/// can read the file's matrices and that they fit on the device with room
-/// to run: their data offsets and bytes.
-pub(super) fn checked_tensors(
+/// The spans of `file`'s data section that hold the tensors `holds`
+/// names, and the device bytes they take, once checked that the kernels can
+/// read the file's matrices and that the spans fit on the device with room
+/// to run.
+pub(super) fn checked_spans(
     file: &GgufFile,
     info: &DeviceInfo,
     holds: &dyn Fn(&str) -> bool,
-) -> Result<Vec<(usize, usize)>> {
+) -> Result<(Vec<Span>, usize)> {
     check_tensor_layouts(file)?;
     let held: Vec<(usize, usize)> = file
         .tensors()
@@ -91,7 +94,7 @@ pub(super) fn checked_tensors(
         .filter(|t| holds(&t.name))
         .map(|t| (t.offset as usize, t.n_bytes as usize))
         .collect();
-    let bytes = spans_of(held.clone()).1;
+    let (spans, bytes) = spans_of(held);
     let (free, total) = runtime::memory_info()?;
     if bytes + HEADROOM > free {
         return Err(Error::out_of_memory(format!(
@@ -103,16 +106,15 @@ pub(super) fn checked_tensors(
             human(total)
         )));
     }
-    Ok(held)
+    Ok((spans, bytes))
 }
 
 impl DeviceWeights {
-    /// Uploads the tensors `held` (data offsets and bytes, see
-    /// [`checked_tensors`]) of `file` and converts its one-row weights
-    /// among them on `stream`.
+    /// Uploads the spans (`bytes` on the device, see [`checked_spans`]) of
+    /// `file` and converts the one-row weights in them on `stream`.
     pub fn upload(
         file: &GgufFile,
-        held: Vec<(usize, usize)>,
+        (spans, bytes): (Vec<Span>, usize),
         allocator: &Arc<DeviceAllocator>,
         stream: &OwnedStream,
     ) -> Result<DeviceWeights> {
@@ -120,7 +122,6 @@ impl DeviceWeights {
             .data()
             .ok_or_else(|| Error::internal("the CUDA backend needs the tensor data"))?
             .bytes();
-        let (spans, bytes) = spans_of(held);
         let mut weights = allocator.alloc_exact::<u8>(bytes + WEIGHT_TAIL)?;
         let pieces: Vec<(&[u8], usize)> = spans
             .iter()
@@ -178,9 +179,8 @@ impl DeviceWeights {
     /// Device address of a matrix, in its stored format. The model asks
     /// only for the weights of the layers this device holds.
     pub fn matrix(&self, w: &Weight) -> *const u8 {
-        let ptr = self.locate(w.offset, w.n_bytes);
-        debug_assert!(ptr.is_some(), "a weight this device does not hold");
-        ptr.unwrap_or(std::ptr::null())
+        self.locate(w.offset, w.n_bytes)
+            .expect("a weight of a layer this device does not hold")
     }
 
     /// Device address of a one-row weight's f32 values.
@@ -277,8 +277,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn near_tensors_share_a_span_and_far_ones_start_aligned() {
-        let (spans, bytes) = spans_of(vec![(1 << 20, 100), (0, 64), (64, 32)]);
+    fn near_tensors_share_a_span_and_far_ones_keep_their_alignment() {
+        let (spans, bytes) = spans_of(vec![
+            (1 << 20, 100),
+            (0, 64),
+            (64, 32),
+            ((2 << 20) + 48, 10),
+        ]);
         assert_eq!(
             spans,
             [
@@ -292,8 +297,13 @@ mod tests {
                     file_end: (1 << 20) + 100,
                     device_start: 256
                 },
+                Span {
+                    file_start: (2 << 20) + 48,
+                    file_end: (2 << 20) + 58,
+                    device_start: 512 + 48
+                },
             ]
         );
-        assert_eq!(bytes, 356);
+        assert_eq!(bytes, 570);
     }
 }
