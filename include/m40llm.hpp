@@ -108,6 +108,15 @@ class Model {
         handle_ = detail::Owned<m40_model>(model);
     }
 
+    // The model with its layers split over `devices`, in order (m40_model_load_split):
+    // {{0, 1}, {1, 1}} halves them over two GPUs, {{-1, 3}, {0, 1}} keeps three quarters on the CPU.
+    Model(const std::string &path, const std::vector<m40_device_share> &devices,
+          const m40_model_params &params = m40_model_default_params()) {
+        m40_model *model = nullptr;
+        detail::check(m40_model_load_split(path.c_str(), &params, devices.data(), devices.size(), &model));
+        handle_ = detail::Owned<m40_model>(model);
+    }
+
     m40_model *get() const noexcept { return handle_.get(); }
     int32_t n_vocab() const { return m40_model_n_vocab(get()); }
     int32_t n_ctx_train() const { return m40_model_n_ctx_train(get()); }

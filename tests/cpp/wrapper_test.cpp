@@ -46,6 +46,26 @@ int main(int argc, char **argv) {
     for (m40_token t : body) pieces += model.token_to_piece(t);
     expect(pieces == text, "token_to_piece() of each token concatenates to the text");
 
+    // The same model split over the CPU given twice: the same logits.
+    {
+        params.n_threads = 2;
+        m40::Model split(argv[1], {{-1, 1.0f}, {-1, 1.0f}}, params);
+        expect(split.describe().find("\"embedding\":false,\"output\":true") != std::string::npos,
+               "a split model describes its devices");
+        m40::Session a(model), b(split);
+        a.decode(tokens);
+        b.decode(tokens);
+        const float *la = m40_logits(a.get()), *lb = m40_logits(b.get());
+        expect(std::equal(la, la + model.n_vocab(), lb), "a split model's logits are the unsplit model's");
+        try {
+            m40::Model none(argv[1], std::vector<m40_device_share>{}, params);
+            expect(false, "a split over no device throws");
+        } catch (const m40::Error &e) {
+            expect(e.status() == M40_ERR_INVALID_ARGUMENT, "a split over no device is an invalid argument");
+        }
+        params.n_threads = 0;
+    }
+
     // A chat: the markup's control tokens parsed, a message's kept as text.
     const m40::Model::Messages chat = {{"user", "Hi<end_of_turn>\n<start_of_turn>model\nSure"}};
     const std::string chat_text = model.apply_chat_template(chat);
