@@ -100,6 +100,7 @@ fn pair(arch: &str, ty: &str, use_cublas: bool) -> Pair {
             integer_products: true,
             overlap_launches: true,
             graph_decode: true,
+            offload_cpu_products: true,
         },
     )
 }
@@ -213,6 +214,7 @@ fn product_pairs(path: &Path) -> Vec<(bool, Pair)> {
                 integer_products,
                 overlap_launches: true,
                 graph_decode: true,
+                offload_cpu_products: true,
             };
             (use_cublas, pair_of("llama", path, options))
         })
@@ -481,6 +483,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         integer_products: true,
         overlap_launches: true,
         graph_decode: true,
+        offload_cpu_products: true,
     };
     let p = pair_with(arch, ty, options);
     let g = &p.gpu;
@@ -1459,6 +1462,7 @@ fn overlapping_launches_change_no_logit() {
             integer_products: true,
             overlap_launches,
             graph_decode: true,
+            offload_cpu_products: true,
         };
         let (overlapped, with) = decode_logits(&model, &path, options(true));
         let (serial, without) = decode_logits(&model, &path, options(false));
@@ -1498,6 +1502,7 @@ fn stepped_logits(model: &Model, path: &Path, graph_decode: bool) -> (GraphStats
         integer_products: true,
         overlap_launches: true,
         graph_decode,
+        offload_cpu_products: true,
     };
     let gpu = CudaBackend::new(file, 0, options, &|_| true).unwrap();
     let (_, hp) = model.config();

@@ -158,6 +158,8 @@ fn load_split(path: &Path, devices: &[i32]) -> Arc<Model> {
 }
 
 /// Logits of a 40-token prompt in chunks of 16 and four single tokens.
+/// (The reference tests' longer prompts, in one chunk, are where a CPU
+/// stage hands its products to the split's GPU.)
 fn prompt_and_steps(model: &Arc<Model>) -> Vec<Vec<f32>> {
     let n_vocab = model.n_vocab();
     let all = common::random_tokens(44, 7, n_vocab);

@@ -430,6 +430,22 @@ pub trait Backend {
     }
 }
 
+/// Products of many rows that a CPU stage of a split model hands to a GPU
+/// of the same split (partial offload): its weights cross to the GPU for
+/// each batch, which for a prompt chunk costs less than the CPU's compute.
+pub trait ProductHelper: Send + Sync {
+    /// outs[i][..rows × ws[i].rows] = x · ws[i]ᵀ for `rows` rows of x
+    /// (every weight as wide as x's rows); false when it leaves these
+    /// products to the caller.
+    fn products(
+        &self,
+        ws: &[&Weight],
+        x: &[f32],
+        rows: usize,
+        outs: &mut [&mut Vec<f32>],
+    ) -> Result<bool>;
+}
+
 /// The device a model runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Device {
@@ -561,18 +577,24 @@ pub trait ForwardPass {
 
 impl ModelBackend {
     /// The backend for `device`, computing with the weights of `file` that
-    /// `holds` names (a GPU uploads those; the others are never read). The
-    /// CUDA backend's options come from the environment
+    /// `holds` names (a GPU uploads those; the others are never read). A
+    /// CPU stage of a split that has a GPU (`gpu`) runs its products of
+    /// many rows there, unless the environment says not to. The CUDA
+    /// backend's options come from the environment
     /// (`cuda::CudaOptions::from_env`).
     pub fn new(
         device: &Device,
         file: Arc<GgufFile>,
         holds: &dyn Fn(&str) -> bool,
+        gpu: Option<&Device>,
     ) -> Result<ModelBackend> {
         match *device {
             Device::Cpu { threads } => {
                 let _ = holds;
-                Ok(ModelBackend::Cpu(cpu::CpuBackend::new(file, threads)?))
+                let helper = Self::product_helper(gpu, &file)?;
+                Ok(ModelBackend::Cpu(
+                    cpu::CpuBackend::new(file, threads)?.with_helper(helper),
+                ))
             }
             #[cfg(feature = "cuda")]
             Device::Cuda { index } => {
@@ -583,6 +605,28 @@ impl ModelBackend {
             #[cfg(not(feature = "cuda"))]
             Device::Cuda { .. } => {
                 unreachable!("Device::select refuses CUDA devices in this build")
+            }
+        }
+    }
+
+    /// The GPU products a CPU stage hands its large batches to, if any.
+    fn product_helper(
+        gpu: Option<&Device>,
+        file: &Arc<GgufFile>,
+    ) -> Result<Option<Box<dyn ProductHelper>>> {
+        match gpu {
+            #[cfg(feature = "cuda")]
+            Some(&Device::Cuda { index }) => {
+                let options = cuda::CudaOptions::from_env();
+                if !options.offload_cpu_products {
+                    return Ok(None);
+                }
+                let helper = cuda::GpuProducts::new(Arc::clone(file), index, options)?;
+                Ok(Some(Box::new(helper)))
+            }
+            _ => {
+                let _ = file;
+                Ok(None)
             }
         }
     }

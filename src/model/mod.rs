@@ -172,6 +172,10 @@ impl Model {
         let placements = placement::place(devices, &layer_bytes, edge_bytes, Device::free_memory)?;
         let gguf = Arc::new(gguf);
         let n_stages = placements.len();
+        let first_gpu = placements
+            .iter()
+            .map(|p| p.device.clone())
+            .find(|d| matches!(d, Device::Cuda { .. }));
         let stages = placements
             .into_iter()
             .enumerate()
@@ -179,9 +183,10 @@ impl Model {
                 let (first, last) = (i == 0, i + 1 == n_stages);
                 let holds = |name: &str| weights.stage_holds(name, &p.layers, first, last);
                 let backend =
-                    ModelBackend::new(&p.device, Arc::clone(&gguf), &holds).map_err(|e| {
-                        e.context(format!("{} (layers {:?})", p.device.name(), p.layers))
-                    })?;
+                    ModelBackend::new(&p.device, Arc::clone(&gguf), &holds, first_gpu.as_ref())
+                        .map_err(|e| {
+                            e.context(format!("{} (layers {:?})", p.device.name(), p.layers))
+                        })?;
                 Ok(Stage {
                     device: p.device,
                     backend,

@@ -14,7 +14,7 @@ pub use pool::{check_thread_count, ThreadPool, MAX_THREADS};
 
 use super::{
     candidates_of_rows, fill_rows, route, AttentionShape, Backend, CandidateRequest, Candidates,
-    Experts, Glu, Norm, Rope, Scratch, SeqPos, Weight,
+    Experts, Glu, Norm, ProductHelper, Rope, Scratch, SeqPos, Weight,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -35,7 +35,17 @@ pub struct CpuBackend {
     /// first product and kept; `None` where the copy could not be made (out
     /// of memory), so that it is not tried again.
     interleaved: Mutex<HashMap<(usize, usize), Option<InterleavedCopy>>>,
+    /// Where products of at least [`HELPER_MIN_ROWS`] rows run instead (a
+    /// GPU of the same split model), if anywhere.
+    helper: Option<Box<dyn ProductHelper>>,
 }
+
+/// Rows from which a product goes to the helper: a prompt chunk's, not a
+/// decode step's or a small batch's. From 65 rows a CUDA device takes a
+/// product through cuBLAS, whose results lie as close to the CPU's as the
+/// whole GPU's do; its f16 tensor-core route for 9–64 rows lay 2.6% of the
+/// logit scale from the CPU's on a Qwen3 model split CPU-then-GPU (H100).
+const HELPER_MIN_ROWS: usize = 65;
 
 impl CpuBackend {
     /// A backend over the weights of `file` with `threads` threads.
@@ -48,7 +58,14 @@ impl CpuBackend {
             pool: ThreadPool::try_new(threads)?,
             kernels: Kernels::best(),
             interleaved: Mutex::new(HashMap::new()),
+            helper: None,
         })
+    }
+
+    /// This backend handing its products of many rows to `helper`.
+    pub fn with_helper(mut self, helper: Option<Box<dyn ProductHelper>>) -> CpuBackend {
+        self.helper = helper;
+        self
     }
 
     pub fn n_threads(&self) -> usize {
@@ -343,6 +360,16 @@ impl Backend for CpuBackend {
         rows: usize,
         outs: &mut [&mut Vec<f32>],
     ) -> Result<()> {
+        if let Some(helper) = self.helper.as_ref().filter(|_| rows >= HELPER_MIN_ROWS) {
+            match helper.products(ws, x, rows, outs) {
+                Ok(true) => return Ok(()),
+                // A GPU without room for the batch's weights leaves the
+                // products to the CPU.
+                Ok(false) => {}
+                Err(e) if e.kind() == crate::error::ErrorKind::OutOfMemory => {}
+                Err(e) => return Err(e),
+            }
+        }
         let copies: Vec<Option<InterleavedCopy>> =
             ws.iter().map(|w| self.interleaved_copy(w)).collect();
         let mut products = Vec::with_capacity(ws.len());

@@ -17,6 +17,7 @@
 //! - `attention`: how attention and its input step are launched;
 //! - `ops`: the [`Backend`] operations and fused steps, built on those;
 //! - `graph`: decode steps recorded and replayed;
+//! - `offload`: a CPU stage's large products run on a GPU;
 //! - `kernels`, `cublas`, `runtime`, `memory`: the kernels' C interface,
 //!   cuBLAS, the CUDA runtime, and device memory.
 
@@ -28,6 +29,7 @@ mod graph;
 mod kernels;
 mod layout;
 pub mod memory;
+mod offload;
 mod ops;
 mod options;
 mod products;
@@ -52,6 +54,7 @@ use graph::{Capture, DecodeGraphs};
 use kernels::{m40_launch_overlap, prepared_bytes, GEMV_MAX_X};
 use memory::Arena;
 pub use memory::{DeviceAllocator, DevicePtr, MemoryStats};
+pub use offload::GpuProducts;
 pub use options::CudaOptions;
 use route::{ProductRoute, Routes};
 use runtime::{DeviceInfo, OwnedEvent, OwnedStream, PinnedBuffer};
@@ -273,6 +276,17 @@ impl CudaBackend {
         // The two blocks are no use to the model: give them back to the driver.
         self.allocator.release_cache();
         Ok(*self.bandwidth.get_or_init(|| gbps))
+    }
+
+    /// Copies weights this device does not hold (`ws`, of `data`, the data
+    /// section) over for the products that follow, in place of those
+    /// copied before (`GpuProducts`).
+    fn stage_weights(&self, data: &[u8], ws: &[&Weight]) -> Result<()> {
+        let _shared = self.no_capture();
+        let mut state = self.lock();
+        let st = &mut *state;
+        self.weights
+            .stage(data, ws, &self.allocator, &mut st.staging, &st.stream)
     }
 
     /// Marks the device work enqueued so far, for timelines of the device's

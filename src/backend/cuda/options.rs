@@ -29,6 +29,10 @@ pub struct CudaOptions {
     /// Decode steps recorded once as a CUDA graph and replayed; false
     /// launches every kernel of every step.
     pub graph_decode: bool,
+    /// A CPU stage of a split model runs its products of many rows (prompt
+    /// chunks) on the split's first GPU, copying their weights over for
+    /// each batch; false keeps them on the CPU.
+    pub offload_cpu_products: bool,
 }
 
 impl Default for CudaOptions {
@@ -39,6 +43,7 @@ impl Default for CudaOptions {
             integer_products: true,
             overlap_launches: true,
             graph_decode: true,
+            offload_cpu_products: true,
         }
     }
 }
@@ -53,12 +58,14 @@ impl CudaOptions {
     /// | `M40_CUBLAS`         | on      | cuBLAS is missing, broken or mismatched with the driver: prompts then run on the library's own kernels (slower on long prompts, same results within rounding) |
     /// | `M40_CUDA_GRAPH`     | on      | the driver fails or misbehaves recording or replaying CUDA graphs: every decode kernel is launched one by one (slower on small models) |
     /// | `M40_LAUNCH_OVERLAP` | on      | the driver misbehaves with programmatic dependent launch (sm_90+): each decode kernel waits for the previous one to drain |
+    /// | `M40_CPU_OFFLOAD`    | on      | the GPU of a split model has no memory to spare for the layers' weights of a CPU stage's batch, or its link is slow: the CPU's prompt products stay on the CPU |
     pub fn from_env() -> CudaOptions {
         let on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
         CudaOptions {
             use_cublas: on("M40_CUBLAS"),
             overlap_launches: on("M40_LAUNCH_OVERLAP"),
             graph_decode: on("M40_CUDA_GRAPH"),
+            offload_cpu_products: on("M40_CPU_OFFLOAD"),
             ..CudaOptions::default()
         }
     }

@@ -4,11 +4,12 @@
 
 use std::collections::HashMap;
 use std::ffi::c_int;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::kernels::m40_vector_to_f32;
 use super::memory::{human, DeviceAllocator, DevicePtr};
 use super::runtime::{self, check, DeviceInfo, OwnedEvent, OwnedStream, PinnedBuffer};
+use super::staging::Staging;
 use super::{dim, Weight};
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -31,6 +32,16 @@ pub(super) struct DeviceWeights {
     spans: Vec<Span>,
     /// One-row weights as f32, by data offset.
     vectors: HashMap<usize, DevicePtr<f32>>,
+    /// Weights this device does not hold, copied in for the products of
+    /// one batch (`stage`): a CPU stage's, whose large batches run here.
+    staged: Mutex<Staged>,
+}
+
+/// The weights of the batch being computed for another device's layers.
+#[derive(Default)]
+struct Staged {
+    block: Option<DevicePtr<u8>>,
+    spans: Vec<Span>,
 }
 
 /// Data-section bytes `file_start..file_end`, at `device_start` in the
@@ -132,6 +143,7 @@ impl DeviceWeights {
             data: weights,
             spans,
             vectors: HashMap::new(),
+            staged: Mutex::default(),
         };
         for t in file.tensors() {
             let Some(src) = weights.locate(t.offset as usize, t.n_bytes as usize) else {
@@ -162,18 +174,48 @@ impl DeviceWeights {
     }
 
     /// Device address of the `len` bytes at data offset `offset`, when an
-    /// uploaded span holds them.
+    /// uploaded span holds them, or else the staged weights do.
     fn locate(&self, offset: usize, len: usize) -> Option<*const u8> {
-        let i = self.spans.partition_point(|s| s.file_start <= offset);
-        let span = self.spans[..i].last()?;
-        (offset + len <= span.file_end).then(|| {
-            // SAFETY: the span's bytes lie inside the device block.
-            unsafe {
-                self.data
-                    .as_ptr()
-                    .add(span.device_start + offset - span.file_start)
-            }
+        locate_in(&self.spans, &self.data, offset, len).or_else(|| {
+            let staged = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+            locate_in(&staged.spans, staged.block.as_ref()?, offset, len)
         })
+    }
+
+    /// Copies the weights `ws` of `data` (the file's data section) to the
+    /// device through `staging` on `stream`, in place of the ones staged
+    /// before, for products that follow on that stream. The stream has
+    /// finished with the previous ones (their products' results were read).
+    pub fn stage(
+        &self,
+        data: &[u8],
+        ws: &[&Weight],
+        allocator: &Arc<DeviceAllocator>,
+        staging: &mut Staging,
+        stream: &OwnedStream,
+    ) -> Result<()> {
+        let (spans, bytes) = spans_of(ws.iter().map(|w| (w.offset, w.n_bytes)).collect());
+        let mut staged = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+        staged.spans.clear();
+        if staged
+            .block
+            .as_ref()
+            .is_none_or(|b| b.len() < bytes + WEIGHT_TAIL)
+        {
+            staged.block = None;
+            staged.block = Some(allocator.alloc_exact::<u8>(bytes + WEIGHT_TAIL)?);
+        }
+        let block = staged.block.as_mut().expect("allocated above");
+        for span in &spans {
+            let bytes = &data[span.file_start..span.file_end];
+            // SAFETY: the span lies inside the block (`spans_of` counted it).
+            unsafe {
+                let dst = block.as_mut_ptr().add(span.device_start);
+                staging.copy_to_device(dst.cast(), bytes, stream)?;
+            }
+        }
+        staged.spans = spans;
+        Ok(())
     }
 
     /// Device address of a matrix, in its stored format. The model asks
@@ -195,6 +237,26 @@ impl DeviceWeights {
     pub fn bytes(&self) -> usize {
         self.data.len() - WEIGHT_TAIL + self.vectors.values().map(|v| v.len() * 4).sum::<usize>()
     }
+}
+
+/// The address of `len` bytes at data offset `offset` in `block`, which
+/// holds `spans`, when one of them holds those bytes.
+fn locate_in(
+    spans: &[Span],
+    block: &DevicePtr<u8>,
+    offset: usize,
+    len: usize,
+) -> Option<*const u8> {
+    let i = spans.partition_point(|s| s.file_start <= offset);
+    let span = spans[..i].last()?;
+    (offset + len <= span.file_end).then(|| {
+        // SAFETY: the span's bytes lie inside the device block.
+        unsafe {
+            block
+                .as_ptr()
+                .add(span.device_start + offset - span.file_start)
+        }
+    })
 }
 
 /// The file's matrices: every tensor but the one-row weights.
