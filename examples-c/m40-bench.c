@@ -241,15 +241,15 @@ static double run_tg(m40_session **s, int batch, int n_vocab, int depth, int n_g
     return (double)n_gen * batch / t;
 }
 
-/* Up to 16 positive (or, with allow_zero, non-negative) integers from a
-   comma-separated list; the count, or -1 when the list is malformed. */
-static int parse_list(const char *list, int *out, int allow_zero) {
+/* Up to `cap` integers of at least `min` from a comma-separated list; the
+   count, or -1 when the list is malformed. */
+static int parse_list(const char *list, int *out, int cap, int min) {
     int n = 0;
     const char *at = list;
     for (;;) {
         char *end;
         long v = strtol(at, &end, 10);
-        if (end == at || v < (allow_zero ? 0 : 1) || v > 1 << 24 || n == 16) return -1;
+        if (end == at || v < min || v > 1 << 24 || n == cap) return -1;
         out[n++] = (int)v;
         if (*end == '\0') return n;
         if (*end != ',') return -1;
@@ -268,21 +268,6 @@ static int parse_shares(const char *list, float *out, int cap) {
         out[n++] = (float)v;
         if (*end == '\0') return n;
         if (*end != ',' && *end != '/') return -1;
-        at = end + 1;
-    }
-}
-
-/* Comma-separated device indices (-1 allowed): the count, or -1. */
-static int parse_devices(const char *list, int *out, int cap) {
-    int n = 0;
-    const char *at = list;
-    for (;;) {
-        char *end;
-        long v = strtol(at, &end, 10);
-        if (end == at || v < -1 || v > 1 << 16 || n == cap) return -1;
-        out[n++] = (int)v;
-        if (*end == '\0') return n;
-        if (*end != ',') return -1;
         at = end + 1;
     }
 }
@@ -329,7 +314,7 @@ int main(int argc, char **argv) {
         if (!v) usage();
         if (strcmp(a, "-m") == 0) path = v;
         else if (strcmp(a, "-d") == 0) {
-            if ((n_devices = parse_devices(v, devices, 64)) < 0) usage();
+            if ((n_devices = parse_list(v, devices, 64, -1)) < 0) usage();
             mp.device = devices[0];
         } else if (strcmp(a, "--ts") == 0) {
             if ((n_shares = parse_shares(v, shares, 64)) < 0) usage();
@@ -340,9 +325,9 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "-r") == 0) reps = atoi(v);
         else if (strcmp(a, "--n-batch") == 0) n_batch = atoi(v);
         else if (strcmp(a, "-b") == 0) {
-            if ((n_batches = parse_list(v, batches, 0)) < 0) usage();
+            if ((n_batches = parse_list(v, batches, 16, 1)) < 0) usage();
         } else if (strcmp(a, "--n-depth") == 0) {
-            if ((n_depths = parse_list(v, depths, 1)) < 0) usage();
+            if ((n_depths = parse_list(v, depths, 16, 0)) < 0) usage();
         } else usage();
         i++;
     }
