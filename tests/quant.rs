@@ -501,6 +501,62 @@ fn panels_hold_the_dequantized_rows() {
 }
 
 #[test]
+fn pair_products_equal_each_panels_product_bit_for_bit() {
+    let mut rng = Rng(0x9A12);
+    let cols = 512;
+    let mut tested = 0;
+    for ty in TYPES {
+        let raw = random_weights(ty, 2 * PANEL_ROWS, cols, &mut rng);
+        let row_bytes = raw.len() / (2 * PANEL_ROWS);
+        for isa in Isa::all_available() {
+            let Some(gemm) = Kernels::for_isa(isa).unwrap().gemm(ty) else {
+                continue;
+            };
+            let Some(pair) = gemm.pair else {
+                continue;
+            };
+            let panels: Vec<Panel> = raw
+                .chunks_exact(PANEL_ROWS * row_bytes)
+                .map(|rows| {
+                    let mut panel = Panel::new(cols, gemm.sub);
+                    (gemm.pack)(rows, row_bytes, &mut panel);
+                    panel
+                })
+                .collect();
+            // Tiles of every width and a remainder.
+            for n_tokens in [1, 5, 8, 19] {
+                let x = random_activations(n_tokens * cols, &mut rng);
+                let mut act = vec![Q8Block::default(); n_tokens * cols / 32];
+                quantize_row_q8(&x, &mut act);
+                let mut both = vec![f32::NAN; n_tokens * 2 * PANEL_ROWS];
+                pair(&panels[0], &panels[1], &act, &mut both);
+                for (half, panel) in panels.iter().enumerate() {
+                    let mut alone = vec![f32::NAN; n_tokens * PANEL_ROWS];
+                    (gemm.product)(panel, &act, &mut alone);
+                    for t in 0..n_tokens {
+                        for r in 0..PANEL_ROWS {
+                            let (p, a) = (both[t * 16 + half * 8 + r], alone[t * 8 + r]);
+                            assert_eq!(
+                                p.to_bits(),
+                                a.to_bits(),
+                                "{ty} {isa:?} panel {half} row {r} token {t}: {p} vs {a}"
+                            );
+                        }
+                    }
+                }
+            }
+            tested += 1;
+        }
+    }
+    let pairs = Isa::all_available().contains(&Isa::Avx512);
+    if pairs {
+        assert!(tested >= 10, "{tested} formats with pair products");
+    } else {
+        eprintln!("skipped: no instruction set here has pair products (AVX-512)");
+    }
+}
+
+#[test]
 fn interleaved_products_are_within_bound_for_one_to_many_tokens() {
     let mut rng = Rng(0x1A7E);
     let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();

@@ -239,6 +239,8 @@ pub struct InterleavedKernels {
     /// The product of such a panel with many tokens (as
     /// [`crate::quant::GemmKernels::product`]).
     pub product: fn(&crate::quant::Panel, &[crate::quant::Q8Block], &mut [f32]),
+    /// Two such panels at once (as [`crate::quant::GemmKernels::pair`]).
+    pub pair: Option<crate::quant::PairProduct>,
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ pub use float::exp;
 pub use interleaved::{
     interleave, interleave_groups, interleaved_group_bytes, InterleavedKernels, INTERLEAVED_ROWS,
 };
-pub use panel::{GemmKernels, Panel, GEMM_MIN_TOKENS, PANEL_ROWS};
+pub use panel::{GemmKernels, PairProduct, Panel, GEMM_MIN_TOKENS, PANEL_ROWS};
 pub(crate) use q8::Q8_BLOCK;
 pub use q8::{quantize_row_q8, Q8Block};
 pub use types::GgmlType;
@@ -95,9 +95,11 @@ pub enum Isa {
     Scalar,
     /// AVX2 + FMA + F16C.
     Avx2,
-    /// AVX-512 F/BW/VL with VNNI: 512-bit float dots, and integer dots with
-    /// `vpdpbusd` at 256-bit width (the same instruction on a narrower vector
-    /// keeps clocks up and matches the 32-value blocks).
+    /// AVX-512 F/BW/VL with VNNI: 512-bit float dots; integer dots with
+    /// `vpdpbusd` at 256-bit width for one token (eight interleaved rows
+    /// match the 32-value blocks), and at 512-bit width for panel products
+    /// (two panels, sixteen rows), where each broadcast token and each
+    /// sub-block's scaling then serve twice the rows.
     Avx512,
 }
 

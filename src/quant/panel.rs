@@ -76,4 +76,12 @@ pub struct GemmKernels {
     /// blocks, `panel.cols() / 32` a token, tokens back to back),
     /// `out[t · 8 + r]` = row r · token t. `out` holds 8 values a token.
     pub product: fn(&Panel, &[crate::quant::Q8Block], &mut [f32]),
+    /// The product of two panels at once, where the instruction set's
+    /// vectors hold sixteen rows (AVX-512).
+    pub pair: Option<PairProduct>,
 }
+
+/// `pair(a, b, acts, out)`: as [`GemmKernels::product`] for the sixteen
+/// rows of `a` then `b`: `out[t · 16 + r]`; each row's sums are those of
+/// `product`, bit for bit.
+pub type PairProduct = fn(&Panel, &Panel, &[crate::quant::Q8Block], &mut [f32]);

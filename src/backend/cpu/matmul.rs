@@ -10,8 +10,8 @@ use std::sync::Arc;
 use super::ThreadPool;
 use crate::error::{Error, Result};
 use crate::quant::{
-    interleaved_group_bytes, DotKernel, GgmlType, InterleavedKernels, Kernels, Panel, Q8Block,
-    DOT_TOKENS, GEMM_MIN_TOKENS, INTERLEAVED_ROWS, PANEL_ROWS, Q8_BLOCK,
+    interleaved_group_bytes, DotKernel, GgmlType, InterleavedKernels, Kernels, PairProduct, Panel,
+    Q8Block, DOT_TOKENS, GEMM_MIN_TOKENS, INTERLEAVED_ROWS, PANEL_ROWS, Q8_BLOCK,
 };
 
 /// A weight matrix in its stored format: `rows` rows of `cols` values.
@@ -261,10 +261,12 @@ fn plan<'a>(
             let pack = move |g: usize, panel: &mut Panel| {
                 (code.pack)(&data[g * group_bytes..(g + 1) * group_bytes], panel)
             };
-            let (sub, product) = (code.sub, code.product);
-            return Ok(panel_product(
-                pool, w, sub, pack, product, act, n_tokens, out,
-            ));
+            let products = PanelProducts {
+                sub: code.sub,
+                one: code.product,
+                pair: code.pair,
+            };
+            return Ok(panel_product(pool, w, products, pack, act, n_tokens, out));
         }
         let band = band.next_multiple_of(INTERLEAVED_ROWS);
         return Ok(interleaved_rows(band, code, w, data, act, n_tokens, out));
@@ -276,10 +278,12 @@ fn plan<'a>(
                 let rows = &w.data[p * panel_bytes..(p + 1) * panel_bytes];
                 (gemm.pack)(rows, row_bytes, panel)
             };
-            let (sub, product) = (gemm.sub, gemm.product);
-            return Ok(panel_product(
-                pool, w, sub, pack, product, act, n_tokens, out,
-            ));
+            let products = PanelProducts {
+                sub: gemm.sub,
+                one: gemm.product,
+                pair: gemm.pair,
+            };
+            return Ok(panel_product(pool, w, products, pack, act, n_tokens, out));
         }
     }
     // Tokens in groups of four where a four-token kernel exists.
@@ -366,32 +370,61 @@ fn interleaved_rows<'a>(
     }
 }
 
+/// A format's panel products: `one` panel's, and where the instruction
+/// set has it, a `pair`'s at once.
+#[derive(Clone, Copy)]
+struct PanelProducts {
+    sub: usize,
+    one: fn(&Panel, &[Q8Block], &mut [f32]),
+    pair: Option<PairProduct>,
+}
+
 /// `out[t][r]` = row r · token t through panels: each task unpacks a band
 /// of its rows a panel at a time (`pack(p, panel)` fills panel p, rows
-/// 8p..8p + 8) and multiplies the panel with every token.
-#[allow(clippy::too_many_arguments)]
+/// 8p..8p + 8) and multiplies the panels with every token, two at a time
+/// where the products allow.
 fn panel_product<'a>(
     pool: &ThreadPool,
     w: WeightMatrix<'a>,
-    sub: usize,
+    products: PanelProducts,
     pack: impl Fn(usize, &mut Panel) + Sync + 'a,
-    product: fn(&Panel, &[Q8Block], &mut [f32]),
     act: Arc<Vec<Q8Block>>,
     n_tokens: usize,
     out: Output,
 ) -> Plan<'a> {
     let panels = w.rows / PANEL_ROWS;
-    let per_task = panels.div_ceil(pool.n_threads() * 4).clamp(1, 16);
+    let mut per_task = panels.div_ceil(pool.n_threads() * 4).clamp(1, 16);
+    if products.pair.is_some() {
+        per_task = per_task.next_multiple_of(2);
+    }
     let task = move |task: usize| {
-        let mut panel = Panel::new(w.cols, sub);
-        let mut sums = vec![0f32; n_tokens * PANEL_ROWS];
-        for p in task * per_task..((task + 1) * per_task).min(panels) {
-            pack(p, &mut panel);
-            product(&panel, &act, &mut sums);
-            for (t, s) in sums.chunks_exact(PANEL_ROWS).enumerate() {
-                // SAFETY: the panel's rows belong to this task alone.
+        let mut both = [
+            Panel::new(w.cols, products.sub),
+            Panel::new(w.cols, products.sub),
+        ];
+        let mut sums = vec![0f32; n_tokens * 2 * PANEL_ROWS];
+        let end = ((task + 1) * per_task).min(panels);
+        let mut p = task * per_task;
+        while p < end {
+            let (taken, rows) = match products.pair {
+                Some(pair) if p + 1 < end => {
+                    let [a, b] = &mut both;
+                    pack(p, a);
+                    pack(p + 1, b);
+                    pair(a, b, &act, &mut sums);
+                    (2, 2 * PANEL_ROWS)
+                }
+                _ => {
+                    pack(p, &mut both[0]);
+                    (products.one)(&both[0], &act, &mut sums[..n_tokens * PANEL_ROWS]);
+                    (1, PANEL_ROWS)
+                }
+            };
+            for (t, s) in sums[..n_tokens * rows].chunks_exact(rows).enumerate() {
+                // SAFETY: the panels' rows belong to this task alone.
                 unsafe { out.write_run(t * w.rows + p * PANEL_ROWS, s) };
             }
+            p += taken;
         }
     };
     Plan {

@@ -118,28 +118,30 @@ impl Shared {
 /// separate tasks.
 const SPAN: usize = 256;
 
-/// One span's softmax partials for the `group` query heads sharing a KV
-/// head, each `[max score, Σ e^(score − max), Σ e^(score − max) · v (head_dim_v)]`.
+/// One span's softmax partials for `queries` (query heads of one KV head,
+/// `head_dim_k` values each: the group of one row, or the groups of several
+/// rows of one sequence), each `[max score, Σ e^(score − max),
+/// Σ e^(score − max) · v (head_dim_v)]`. Each query's partials are computed
+/// on their own: the same whichever queries share the call.
 #[allow(clippy::too_many_arguments)]
 fn span_partials(
     kernels: AttentionKernels,
     keys: &[f16],
     values: &[f16],
-    q: &[f32],
+    queries: &[f32],
     s: &AttentionShape,
     kv_head: usize,
     k_width: usize,
     v_width: usize,
     out: &mut [f32],
 ) {
-    let group = s.n_head / s.n_head_kv;
     let (dk, dv) = (s.head_dim_k, s.head_dim_v);
+    let n_queries = queries.len() / dk;
     let n = keys.len() / k_width;
     let key_rows = &f16_bytes(keys)[kv_head * dk * 2..];
     let value_rows = &f16_bytes(values)[kv_head * dv * 2..];
-    let queries = &q[kv_head * group * dk..][..group * dk];
-    let mut scratch = vec![0f32; group * (n + dv)];
-    let (scores, weighted) = scratch.split_at_mut(group * n);
+    let mut scratch = vec![0f32; n_queries * (n + dv)];
+    let (scores, weighted) = scratch.split_at_mut(n_queries * n);
     (kernels.dots)(key_rows, k_width * 2, queries, dk, scores);
     for (part, head_scores) in out.chunks_exact_mut(dv + 2).zip(scores.chunks_exact_mut(n)) {
         let (max, sum) = (kernels.softmax)(head_scores, s.scale);
@@ -187,12 +189,22 @@ fn f16_bytes(values: &[f16]) -> &[u8] {
     }
 }
 
+/// Rows of one sequence whose queries share a pass over each span's keys and
+/// values in a prompt (`attention`).
+const ROW_BLOCK: usize = 8;
+
 /// Causal attention over each row's cache. A (row, KV head) pair's query
-/// heads read its keys and values once, a span of positions at a time
-/// (`SPAN`): one task a pair where the pairs keep the threads busy, else
-/// one task a span, the pairs' partials merged afterwards. A span's scores
-/// and its weighted sum of values are one call each of the CPU's attention
-/// kernels for all the query heads of the KV head (`Kernels::attention`).
+/// heads read its keys and values a span of positions at a time (`SPAN`).
+/// Consecutive rows of one sequence whose positions start alike (a prompt's)
+/// are taken in blocks of up to `ROW_BLOCK`: the spans every row of a block
+/// sees whole are read once for all of their queries, so a long context's
+/// keys and values cross the caches once per block instead of once per row.
+/// One task a (block, KV head) where those keep the threads busy, else one
+/// task a (row, KV head) span, the partials merged afterwards. A span's
+/// scores and its weighted sum of values are one call each of the CPU's
+/// attention kernels (`Kernels::attention`). Every query's partials are its
+/// own and merged in span order, so a row's result is the same in a block,
+/// a batch or alone.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
@@ -213,6 +225,9 @@ pub fn attention(
         let pos = rows[i].pos;
         s.window.map_or(0, |w| (pos + 1).saturating_sub(w))..pos + 1
     };
+    let queries = |i: usize, kv_head: usize| {
+        &q[i * q_width + kv_head * group * s.head_dim_k..][..group * s.head_dim_k]
+    };
     // Span `k` of row i's pair (i, kv_head), into `part`.
     let span = |i: usize, kv_head: usize, k: usize, part: &mut [f32]| {
         let cache = &caches[rows[i].seq];
@@ -223,7 +238,7 @@ pub fn attention(
             kernels,
             cache.keys(layer, range.clone()),
             cache.values(layer, range),
-            &q[i * q_width..][..q_width],
+            queries(i, kv_head),
             s,
             kv_head,
             cache.k_width(),
@@ -231,11 +246,9 @@ pub fn attention(
             part,
         );
     };
-    let n_pairs = rows.len() * s.n_head_kv;
-    let spans = |pair: usize| positions(pair / s.n_head_kv).len().div_ceil(SPAN);
+    let spans = |i: usize| positions(i).len().div_ceil(SPAN);
     let output = Shared::new(out);
-    let finish = |pair: usize, total: &[f32]| {
-        let (i, kv_head) = (pair / s.n_head_kv, pair % s.n_head_kv);
+    let finish = |i: usize, kv_head: usize, total: &[f32]| {
         // SAFETY: the heads of pair (i, kv_head) belong to this task alone.
         let o = unsafe {
             output.slice(
@@ -245,29 +258,90 @@ pub fn attention(
         };
         finish_partials(total, o, s.head_dim_v);
     };
-    if n_pairs >= 2 * pool.n_threads() {
-        pool.run(n_pairs, &|pair| {
-            let (i, kv_head) = (pair / s.n_head_kv, pair % s.n_head_kv);
-            let mut total = vec![0f32; part_len];
-            let mut next = vec![0f32; part_len];
-            span(i, kv_head, 0, &mut total);
-            for k in 1..spans(pair) {
-                span(i, kv_head, k, &mut next);
-                merge_partials(&mut total, &next, s.head_dim_v);
+    let n_pairs = rows.len() * s.n_head_kv;
+    // Blocks of at most `block_rows` rows, fewer where the threads need the
+    // tasks.
+    let block_rows = (n_pairs / (4 * pool.n_threads())).clamp(1, ROW_BLOCK);
+    let mut blocks: Vec<std::ops::Range<usize>> = Vec::new();
+    for i in 0..rows.len() {
+        match blocks.last_mut() {
+            Some(b)
+                if b.len() < block_rows
+                    && rows[b.start].seq == rows[i].seq
+                    && positions(b.start).start == positions(i).start =>
+            {
+                b.end = i + 1
             }
-            finish(pair, &total);
+            _ => blocks.push(i..i + 1),
+        }
+    }
+    if blocks.len() * s.n_head_kv >= 2 * pool.n_threads() {
+        pool.run(blocks.len() * s.n_head_kv, &|task| {
+            let (block, kv_head) = (&blocks[task / s.n_head_kv], task % s.n_head_kv);
+            let n = block.len();
+            let mut totals = vec![0f32; n * part_len];
+            let mut next = vec![0f32; n * part_len];
+            // Spans that every row of the block sees whole.
+            let shared = block.clone().map(|i| positions(i).len()).min().unwrap_or(0) / SPAN;
+            let mut block_queries = Vec::new();
+            if n > 1 && shared > 0 {
+                for i in block.clone() {
+                    block_queries.extend_from_slice(queries(i, kv_head));
+                }
+            }
+            for k in 0..block.clone().map(spans).max().unwrap_or(0) {
+                let part = if k == 0 { &mut totals } else { &mut next };
+                if n > 1 && k < shared {
+                    let cache = &caches[rows[block.start].seq];
+                    let first = positions(block.start).start + k * SPAN;
+                    span_partials(
+                        kernels,
+                        cache.keys(layer, first..first + SPAN),
+                        cache.values(layer, first..first + SPAN),
+                        &block_queries,
+                        s,
+                        kv_head,
+                        cache.k_width(),
+                        cache.v_width(),
+                        part,
+                    );
+                } else {
+                    for (r, i) in block.clone().enumerate() {
+                        if k < spans(i) {
+                            span(i, kv_head, k, &mut part[r * part_len..][..part_len]);
+                        }
+                    }
+                }
+                if k > 0 {
+                    for (r, i) in block.clone().enumerate() {
+                        if k < spans(i) {
+                            merge_partials(
+                                &mut totals[r * part_len..][..part_len],
+                                &next[r * part_len..][..part_len],
+                                s.head_dim_v,
+                            );
+                        }
+                    }
+                }
+            }
+            for (r, i) in block.clone().enumerate() {
+                finish(i, kv_head, &totals[r * part_len..][..part_len]);
+            }
         });
         return;
     }
     // One task a span: each pair's spans' partials side by side, then merged.
+    let spans_of_pair = |pair: usize| spans(pair / s.n_head_kv);
     let first_span: Vec<usize> = (0..n_pairs)
         .scan(0, |at, pair| {
             let first = *at;
-            *at += spans(pair);
+            *at += spans_of_pair(pair);
             Some(first)
         })
         .collect();
-    let n_spans = first_span.last().map_or(0, |&f| f + spans(n_pairs - 1));
+    let n_spans = first_span
+        .last()
+        .map_or(0, |&f| f + spans_of_pair(n_pairs - 1));
     let mut partials = vec![0f32; n_spans * part_len];
     let shared = Shared::new(&mut partials);
     pool.run(n_spans, &|task| {
@@ -280,14 +354,14 @@ pub fn attention(
     pool.run(n_pairs, &|pair| {
         let first = first_span[pair];
         let mut total = partials[first * part_len..][..part_len].to_vec();
-        for k in 1..spans(pair) {
+        for k in 1..spans_of_pair(pair) {
             merge_partials(
                 &mut total,
                 &partials[(first + k) * part_len..][..part_len],
                 s.head_dim_v,
             );
         }
-        finish(pair, &total);
+        finish(pair / s.n_head_kv, pair % s.n_head_kv, &total);
     });
 }
 
@@ -343,6 +417,78 @@ mod tests {
                 (f64::from(gelu_tanh(x)) - gelu_exact).abs() <= 1e-6 * gelu_exact.abs().max(1e-3),
                 "gelu({x})"
             );
+        }
+    }
+
+    #[test]
+    fn attention_of_a_prompts_rows_in_blocks_equals_each_row_alone() {
+        // Two sequences (one at a long context, one short) and a sliding
+        // window, so that blocks share whole spans, hold rows of one
+        // sequence only, and fall back to row by row where starts differ.
+        let (n_head, n_head_kv, dk, dv) = (6, 2, 64, 48);
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        let n_ctx = 1100;
+        let mut caches = [
+            KvCache::new(n_ctx, 1, n_head_kv * dk, n_head_kv * dv).unwrap(),
+            KvCache::new(n_ctx, 1, n_head_kv * dk, n_head_kv * dv).unwrap(),
+        ];
+        for cache in &mut caches {
+            for pos in 0..n_ctx {
+                let k: Vec<f32> = (0..n_head_kv * dk).map(|_| next()).collect();
+                let v: Vec<f32> = (0..n_head_kv * dv).map(|_| next()).collect();
+                cache.store(0, pos, &k, &v);
+            }
+        }
+        let mut rows: Vec<SeqPos> = (1000..1019).map(|pos| SeqPos { seq: 0, pos }).collect();
+        rows.extend((3..9).map(|pos| SeqPos { seq: 1, pos }));
+        rows.extend((1050..1060).map(|pos| SeqPos { seq: 0, pos }));
+        let q: Vec<f32> = (0..rows.len() * n_head * dk).map(|_| next()).collect();
+        let (q_width, o_width) = (n_head * dk, n_head * dv);
+        for window in [None, Some(700)] {
+            let s = AttentionShape {
+                n_head,
+                n_head_kv,
+                head_dim_k: dk,
+                head_dim_v: dv,
+                window,
+                scale: 0.125,
+            };
+            let refs: Vec<&mut KvCache> = caches.iter_mut().collect();
+            for kernels in crate::quant::Isa::all_available()
+                .into_iter()
+                .filter_map(Kernels::for_isa)
+            {
+                let one = ThreadPool::new(1);
+                let mut alone = vec![0f32; rows.len() * o_width];
+                for (i, row) in rows.iter().enumerate() {
+                    attention(
+                        &one,
+                        kernels,
+                        &refs,
+                        0,
+                        &q[i * q_width..(i + 1) * q_width],
+                        std::slice::from_ref(row),
+                        &s,
+                        &mut alone[i * o_width..(i + 1) * o_width],
+                    );
+                }
+                for threads in [1, 2, 3] {
+                    let pool = ThreadPool::new(threads);
+                    let mut together = vec![f32::NAN; rows.len() * o_width];
+                    attention(&pool, kernels, &refs, 0, &q, &rows, &s, &mut together);
+                    let same = together
+                        .iter()
+                        .zip(&alone)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{window:?}, {threads} threads");
+                }
+            }
         }
     }
 }

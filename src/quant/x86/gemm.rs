@@ -348,6 +348,17 @@ pub(super) unsafe fn pack<F: Unpack>(rows: &[u8], row_bytes: usize, panel: &mut 
     }
 }
 
+/// d · Σ q over the `SUB` columns of `act` from column `first` (0, or 16
+/// for the second half of a block): what a sub-block's offset multiplies.
+#[inline(always)]
+fn sub_block_sum<const SUB: usize>(act: &Q8Block, first: usize) -> f32 {
+    if SUB == 32 {
+        act.d_sum
+    } else {
+        act.d * f32::from(act.half_sums[first / 16])
+    }
+}
+
 /// The panel's rows dotted with `T` tokens, whose blocks start at `acts[t]`:
 /// lane r of result t is row r · token t.
 ///
@@ -379,12 +390,7 @@ unsafe fn tile<D: IntDot, const SUB: usize, const T: usize>(
         let offset = _mm256_loadu_ps(factors.add(g * 2 * PANEL_ROWS + PANEL_ROWS));
         for t in 0..T {
             let a = &*acts[t].add(block);
-            // d · Σ q over the sub-block.
-            let q_sum = if SUB == 32 {
-                a.d_sum
-            } else {
-                a.d * f32::from(a.half_sums[first / 16])
-            };
+            let q_sum = sub_block_sum::<SUB>(a, first);
             let scaled = _mm256_mul_ps(scale, _mm256_set1_ps(a.d));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), scaled, acc[t]);
             acc[t] = _mm256_fnmadd_ps(offset, _mm256_set1_ps(q_sum), acc[t]);
@@ -427,6 +433,121 @@ pub(super) unsafe fn product<D: IntDot, const SUB: usize, const MAX: usize>(
                         let sums = tile::<D, SUB, $n>(panel, std::array::from_fn(token));
                         for (t, s) in sums.into_iter().enumerate() {
                             _mm256_storeu_ps(out[t * PANEL_ROWS..][..PANEL_ROWS].as_mut_ptr(), s);
+                        }
+                    })*
+                    _ => unreachable!("{n} tokens a tile"),
+                }
+            };
+        }
+        tiles!(1, 2, 3, 4, 5, 6, 7, 8);
+        t0 += n;
+    }
+}
+
+/// Two panels' rows dotted with `T` tokens in 512-bit vectors: lanes 0..8
+/// are panel `a`'s rows, lanes 8..16 panel `b`'s. Each token's broadcast
+/// activations and each sub-block's scaling then serve sixteen rows. Every
+/// lane goes through the operations of [`tile`] in the same order, so a
+/// row's sums are [`tile`]'s, bit for bit.
+///
+/// # Safety
+/// As [`tile`], for both panels; the CPU has AVX-512 F and VNNI.
+#[inline(always)]
+unsafe fn tile_pair<const SUB: usize, const T: usize>(
+    a: &Panel,
+    b: &Panel,
+    acts: [*const Q8Block; T],
+) -> [__m512; T] {
+    let mut acc = [_mm512_setzero_ps(); T];
+    let (codes_a, codes_b) = (a.codes.as_ptr(), b.codes.as_ptr());
+    let (factors_a, factors_b) = (a.factors.as_ptr(), b.factors.as_ptr());
+    let both = |lo: __m256, hi: __m256| {
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+            _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+            _mm256_castps_pd(hi),
+        ))
+    };
+    for g in 0..a.cols / SUB {
+        let (block, first) = (g * SUB / 32, g * SUB % 32);
+        let mut isum = [_mm512_setzero_si512(); T];
+        for k in 0..SUB / 4 {
+            // SAFETY (all pointer reads): as in `tile`, for each panel.
+            let at = (g * SUB / 4 + k) * 32;
+            let w = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_loadu_si256(codes_a.add(at).cast())),
+                _mm256_loadu_si256(codes_b.add(at).cast()),
+            );
+            for t in 0..T {
+                let q = (*acts[t].add(block)).qs.as_ptr().add(first + 4 * k);
+                let four = _mm512_set1_epi32(q.cast::<i32>().read_unaligned());
+                isum[t] = _mm512_dpbusd_epi32(isum[t], w, four);
+            }
+        }
+        let at = g * 2 * PANEL_ROWS;
+        let scale = both(
+            _mm256_loadu_ps(factors_a.add(at)),
+            _mm256_loadu_ps(factors_b.add(at)),
+        );
+        let offset = both(
+            _mm256_loadu_ps(factors_a.add(at + PANEL_ROWS)),
+            _mm256_loadu_ps(factors_b.add(at + PANEL_ROWS)),
+        );
+        for t in 0..T {
+            let act = &*acts[t].add(block);
+            let q_sum = sub_block_sum::<SUB>(act, first);
+            let scaled = _mm512_mul_ps(scale, _mm512_set1_ps(act.d));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), scaled, acc[t]);
+            acc[t] = _mm512_fnmadd_ps(offset, _mm512_set1_ps(q_sum), acc[t]);
+        }
+    }
+    acc
+}
+
+/// `out[t · 16 + r]` = row r of panels `a` then `b` · token t, for every
+/// token of `acts`, `MAX` tokens a tile, through [`tile_pair`].
+///
+/// # Safety
+/// The CPU has AVX-512 F and VNNI.
+#[inline(always)]
+pub(super) unsafe fn product_pair<const SUB: usize, const MAX: usize>(
+    a: &Panel,
+    b: &Panel,
+    acts: &[Q8Block],
+    out: &mut [f32],
+) {
+    const ROWS: usize = 2 * PANEL_ROWS;
+    let blocks = a.cols / 32;
+    let shaped = |p: &Panel| {
+        p.sub == SUB
+            && p.cols == a.cols
+            && p.codes.len() == p.cols * PANEL_ROWS
+            && p.factors.len() == p.cols / SUB * 2 * PANEL_ROWS
+    };
+    assert!(
+        shaped(a)
+            && shaped(b)
+            && blocks > 0
+            && a.cols == blocks * 32
+            && acts.len().is_multiple_of(blocks)
+            && out.len() == acts.len() / blocks * ROWS,
+        "panel pair product shapes"
+    );
+    let n_tokens = acts.len() / blocks;
+    let mut t0 = 0;
+    while t0 < n_tokens {
+        let n = (n_tokens - t0).min(MAX);
+        let token = |t: usize| acts[(t0 + t) * blocks..].as_ptr();
+        let out = &mut out[t0 * ROWS..(t0 + n) * ROWS];
+        macro_rules! tiles {
+            ($($n:literal),*) => {
+                match n {
+                    $($n => {
+                        // SAFETY: each token's pointer starts `blocks` blocks
+                        // inside `acts`; both panels are shaped alike (checked
+                        // above).
+                        let sums = tile_pair::<SUB, $n>(a, b, std::array::from_fn(token));
+                        for (t, s) in sums.into_iter().enumerate() {
+                            _mm512_storeu_ps(out[t * ROWS..][..ROWS].as_mut_ptr(), s);
                         }
                     })*
                     _ => unreachable!("{n} tokens a tile"),

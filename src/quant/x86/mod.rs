@@ -12,7 +12,7 @@ mod int_dot;
 mod quantize;
 
 use super::interleaved::InterleavedKernels;
-use super::panel::{GemmKernels, Panel};
+use super::panel::{GemmKernels, PairProduct, Panel};
 use super::{AttentionKernels, DotKernel, GgmlType, Q8Block, Q8RowsFn, DOT_TOKENS};
 
 pub fn avx2_available() -> bool {
@@ -148,6 +148,11 @@ mod avx2 {
     use super::*;
     use int_dot::Avx2Dot;
     panel_products!(Avx2Dot, "avx2,fma,f16c", 4; product_by16: 16, product_by32: 32);
+
+    /// 256-bit vectors hold one panel's rows: no pair product.
+    pub fn pair(_sub: usize) -> Option<PairProduct> {
+        None
+    }
     interleaved_wrappers!(Avx2Dot, "avx2,fma,f16c";
         q4_0_interleaved_rows / q4_0_interleaved_pack:
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_0x8,
@@ -170,6 +175,27 @@ mod avx512 {
     use int_dot::VnniDot;
     panel_products!(VnniDot, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", 8;
         product_by16: 16, product_by32: 32);
+
+    /// The two-panel product for sub-blocks of `sub` columns.
+    pub fn pair(sub: usize) -> Option<PairProduct> {
+        fn by16(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+            unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+                gemm::product_pair::<16, 8>(a, b, acts, out)
+            }
+            // SAFETY: only handed out when the CPU has the features.
+            unsafe { inner(a, b, acts, out) }
+        }
+        fn by32(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+            unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+                gemm::product_pair::<32, 8>(a, b, acts, out)
+            }
+            // SAFETY: as above.
+            unsafe { inner(a, b, acts, out) }
+        }
+        Some(if sub == 16 { by16 } else { by32 })
+    }
     interleaved_wrappers!(VnniDot, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni";
         q8_0_interleaved_rows / q8_0_interleaved_pack:
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q8_0x8,
@@ -227,7 +253,7 @@ macro_rules! gemm_table {
         use GgmlType::*;
         let p = |sub: usize, pack: fn(&[u8], usize, &mut Panel)| {
             let product = if sub == 16 { $module::product_by16 } else { $module::product_by32 };
-            Some(GemmKernels { sub, pack, product })
+            Some(GemmKernels { sub, pack, product, pair: $module::pair(sub) })
         };
         match $ty {
             Q4_0 => p(32, packers::q4_0),
@@ -280,7 +306,7 @@ macro_rules! interleaved_table {
         type DotRows = fn(&[u8], usize, &[Q8Block], &mut [f32]);
         let k = |sub: usize, dot_rows: DotRows, pack: fn(&[u8], &mut Panel)| {
             let product = if sub == 16 { $module::product_by16 } else { $module::product_by32 };
-            Some(InterleavedKernels { sub, dot_rows, pack, product })
+            Some(InterleavedKernels { sub, dot_rows, pack, product, pair: $module::pair(sub) })
         };
         match $ty {
             $($extra => k(32, $module::q8_0_interleaved_rows, $module::q8_0_interleaved_pack),)?
