@@ -435,15 +435,15 @@ pub trait Backend {
 /// each batch, which for a prompt chunk costs less than the CPU's compute.
 pub trait ProductHelper: Send + Sync {
     /// outs[i][..rows × ws[i].rows] = x · ws[i]ᵀ for `rows` rows of x
-    /// (every weight as wide as x's rows); false when it leaves these
-    /// products to the caller.
+    /// (every weight as wide as x's rows). An error of kind `OutOfMemory`
+    /// leaves these products to the caller.
     fn products(
         &self,
         ws: &[&Weight],
         x: &[f32],
         rows: usize,
         outs: &mut [&mut Vec<f32>],
-    ) -> Result<bool>;
+    ) -> Result<()>;
 }
 
 /// The device a model runs on.

@@ -362,12 +362,10 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         if let Some(helper) = self.helper.as_ref().filter(|_| rows >= HELPER_MIN_ROWS) {
             match helper.products(ws, x, rows, outs) {
-                Ok(true) => return Ok(()),
                 // A GPU without room for the batch's weights leaves the
                 // products to the CPU.
-                Ok(false) => {}
                 Err(e) if e.kind() == crate::error::ErrorKind::OutOfMemory => {}
-                Err(e) => return Err(e),
+                done => return done,
             }
         }
         let copies: Vec<Option<InterleavedCopy>> =

@@ -40,9 +40,9 @@ impl ProductHelper for GpuProducts {
         x: &[f32],
         rows: usize,
         outs: &mut [&mut Vec<f32>],
-    ) -> Result<bool> {
+    ) -> Result<()> {
         let Some(cols) = ws.first().map(|w| w.cols) else {
-            return Ok(true);
+            return Ok(());
         };
         assert!(ws.iter().all(|w| w.cols == cols) && outs.len() == ws.len());
         let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
@@ -66,6 +66,6 @@ impl ProductHelper for GpuProducts {
         for ((w, result), out) in ws.iter().zip(&results).zip(outs.iter_mut()) {
             gpu.read(result, &mut out[..rows * w.rows])?;
         }
-        Ok(true)
+        Ok(())
     }
 }

@@ -6,6 +6,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
 use super::int_dot::{
     crumbs, k_min_codes, load32, masked_bit, nibbles16, q5_codes, q6_codes, IntDot,
@@ -399,51 +400,6 @@ unsafe fn tile<D: IntDot, const SUB: usize, const T: usize>(
     acc
 }
 
-/// `out[t · 8 + r]` = panel row r · token t for every token of `acts`, `MAX`
-/// tokens a tile.
-#[inline(always)]
-pub(super) unsafe fn product<D: IntDot, const SUB: usize, const MAX: usize>(
-    panel: &Panel,
-    acts: &[Q8Block],
-    out: &mut [f32],
-) {
-    let blocks = panel.cols / 32;
-    assert!(
-        panel.sub == SUB
-            && blocks > 0
-            && panel.cols == blocks * 32
-            && acts.len().is_multiple_of(blocks)
-            && out.len() == acts.len() / blocks * PANEL_ROWS
-            && panel.codes.len() == panel.cols * PANEL_ROWS
-            && panel.factors.len() == panel.cols / SUB * 2 * PANEL_ROWS,
-        "panel product shapes"
-    );
-    let n_tokens = acts.len() / blocks;
-    let mut t0 = 0;
-    while t0 < n_tokens {
-        let n = (n_tokens - t0).min(MAX);
-        let token = |t: usize| acts[(t0 + t) * blocks..].as_ptr();
-        let out = &mut out[t0 * PANEL_ROWS..(t0 + n) * PANEL_ROWS];
-        macro_rules! tiles {
-            ($($n:literal),*) => {
-                match n {
-                    $($n => {
-                        // SAFETY: each token's pointer starts `blocks` blocks
-                        // inside `acts` (checked above).
-                        let sums = tile::<D, SUB, $n>(panel, std::array::from_fn(token));
-                        for (t, s) in sums.into_iter().enumerate() {
-                            _mm256_storeu_ps(out[t * PANEL_ROWS..][..PANEL_ROWS].as_mut_ptr(), s);
-                        }
-                    })*
-                    _ => unreachable!("{n} tokens a tile"),
-                }
-            };
-        }
-        tiles!(1, 2, 3, 4, 5, 6, 7, 8);
-        t0 += n;
-    }
-}
-
 /// Two panels' rows dotted with `T` tokens in 512-bit vectors: lanes 0..8
 /// are panel `a`'s rows, lanes 8..16 panel `b`'s. Each token's broadcast
 /// activations and each sub-block's scaling then serve sixteen rows. Every
@@ -503,6 +459,102 @@ unsafe fn tile_pair<const SUB: usize, const T: usize>(
     acc
 }
 
+/// The tiles of a panel product: one panel's rows ([`tile`]) or a pair's
+/// ([`tile_pair`]).
+trait PanelTile {
+    /// Rows a tile's result holds for each token.
+    const ROWS: usize;
+    /// `out[t · ROWS + r]` = row r · token t for the `T` tokens whose
+    /// blocks start at `acts[t]`.
+    ///
+    /// # Safety
+    /// As [`tile`]; `out` holds `T · ROWS` values.
+    unsafe fn tile<const T: usize>(&self, acts: [*const Q8Block; T], out: &mut [f32]);
+}
+
+struct OnePanel<'a, D, const SUB: usize>(&'a Panel, PhantomData<D>);
+
+impl<D: IntDot, const SUB: usize> PanelTile for OnePanel<'_, D, SUB> {
+    const ROWS: usize = PANEL_ROWS;
+    #[inline(always)]
+    unsafe fn tile<const T: usize>(&self, acts: [*const Q8Block; T], out: &mut [f32]) {
+        for (t, s) in tile::<D, SUB, T>(self.0, acts).into_iter().enumerate() {
+            _mm256_storeu_ps(out[t * PANEL_ROWS..][..PANEL_ROWS].as_mut_ptr(), s);
+        }
+    }
+}
+
+struct PanelPair<'a, const SUB: usize>(&'a Panel, &'a Panel);
+
+impl<const SUB: usize> PanelTile for PanelPair<'_, SUB> {
+    const ROWS: usize = 2 * PANEL_ROWS;
+    #[inline(always)]
+    unsafe fn tile<const T: usize>(&self, acts: [*const Q8Block; T], out: &mut [f32]) {
+        for (t, s) in tile_pair::<SUB, T>(self.0, self.1, acts)
+            .into_iter()
+            .enumerate()
+        {
+            _mm512_storeu_ps(out[t * Self::ROWS..][..Self::ROWS].as_mut_ptr(), s);
+        }
+    }
+}
+
+/// `out[t · K::ROWS + r]` = row r of `panels` · token t for every token of
+/// `acts`, `MAX` tokens a tile of `kernel` (which multiplies `panels`).
+#[inline(always)]
+unsafe fn product_tiles<K: PanelTile, const SUB: usize, const MAX: usize>(
+    kernel: &K,
+    panels: &[&Panel],
+    acts: &[Q8Block],
+    out: &mut [f32],
+) {
+    let cols = panels[0].cols;
+    let blocks = cols / 32;
+    assert!(
+        panels.iter().all(|p| p.sub == SUB
+            && p.cols == cols
+            && p.codes.len() == cols * PANEL_ROWS
+            && p.factors.len() == cols / SUB * 2 * PANEL_ROWS)
+            && blocks > 0
+            && cols == blocks * 32
+            && acts.len().is_multiple_of(blocks)
+            && out.len() == acts.len() / blocks * K::ROWS,
+        "panel product shapes"
+    );
+    let n_tokens = acts.len() / blocks;
+    let mut t0 = 0;
+    while t0 < n_tokens {
+        let n = (n_tokens - t0).min(MAX);
+        let token = |t: usize| acts[(t0 + t) * blocks..].as_ptr();
+        let out = &mut out[t0 * K::ROWS..(t0 + n) * K::ROWS];
+        macro_rules! tiles {
+            ($($n:literal),*) => {
+                match n {
+                    // SAFETY: each token's pointer starts `blocks` blocks
+                    // inside `acts`; the panels are shaped alike (checked
+                    // above).
+                    $($n => kernel.tile::<$n>(std::array::from_fn(token), out),)*
+                    _ => unreachable!("{n} tokens a tile"),
+                }
+            };
+        }
+        tiles!(1, 2, 3, 4, 5, 6, 7, 8);
+        t0 += n;
+    }
+}
+
+/// `out[t · 8 + r]` = panel row r · token t for every token of `acts`, `MAX`
+/// tokens a tile.
+#[inline(always)]
+pub(super) unsafe fn product<D: IntDot, const SUB: usize, const MAX: usize>(
+    panel: &Panel,
+    acts: &[Q8Block],
+    out: &mut [f32],
+) {
+    let kernel = OnePanel::<D, SUB>(panel, PhantomData);
+    product_tiles::<_, SUB, MAX>(&kernel, &[panel], acts, out)
+}
+
 /// `out[t · 16 + r]` = row r of panels `a` then `b` · token t, for every
 /// token of `acts`, `MAX` tokens a tile, through [`tile_pair`].
 ///
@@ -515,48 +567,7 @@ pub(super) unsafe fn product_pair<const SUB: usize, const MAX: usize>(
     acts: &[Q8Block],
     out: &mut [f32],
 ) {
-    const ROWS: usize = 2 * PANEL_ROWS;
-    let blocks = a.cols / 32;
-    let shaped = |p: &Panel| {
-        p.sub == SUB
-            && p.cols == a.cols
-            && p.codes.len() == p.cols * PANEL_ROWS
-            && p.factors.len() == p.cols / SUB * 2 * PANEL_ROWS
-    };
-    assert!(
-        shaped(a)
-            && shaped(b)
-            && blocks > 0
-            && a.cols == blocks * 32
-            && acts.len().is_multiple_of(blocks)
-            && out.len() == acts.len() / blocks * ROWS,
-        "panel pair product shapes"
-    );
-    let n_tokens = acts.len() / blocks;
-    let mut t0 = 0;
-    while t0 < n_tokens {
-        let n = (n_tokens - t0).min(MAX);
-        let token = |t: usize| acts[(t0 + t) * blocks..].as_ptr();
-        let out = &mut out[t0 * ROWS..(t0 + n) * ROWS];
-        macro_rules! tiles {
-            ($($n:literal),*) => {
-                match n {
-                    $($n => {
-                        // SAFETY: each token's pointer starts `blocks` blocks
-                        // inside `acts`; both panels are shaped alike (checked
-                        // above).
-                        let sums = tile_pair::<SUB, $n>(a, b, std::array::from_fn(token));
-                        for (t, s) in sums.into_iter().enumerate() {
-                            _mm512_storeu_ps(out[t * ROWS..][..ROWS].as_mut_ptr(), s);
-                        }
-                    })*
-                    _ => unreachable!("{n} tokens a tile"),
-                }
-            };
-        }
-        tiles!(1, 2, 3, 4, 5, 6, 7, 8);
-        t0 += n;
-    }
+    product_tiles::<_, SUB, MAX>(&PanelPair::<SUB>(a, b), &[a, b], acts, out)
 }
 
 /// Eight bytes at `p` as eight f32 lanes.
