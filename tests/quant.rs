@@ -9,8 +9,8 @@ use std::path::Path;
 use m40llm::backend::cpu::{matmul, matmul_many, Product, ThreadPool, WeightMatrix};
 use m40llm::quant::q8::dot_error_bound;
 use m40llm::quant::{
-    dequantize_row, interleave, quantize_row_q8, DotKernel, GgmlType, Isa, Kernels, Panel, Q8Block,
-    GEMM_MIN_TOKENS, PANEL_ROWS,
+    dequantize_row, interleave, quantize_row_q8, DotKernel, GgmlType, GluKernels, Isa, Kernels,
+    Panel, Q8Block, GEMM_MIN_TOKENS, PANEL_ROWS,
 };
 
 const TYPES: [GgmlType; 13] = GgmlType::SUPPORTED;
@@ -314,6 +314,57 @@ fn attention_kernels_match_f64_on_every_instruction_set_width_stride_and_head_co
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn gated_activations_match_f64_and_every_instruction_set_gives_the_same_bits() {
+    let mut rng = Rng(19);
+    // Each activation with the argument of its exponential, whose f32
+    // rounding (a few ulps) the exponential turns into a relative error of
+    // the same few ulps times the argument.
+    let silu = |x: f64| (x / (1.0 + (-x).exp()), x);
+    let gelu = |x: f64| {
+        let y = 0.797_884_560_802_865_4 * x * (1.0 + 0.044715 * x * x);
+        // ½x(1 + tanh y) = x / (1 + e^(−2y)), which cancels nothing in f64
+        // where tanh y is near −1.
+        (x / (1.0 + (-2.0 * y).exp()), 2.0 * y)
+    };
+    for n in [1, 7, 16, 33, 1000] {
+        let gate: Vec<f32> = random_activations(n, &mut rng)
+            .iter()
+            .map(|v| 8.0 * v)
+            .collect();
+        let up = random_activations(n, &mut rng);
+        let scalar = Kernels::for_isa(Isa::Scalar).unwrap().glu();
+        for (name, reference) in [("swiglu", silu as fn(f64) -> (f64, f64)), ("geglu", gelu)] {
+            let pick = |k: GluKernels| if name == "swiglu" { k.swiglu } else { k.geglu };
+            let mut expected = vec![0f32; n];
+            pick(scalar)(&mut expected, &gate, &up);
+            for i in 0..n {
+                let (activation, argument) = reference(f64::from(gate[i]));
+                let exact = activation * f64::from(up[i]);
+                let ulps = 6.0 + 4.0 * argument.abs();
+                let bound = ulps * f64::from(f32::EPSILON) * exact.abs() + 1e-30;
+                assert!(
+                    (f64::from(expected[i]) - exact).abs() <= bound,
+                    "{name}({}) · {}: {} vs {exact}",
+                    gate[i],
+                    up[i],
+                    expected[i]
+                );
+            }
+            for isa in Isa::all_available() {
+                let mut got = vec![0f32; n];
+                pick(Kernels::for_isa(isa).unwrap().glu())(&mut got, &gate, &up);
+                assert!(
+                    got.iter()
+                        .zip(&expected)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{isa:?} {name}, {n} values"
+                );
             }
         }
     }

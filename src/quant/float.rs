@@ -156,9 +156,63 @@ pub fn exp(x: f32) -> f32 {
     f32::from_bits(((n as i32 + 127) as u32) << 23) * p
 }
 
+/// SiLU, x · σ(x).
+#[inline(always)]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
+/// GELU with the tanh approximation, as ggml and Gemma use:
+/// ½x(1 + tanh y) written as x / (1 + e^{−2y}), which has no cancellation.
+#[inline(always)]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    let y = SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x);
+    x / (1.0 + exp(-2.0 * y))
+}
+
+/// out = act(gate) · up, element by element. Each element is computed on
+/// its own, so every instruction set's build gives the same bits.
+#[inline(always)]
+pub fn gated(out: &mut [f32], gate: &[f32], up: &[f32], act: impl Fn(f32) -> f32) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = act(g) * u;
+    }
+}
+
+/// [`gated`] with [`silu`], for the portable build.
+pub fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    gated(out, gate, up, silu)
+}
+
+/// [`gated`] with [`gelu_tanh`], for the portable build.
+pub fn geglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    gated(out, gate, up, gelu_tanh)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn activations_match_their_definitions() {
+        for x in [-20.0f32, -3.0, -1.0, -0.001, 0.0, 0.3, 1.0, 3.0, 20.0] {
+            let xd = f64::from(x);
+            let silu_exact = xd / (1.0 + (-xd).exp());
+            let gelu_exact = 0.5
+                * xd
+                * (1.0 + (0.797_884_560_802_865_4 * xd * (1.0 + 0.044715 * xd * xd)).tanh());
+            assert!(
+                (f64::from(silu(x)) - silu_exact).abs() <= 1e-6 * silu_exact.abs().max(1e-3),
+                "silu({x})"
+            );
+            assert!(
+                (f64::from(gelu_tanh(x)) - gelu_exact).abs() <= 1e-6 * gelu_exact.abs().max(1e-3),
+                "gelu({x})"
+            );
+        }
+    }
 
     #[test]
     fn exp_is_within_two_ulps_of_the_exact_value() {

@@ -24,7 +24,7 @@ mod types;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use float::exp;
+pub use float::{exp, gelu_tanh, silu};
 pub use interleaved::{
     interleave, interleave_groups, interleaved_group_bytes, InterleavedKernels, INTERLEAVED_ROWS,
 };
@@ -76,6 +76,15 @@ pub struct AttentionKernels {
     pub dots: fn(&[u8], usize, &[f32], usize, &mut [f32]),
     pub axpys: fn(&[u8], usize, &[f32], usize, &mut [f32]),
     pub softmax: fn(&mut [f32], f32) -> (f32, f32),
+}
+
+/// Gated activations, `out[i] = act(gate[i]) · up[i]`: `swiglu` with SiLU,
+/// `geglu` with tanh-GELU. Every instruction set's build gives the same
+/// bits (each element is computed on its own, in the same operations).
+#[derive(Clone, Copy)]
+pub struct GluKernels {
+    pub swiglu: fn(&mut [f32], &[f32], &[f32]),
+    pub geglu: fn(&mut [f32], &[f32], &[f32]),
 }
 
 /// Converts a row of whole blocks to f32 (bit-exact with ggml).
@@ -169,6 +178,22 @@ impl Kernels {
                 dots: float::f16_dots_many,
                 axpys: float::f16_axpys_many,
                 softmax: float::softmax,
+            },
+        }
+    }
+
+    /// The gated activations, vectorized for this instruction set (a
+    /// prompt's are millions of values).
+    pub fn glu(self) -> GluKernels {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // `is_available` was checked when this `Kernels` was made.
+            Isa::Avx2 => x86::avx2_glu(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::avx512_glu(),
+            _ => GluKernels {
+                swiglu: float::swiglu,
+                geglu: float::geglu,
             },
         }
     }

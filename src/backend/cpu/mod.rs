@@ -456,14 +456,14 @@ impl Backend for CpuBackend {
         len: usize,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        // One loop per activation, so each is inlined and vectorized.
+        let kernels = self.kernels.glu();
+        let activation = match glu {
+            Glu::Swiglu => kernels.swiglu,
+            Glu::Geglu => kernels.geglu,
+        };
         self.rows_in_parallel(&mut out[..len], 1, &|start, out| {
             let range = start..start + out.len();
-            let (gate, up) = (&gate[range.clone()], &up[range]);
-            match glu {
-                Glu::Swiglu => ops::gated(out, gate, up, ops::silu),
-                Glu::Geglu => ops::gated(out, gate, up, ops::gelu_tanh),
-            }
+            activation(out, &gate[range.clone()], &up[range]);
         });
         Ok(())
     }

@@ -7,7 +7,7 @@ use half::f16;
 use super::ThreadPool;
 use crate::backend::{AttentionShape, Rope, RopeMode, SeqPos};
 use crate::kv_cache::KvCache;
-use crate::quant::{AttentionKernels, Kernels};
+use crate::quant::{exp, AttentionKernels, Kernels};
 
 /// x ← x / rms(x) · w.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
@@ -15,31 +15,6 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     let mean = (sum / x.len() as f64) as f32;
     let scale = 1.0 / (mean + eps).sqrt();
     x.iter_mut().zip(w).for_each(|(v, &w)| *v = *v * scale * w);
-}
-
-use crate::quant::exp;
-
-#[inline(always)]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + exp(-x))
-}
-
-/// GELU with the tanh approximation, as ggml and Gemma use:
-/// ½x(1 + tanh y) written as x / (1 + e^{−2y}), which has no cancellation.
-#[inline(always)]
-pub fn gelu_tanh(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    const COEF_A: f32 = 0.044715;
-    let y = SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x);
-    x / (1.0 + exp(-2.0 * y))
-}
-
-/// out = act(gate) · up, element by element.
-#[inline(always)]
-pub fn gated(out: &mut [f32], gate: &[f32], up: &[f32], act: impl Fn(f32) -> f32) {
-    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        *o = act(g) * u;
-    }
 }
 
 /// The inverse frequencies of one layer's RoPE.
@@ -399,25 +374,6 @@ mod tests {
         let mut normal = vec![1.0, 0.0, 0.0, 0.0];
         rotate(&mut normal, RopeMode::Normal, &cos, &sin);
         assert!((normal[0] - 1f32.cos()).abs() < 1e-6 && (normal[1] - 1f32.sin()).abs() < 1e-6);
-    }
-
-    #[test]
-    fn activations_match_their_definitions() {
-        for x in [-20.0f32, -3.0, -1.0, -0.001, 0.0, 0.3, 1.0, 3.0, 20.0] {
-            let xd = f64::from(x);
-            let silu_exact = xd / (1.0 + (-xd).exp());
-            let gelu_exact = 0.5
-                * xd
-                * (1.0 + (0.797_884_560_802_865_4 * xd * (1.0 + 0.044715 * xd * xd)).tanh());
-            assert!(
-                (f64::from(silu(x)) - silu_exact).abs() <= 1e-6 * silu_exact.abs().max(1e-3),
-                "silu({x})"
-            );
-            assert!(
-                (f64::from(gelu_tanh(x)) - gelu_exact).abs() <= 1e-6 * gelu_exact.abs().max(1e-3),
-                "gelu({x})"
-            );
-        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ mod quantize;
 
 use super::interleaved::InterleavedKernels;
 use super::panel::{GemmKernels, PairProduct, Panel};
-use super::{AttentionKernels, DotKernel, GgmlType, Q8Block, Q8RowsFn, DOT_TOKENS};
+use super::{AttentionKernels, DotKernel, GgmlType, GluKernels, Q8Block, Q8RowsFn, DOT_TOKENS};
 
 pub fn avx2_available() -> bool {
     is_x86_feature_detected!("avx2")
@@ -79,6 +79,21 @@ macro_rules! attention_wrappers {
         pub fn softmax(scores: &mut [f32], scale: f32) -> (f32, f32) {
             // SAFETY: as above.
             unsafe { float_dot::$float::softmax(scores, scale) }
+        }
+    };
+}
+
+/// Safe wrappers of `float_dot::$float`'s gated activations (see the SAFETY
+/// note above).
+macro_rules! glu_wrappers {
+    ($float:ident) => {
+        pub fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
+            // SAFETY: only handed out when the CPU has the features (see above).
+            unsafe { float_dot::$float::swiglu(out, gate, up) }
+        }
+        pub fn geglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
+            // SAFETY: as above.
+            unsafe { float_dot::$float::geglu(out, gate, up) }
         }
     };
 }
@@ -168,6 +183,7 @@ mod avx2 {
         q5_k / q5_k_x4 / q5_k_rows, q6_k / q6_k_x4 / q6_k_rows);
     f32_wrappers!(avx2; f32, f16, bf16);
     attention_wrappers!(avx2);
+    glu_wrappers!(avx2);
 }
 
 mod avx512 {
@@ -213,6 +229,7 @@ mod avx512 {
         q5_k / q5_k_x4 / q5_k_rows, q6_k / q6_k_x4 / q6_k_rows);
     f32_wrappers!(avx512; f32, f16, bf16);
     attention_wrappers!(avx512);
+    glu_wrappers!(avx512);
 }
 
 macro_rules! table {
@@ -357,6 +374,22 @@ pub fn avx2_attention() -> AttentionKernels {
         dots: avx2::f16_dots_many,
         axpys: avx2::f16_axpys_many,
         softmax: avx2::softmax,
+    }
+}
+
+/// The AVX2 gated activations. Call only after `avx2_available()`.
+pub fn avx2_glu() -> GluKernels {
+    GluKernels {
+        swiglu: avx2::swiglu,
+        geglu: avx2::geglu,
+    }
+}
+
+/// The AVX-512 gated activations. Call only after `avx512_available()`.
+pub fn avx512_glu() -> GluKernels {
+    GluKernels {
+        swiglu: avx512::swiglu,
+        geglu: avx512::geglu,
     }
 }
 
