@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use m40llm::backend::{
-    AttentionShape, AttentionStep, Backend, Experts, GatedFfn, Glu, ModelBackend, Norm, Product,
-    Rope, Scratch, SeqPos,
+    AttentionShape, AttentionStep, Backend, DeltaNetStep, Experts, GatedFfn, Glu, ModelBackend,
+    Norm, Product, Rope, Scratch, SeqPos,
 };
 use m40llm::error::Result;
 use m40llm::model::transformer::{forward, logits_on_device};
@@ -306,6 +306,50 @@ impl<B: Backend> Backend for Profiled<'_, B> {
             self.inner.attention(caches, layer, q, rows, shape, out)
         })
     }
+    fn delta_net(
+        &self,
+        caches: &mut [&mut B::KvCache],
+        step: DeltaNetStep,
+        qkv: &B::Buffer,
+        alpha: &B::Buffer,
+        beta: &B::Buffer,
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        let s = step.shape;
+        let name = format!("gated delta net {} × {}²", s.n_v_heads, s.head_dim);
+        self.time(name, || {
+            self.inner.delta_net(caches, step, qkv, alpha, beta, out)
+        })
+    }
+    fn split_halves(
+        &self,
+        x: &B::Buffer,
+        groups: usize,
+        half: usize,
+        first: &mut B::Buffer,
+        second: &mut B::Buffer,
+    ) -> Result<()> {
+        self.time("split query and gate".into(), || {
+            self.inner.split_halves(x, groups, half, first, second)
+        })
+    }
+    fn sigmoid_gate(&self, x: &mut B::Buffer, gate: &B::Buffer, len: usize) -> Result<()> {
+        self.time("sigmoid gate".into(), || {
+            self.inner.sigmoid_gate(x, gate, len)
+        })
+    }
+    fn gated_add(
+        &self,
+        x: &mut B::Buffer,
+        y: &B::Buffer,
+        gate: &B::Buffer,
+        rows: usize,
+        width: usize,
+    ) -> Result<()> {
+        self.time("gated add".into(), || {
+            self.inner.gated_add(x, y, gate, rows, width)
+        })
+    }
     fn norm_moe_ffn_residual(
         &self,
         x: &mut B::Buffer,
@@ -407,7 +451,15 @@ fn profile<'a, B: Backend>(
     prompt: usize,
     batches: &[usize],
 ) -> Result<()> {
-    let (_, hp) = model.config();
+    let (arch, hp) = model.config();
+    if hp.delta_net.is_some() {
+        // Its timed passes rerun positions the warm-up took, which a
+        // recurrent state cannot take back.
+        return Err(m40llm::error::Error::unsupported(format!(
+            "op_profile times passes over caches of attention layers only; a {} model's linear-attention states are not profiled",
+            arch.name()
+        )));
+    }
     let n_ctx = prompt + 16;
     let (n_layer, n_vocab) = (hp.n_layer as usize, hp.n_vocab as usize);
     let kw = (hp.n_head_kv * hp.head_dim_k) as usize;

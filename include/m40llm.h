@@ -527,6 +527,15 @@ enum m40_status m40_session_truncate(struct m40_session *session, uint32_t n_kee
 uint32_t m40_session_n_past(const struct m40_session *session);
 
 /**
+ * Returns the bytes of memory the session's caches hold, on whichever
+ * devices hold the model's layers: keys and values for `n_ctx` positions of
+ * each attention layer, and each linear-attention layer's state (a hybrid
+ * model's, whose size does not depend on `n_ctx`). 0 for an invalid handle,
+ * with `m40_last_error` set.
+ */
+uint64_t m40_session_memory_bytes(const struct m40_session *session);
+
+/**
  * ==== 6. Decoding: tokens in, logits out ====
  *
  * Appends `n_tokens` tokens (a whole prompt or one generated token) and

@@ -1,26 +1,67 @@
-//! The key/value cache of one sequence in host memory: for every layer, the
+//! The cache of one sequence in host memory: for every attention layer, the
 //! keys and values of each position, stored as f16 (half the memory of f32;
-//! attention converts them back as it reads).
+//! attention converts them back as it reads); for every linear-attention
+//! (Gated DeltaNet) layer, its recurrent state in f32, whose size does not
+//! depend on the context.
 
 use half::f16;
 
+use crate::backend::DeltaNetShape;
 use crate::error::{Error, Result};
+
+/// What a cache keeps for one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerState {
+    /// Keys and values of every position.
+    Kv,
+    /// A Gated DeltaNet layer's convolution and recurrent state.
+    Recurrent(DeltaNetShape),
+}
+
+/// One Gated DeltaNet layer's state for one sequence.
+pub struct RecurrentState {
+    /// The last `conv_kernel − 1` convolution inputs, oldest first, each
+    /// `channels` values.
+    pub conv: Vec<f32>,
+    /// Each value head's `head_dim × head_dim` state S, stored by value
+    /// dimension: element j · head_dim + i is S[i][j] (key dim i).
+    pub ssm: Vec<f32>,
+    /// Tokens the state has taken in.
+    pub tokens: usize,
+}
 
 pub struct KvCache {
     n_ctx: usize,
     k_width: usize,
     v_width: usize,
-    /// Per layer: `n_ctx × k_width` keys and `n_ctx × v_width` values.
+    /// Per layer: `n_ctx × k_width` keys and `n_ctx × v_width` values (empty
+    /// for a recurrent layer).
     layers: Vec<(Vec<f16>, Vec<f16>)>,
+    /// Per layer: the recurrent state of a linear-attention layer.
+    recurrent: Vec<Option<RecurrentState>>,
 }
 
 impl KvCache {
-    /// A cache of `n_ctx` positions for `n_layer` layers. Fails with
-    /// `OutOfMemory`, naming the bytes needed and available, when the machine
-    /// (or the process's cgroup) has not that much memory free, or when the
-    /// allocation fails. The memory comes zeroed from the allocator, not
-    /// written: the OS provides its pages as they are first used.
+    /// A cache of `n_ctx` positions for `n_layer` attention layers. Fails
+    /// with `OutOfMemory`, naming the bytes needed and available, when the
+    /// machine (or the process's cgroup) has not that much memory free, or
+    /// when the allocation fails. The memory comes zeroed from the
+    /// allocator, not written: the OS provides its pages as they are first
+    /// used.
     pub fn new(n_ctx: usize, n_layer: usize, k_width: usize, v_width: usize) -> Result<KvCache> {
+        KvCache::with_layers(n_ctx, &vec![LayerState::Kv; n_layer], k_width, v_width)
+    }
+
+    /// A cache of `n_ctx` positions for the attention layers of `layers`
+    /// and a zero state for its recurrent ones; fails as [`KvCache::new`].
+    pub fn with_layers(
+        n_ctx: usize,
+        layers: &[LayerState],
+        k_width: usize,
+        v_width: usize,
+    ) -> Result<KvCache> {
+        let n_layer = layers.len();
+        let n_kv = layers.iter().filter(|l| **l == LayerState::Kv).count();
         let too_big = || {
             Error::out_of_memory(format!(
             "a KV cache of {n_ctx} positions × {n_layer} layers × {} values does not fit in the address space",
@@ -31,9 +72,18 @@ impl KvCache {
             .checked_add(v_width)
             .and_then(|w| w.checked_mul(n_ctx))
             .ok_or_else(too_big)?;
+        let recurrent_values = layers.iter().try_fold(0usize, |sum, l| match l {
+            LayerState::Kv => Some(sum),
+            LayerState::Recurrent(shape) => {
+                let (conv, ssm) = shape.state_values();
+                sum.checked_add(conv)?.checked_add(ssm)
+            }
+        });
         let total_bytes = per_layer
-            .checked_mul(n_layer)
+            .checked_mul(n_kv)
             .and_then(|n| n.checked_mul(std::mem::size_of::<f16>()))
+            .zip(recurrent_values.and_then(|n| n.checked_mul(std::mem::size_of::<f32>())))
+            .and_then(|(kv, recurrent)| kv.checked_add(recurrent))
             .filter(|&n| n <= isize::MAX as usize)
             .ok_or_else(too_big)?;
         if let Some(available) = memory::available() {
@@ -47,27 +97,63 @@ impl KvCache {
                 )));
             }
         }
-        let mut layers = Vec::new();
-        layers
-            .try_reserve_exact(n_layer)
+        let mut kv = Vec::new();
+        let mut recurrent = Vec::new();
+        kv.try_reserve_exact(n_layer)
+            .and_then(|_| recurrent.try_reserve_exact(n_layer))
             .map_err(|_| Error::out_of_memory("KV cache"))?;
-        let zeroed = |n: usize| {
-            zeroed_f16(n).ok_or_else(|| {
-                Error::out_of_memory(format!(
-                    "cannot allocate a KV cache of {n_ctx} positions ({} in all)",
-                    memory::human(total_bytes as u64)
-                ))
-            })
+        let no_room = || {
+            Error::out_of_memory(format!(
+                "cannot allocate a KV cache of {n_ctx} positions ({} in all)",
+                memory::human(total_bytes as u64)
+            ))
         };
-        for _ in 0..n_layer {
-            layers.push((zeroed(n_ctx * k_width)?, zeroed(n_ctx * v_width)?));
+        let zeroed = |n: usize| zeroed_f16(n).ok_or_else(no_room);
+        for layer in layers {
+            match layer {
+                LayerState::Kv => {
+                    kv.push((zeroed(n_ctx * k_width)?, zeroed(n_ctx * v_width)?));
+                    recurrent.push(None);
+                }
+                LayerState::Recurrent(shape) => {
+                    let (conv, ssm) = shape.state_values();
+                    kv.push((Vec::new(), Vec::new()));
+                    recurrent.push(Some(RecurrentState {
+                        conv: zeroed_f32(conv).ok_or_else(no_room)?,
+                        ssm: zeroed_f32(ssm).ok_or_else(no_room)?,
+                        tokens: 0,
+                    }));
+                }
+            }
         }
         Ok(KvCache {
             n_ctx,
             k_width,
             v_width,
-            layers,
+            layers: kv,
+            recurrent,
         })
+    }
+
+    /// The recurrent state of `layer`, if it is a linear-attention layer.
+    pub fn recurrent_mut(&mut self, layer: usize) -> Option<&mut RecurrentState> {
+        self.recurrent[layer].as_mut()
+    }
+
+    /// Whether every recurrent layer's state has taken in exactly `tokens`
+    /// tokens (true for a cache without recurrent layers): a failed step or
+    /// a truncation leaves them elsewhere.
+    pub fn recurrent_holds(&self, tokens: usize) -> bool {
+        self.recurrent.iter().flatten().all(|r| r.tokens == tokens)
+    }
+
+    /// Every recurrent state back to that of no tokens.
+    pub fn reset_recurrent(&mut self) {
+        for r in self.recurrent.iter_mut().flatten() {
+            r.conv.fill(0.0);
+            r.ssm.fill(0.0);
+            r.tokens = 0;
+        }
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -101,7 +187,18 @@ impl KvCache {
 
     /// Bytes held.
     pub fn size_bytes(&self) -> usize {
-        self.layers.len() * self.n_ctx * (self.k_width + self.v_width) * 2
+        let kv: usize = self
+            .layers
+            .iter()
+            .map(|(k, v)| (k.len() + v.len()) * 2)
+            .sum();
+        let recurrent: usize = self
+            .recurrent
+            .iter()
+            .flatten()
+            .map(|r| (r.conv.len() + r.ssm.len()) * 4)
+            .sum();
+        kv + recurrent
     }
 }
 
@@ -122,6 +219,14 @@ fn zeroed_f16(n: usize) -> Option<Vec<f16>> {
     // `n` f16 values, and all-zero bits are the f16 value 0.0, so these are
     // `n` initialized elements and a capacity of `n`.
     Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
+/// `n` zero f32 values, or `None` when the allocation fails.
+fn zeroed_f32(n: usize) -> Option<Vec<f32>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.resize(n, 0.0);
+    Some(v)
 }
 
 /// Bytes of memory a new allocation can get now, where the OS says.

@@ -3,8 +3,11 @@
 
 use std::sync::Arc;
 
-use crate::backend::{CandidateRequest, Candidates, SeqPos, SequenceCache, StepOutput};
+use crate::backend::{
+    CandidateRequest, Candidates, DeltaNetShape, SeqPos, SequenceCache, StepOutput,
+};
 use crate::error::{Error, ErrorKind, Result};
+use crate::kv_cache::LayerState;
 use crate::model::transformer::run;
 use crate::model::Model;
 use crate::sampling::{self, Rng, SamplerParams};
@@ -56,12 +59,21 @@ impl Session {
         };
         let k_width = (hp.n_head_kv * hp.head_dim_k) as usize;
         let v_width = (hp.n_head_kv * hp.head_dim_v) as usize;
+        let layer_state = |il: usize| match hp.delta_net.filter(|_| hp.is_linear_layer(il)) {
+            Some(p) => LayerState::Recurrent(DeltaNetShape {
+                conv_kernel: p.conv_kernel as usize,
+                head_dim: p.head_dim as usize,
+                n_k_heads: p.n_k_heads as usize,
+                n_v_heads: p.n_v_heads as usize,
+            }),
+            None => LayerState::Kv,
+        };
         let kv = model
             .stages()
             .iter()
             .map(|stage| {
-                let n_layer = stage.layers.len();
-                stage.backend.kv_cache(n_ctx, n_layer, k_width, v_width)
+                let layers: Vec<LayerState> = stage.layers.clone().map(layer_state).collect();
+                stage.backend.kv_cache(n_ctx, &layers, k_width, v_width)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Session {
@@ -83,6 +95,12 @@ impl Session {
     }
     pub fn n_ctx(&self) -> usize {
         self.n_ctx
+    }
+    /// Bytes of memory its caches hold, on whichever devices: keys and
+    /// values for `n_ctx` positions of the attention layers, and a hybrid
+    /// model's recurrent states.
+    pub fn memory_bytes(&self) -> usize {
+        self.kv.iter().map(SequenceCache::size_bytes).sum()
     }
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
@@ -163,6 +181,7 @@ impl Session {
         }
         self.check_tokens(tokens)?;
         self.check_room(tokens.len())?;
+        self.catch_up_recurrent()?;
         let n_before = self.tokens.len();
         let result = self.decode_chunks(tokens, logits);
         if result.is_err() {
@@ -171,6 +190,27 @@ impl Session {
         } else if !logits {
             self.logits.clear();
         }
+        result
+    }
+
+    /// Brings the recurrent states of a hybrid model's linear-attention
+    /// layers to the session's tokens, where a truncation or a failed step
+    /// left them elsewhere: they restart from no tokens and take in the
+    /// session's tokens again, in the chunks a fresh session would, so the
+    /// session computes what a fresh session fed its tokens computes. (The
+    /// states cannot run backwards; the price of a truncation is one
+    /// prefill of the tokens kept.) Keys and values are written again with
+    /// the values they hold. On failure the tokens stay and the states are
+    /// caught up on the next decode.
+    fn catch_up_recurrent(&mut self) -> Result<()> {
+        let n = self.tokens.len();
+        if self.kv.iter().all(|c| c.recurrent_holds(n)) {
+            return Ok(());
+        }
+        self.kv.iter_mut().for_each(SequenceCache::reset_recurrent);
+        let tokens = std::mem::take(&mut self.tokens);
+        let result = self.decode_chunks(&tokens, false);
+        self.tokens = tokens;
         result
     }
 
@@ -216,6 +256,7 @@ impl Session {
     /// session changes.
     pub fn decode_batch(sessions: &mut [&mut Session], tokens: &[u32]) -> Result<()> {
         let model = Self::check_batch(sessions, tokens)?;
+        Self::catch_up_all(sessions)?;
         let rows = Self::batch_rows(sessions);
         let wanted: Vec<usize> = (0..sessions.len()).collect();
         // The step's logits go straight into each session's logits vector,
@@ -247,6 +288,7 @@ impl Session {
         params: &[SamplerParams],
     ) -> Result<Vec<u32>> {
         let model = Self::check_batch(sessions, tokens)?;
+        Self::catch_up_all(sessions)?;
         if params.len() != sessions.len() {
             return Err(Error::invalid_argument(format!(
                 "{} sessions but {} sampler parameters",
@@ -307,6 +349,15 @@ impl Session {
 
     /// The model the sessions of a batch share, once each session is
     /// checked: same model, a valid token, room for it.
+    /// [`Session::catch_up_recurrent`] for each session of a batch.
+    fn catch_up_all(sessions: &mut [&mut Session]) -> Result<()> {
+        for (i, s) in sessions.iter_mut().enumerate() {
+            s.catch_up_recurrent()
+                .map_err(|e| e.context(format!("session {i}")))?;
+        }
+        Ok(())
+    }
+
     fn check_batch(sessions: &[&mut Session], tokens: &[u32]) -> Result<Arc<Model>> {
         if sessions.len() != tokens.len() {
             return Err(Error::invalid_argument(format!(

@@ -44,7 +44,8 @@ use m40llm::error::ErrorKind;
 use m40llm::gguf::{GgufFile, ReadOptions};
 use m40llm::model::transformer::{forward, logits_on_device};
 use m40llm::model::{
-    Architecture, FeedForward, HyperParams, LayerWeights, LoadOptions, Model, Weight, Weights,
+    Architecture, AttentionWeights, FeedForward, HyperParams, LayerWeights, LoadOptions, Model,
+    Weight, Weights,
 };
 use m40llm::quant::q8::dot_error_bound;
 use m40llm::quant::{dequantize_row, GgmlType};
@@ -140,6 +141,11 @@ fn pair_of(arch: &str, path: &Path, options: CudaOptions) -> Pair {
 }
 
 /// A dense layer's gate, up and down matrices.
+/// The attention of a layer of the models these tests load (all attention).
+fn attn(l: &LayerWeights) -> &AttentionWeights {
+    l.attention().expect("an attention layer")
+}
+
 fn dense(l: &LayerWeights) -> (&Weight, &Weight, &Weight) {
     match &l.ffn {
         FeedForward::Dense { gate, up, down } => (gate, up, down),
@@ -406,7 +412,7 @@ fn norms_adds_activations_and_gathers_match_the_cpu() {
         errors.push(("rms_norm", relative_error(&download(&p.gpu, &g, len), &c)));
     }
     // Bias add (qwen2 has q/k/v biases).
-    let bias = l.bq.as_ref().expect("qwen2 has biases");
+    let bias = attn(l).bq.as_ref().expect("qwen2 has biases");
     let x = random(rows * bias.cols, 4);
     let (mut c, mut g) = (x.clone(), upload(&p.gpu, &x));
     p.cpu.add_bias(&mut c, bias, rows).unwrap();
@@ -469,7 +475,12 @@ fn qkv_products<'a>(
     let [q, k, v] = outs else {
         panic!("three output buffers")
     };
-    [(&l.wq, &l.bq, q), (&l.wk, &l.bk, k), (&l.wv, &l.bv, v)].map(|(w, bias, out)| Product {
+    [
+        (&attn(l).wq, &attn(l).bq, q),
+        (&attn(l).wk, &attn(l).bk, k),
+        (&attn(l).wv, &attn(l).bv, v),
+    ]
+    .map(|(w, bias, out)| Product {
         w,
         bias: bias.as_ref(),
         out,
@@ -500,12 +511,12 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         meta("attention.head_count"),
         meta("attention.head_count_kv"),
     );
-    let hd = l.wq.rows / n_head;
+    let hd = attn(l).wq.rows / n_head;
     let heads = Heads {
         n_head,
         n_head_kv,
         head_dim_k: hd,
-        head_dim_v: l.wv.rows / n_head_kv,
+        head_dim_v: attn(l).wv.rows / n_head_kv,
     };
     let norm = |weight| Norm { weight, eps: 1e-6 };
     let buffers = |lens: &[usize]| {
@@ -549,7 +560,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         let mut h = g.buffer(rows * d).unwrap();
 
         // Norm, then Q, K, V (with the model's biases, if any).
-        let widths = [l.wq.rows, l.wk.rows, l.wv.rows].map(|w| rows * w);
+        let widths = [attn(l).wq.rows, attn(l).wk.rows, attn(l).wv.rows].map(|w| rows * w);
         let (mut fused_out, mut composed_out) = (buffers(&widths), buffers(&widths));
         for (outs, fused_step) in [(&mut fused_out, true), (&mut composed_out, false)] {
             let mut products = qkv_products(l, outs);
@@ -564,7 +575,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         for i in 0..3 {
             compare("norm + Q/K/V", &fused_out[i], &composed_out[i], widths[i]);
         }
-        if [&l.wq, &l.wk, &l.wv]
+        if [&attn(l).wq, &attn(l).wk, &attn(l).wv]
             .iter()
             .all(|w| g.tensor_core_products(w.ty, rows))
         {
@@ -592,10 +603,10 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
             freq_scale: 1.0,
             freq_factors: None,
         };
-        let qk_norm = l
+        let qk_norm = attn(l)
             .q_norm
             .as_ref()
-            .zip(l.k_norm.as_ref())
+            .zip(attn(l).k_norm.as_ref())
             .map(|(a, b)| (norm(a), norm(b)));
         let attention_step = AttentionStep {
             layer: 1,
@@ -604,7 +615,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
             qk_norm,
             rope: &rope,
         };
-        let (kw, vw) = (l.wk.rows, l.wv.rows);
+        let (kw, vw) = (attn(l).wk.rows, attn(l).wv.rows);
         let shape = AttentionShape {
             n_head,
             n_head_kv,

@@ -46,7 +46,14 @@ fn stepwise(model: &Arc<Model>) -> Vec<Vec<f32>> {
 
 #[test]
 fn a_prompt_in_any_chunk_size_gives_the_logits_of_token_by_token_decoding() {
-    for arch in ["llama", "qwen2", "gemma3", "qwen3moe", "llama-moe"] {
+    for arch in [
+        "llama",
+        "qwen2",
+        "gemma3",
+        "qwen3moe",
+        "llama-moe",
+        "qwen35",
+    ] {
         let m = model(arch, 2);
         let expected = stepwise(&m);
         for n_batch in [1, 3, 4, 11, 512] {
@@ -65,6 +72,14 @@ fn a_prompt_in_any_chunk_size_gives_the_logits_of_token_by_token_decoding() {
 #[test]
 fn batched_decode_gives_each_session_the_logits_of_decoding_alone() {
     batched_decode_matches_decoding_alone("gemma3");
+}
+
+/// Each session's rows go through its own recurrent state, from where its
+/// position stands.
+#[test]
+fn batched_decode_of_hybrid_sessions_gives_the_logits_of_decoding_alone() {
+    batched_decode_matches_decoding_alone("qwen35");
+    batched_decode_matches_decoding_alone("qwen35moe");
 }
 
 /// With experts, the sessions' rows share a pass but each is routed alone:
@@ -100,6 +115,27 @@ fn batched_decode_matches_decoding_alone(arch: &str) {
         assert_eq!(s.logits().unwrap(), &alone[i][..], "{arch} session {i}");
         assert_eq!(s.n_past(), prompts[i].len() + 1);
     }
+}
+
+/// The tiny hybrid model: one Gated DeltaNet layer (4 taps over 2 · 16 + 32
+/// channels, 4 value heads of 8 × 8) and one attention layer (2 KV heads of
+/// 8 + 8 f16 values a position).
+#[test]
+fn hybrid_models_describe_their_state_and_kv_costs() {
+    let json = model("qwen35", 1).describe_json();
+    let state_bytes = ((4 - 1) * 64 + 4 * 8 * 8) * 4;
+    assert!(
+        json.contains(&format!(
+            r#""kv_bytes_per_token":64,"recurrent_state_bytes":{state_bytes}"#
+        )),
+        "{json}"
+    );
+    // A session of 64 positions: the attention layer's keys and values, and
+    // the state.
+    let s = session(&model("qwen35", 1), 64, 512);
+    assert_eq!(s.memory_bytes(), 64 * 64 + state_bytes);
+    let json = model("llama", 1).describe_json();
+    assert!(json.contains(r#""recurrent_state_bytes":0"#), "{json}");
 }
 
 #[test]
@@ -232,7 +268,18 @@ fn a_failed_sampled_batch_changes_no_session() {
 
 #[test]
 fn truncating_and_decoding_again_matches_a_fresh_session() {
-    let m = model("qwen2", 2);
+    truncating_matches_a_fresh_session("qwen2");
+}
+
+/// A hybrid model's recurrent states cannot run backwards: they take the
+/// kept tokens in again, as a fresh session fed them would.
+#[test]
+fn truncating_a_hybrid_session_and_decoding_again_matches_a_fresh_session() {
+    truncating_matches_a_fresh_session("qwen35");
+}
+
+fn truncating_matches_a_fresh_session(arch: &str) {
+    let m = model(arch, 2);
     let expected = stepwise(&m);
     let mut s = session(&m, 64, 4);
     s.decode(&[9, 9, 9, 9, 9, 9]).unwrap();

@@ -447,6 +447,15 @@ func (s *Session) NPast() int {
 	return n
 }
 
+// MemoryBytes is the memory the session's caches hold: keys and values for
+// n_ctx positions of each attention layer, and a hybrid model's
+// linear-attention states (m40_session_memory_bytes).
+func (s *Session) MemoryBytes() uint64 {
+	var n uint64
+	_ = s.use(func(p *C.struct_m40_session) error { n = uint64(C.m40_session_memory_bytes(p)); return nil })
+	return n
+}
+
 // Reset empties the session.
 func (s *Session) Reset() error {
 	return s.use(func(p *C.struct_m40_session) error {

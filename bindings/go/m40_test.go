@@ -54,6 +54,9 @@ func TestGenerateStreamsLlamaCppsGreedyText(t *testing.T) {
 	if s.NPast() != 6+8-1 && s.NPast() != 6+8 {
 		t.Fatalf("n_past %d after a 6-token prompt and 8 tokens", s.NPast())
 	}
+	if s.MemoryBytes() == 0 {
+		t.Fatal("a session's cache holds memory")
+	}
 }
 
 func TestASplitModelGivesTheUnsplitLogits(t *testing.T) {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::json::JsonObject;
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, LayerState};
 use crate::sampling;
 pub use fused::{route, AttentionStep, Experts, GatedFfn, Heads, Norm, Product, Scratch};
 pub use weight::Weight;
@@ -74,6 +74,56 @@ pub struct AttentionShape {
     pub window: Option<usize>,
     /// Multiplies q·k before the softmax.
     pub scale: f32,
+}
+
+/// The shape of a Gated DeltaNet layer (see `model::DeltaNetParams`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetShape {
+    pub conv_kernel: usize,
+    pub head_dim: usize,
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+}
+
+impl DeltaNetShape {
+    pub fn key_width(&self) -> usize {
+        self.head_dim * self.n_k_heads
+    }
+
+    pub fn value_width(&self) -> usize {
+        self.head_dim * self.n_v_heads
+    }
+
+    /// Channels of the convolution: queries, keys, then values.
+    pub fn channels(&self) -> usize {
+        2 * self.key_width() + self.value_width()
+    }
+
+    /// f32 values of one sequence's convolution state (its last
+    /// `conv_kernel − 1` inputs) and recurrent state (a `head_dim²` matrix
+    /// per value head) in one layer.
+    pub fn state_values(&self) -> (usize, usize) {
+        (
+            (self.conv_kernel - 1) * self.channels(),
+            self.n_v_heads * self.head_dim * self.head_dim,
+        )
+    }
+}
+
+/// One Gated DeltaNet layer's step over the rows of a batch.
+#[derive(Clone, Copy)]
+pub struct DeltaNetStep<'a> {
+    /// The layer's index among the caches' layers.
+    pub layer: usize,
+    pub rows: &'a [SeqPos],
+    pub shape: DeltaNetShape,
+    /// The convolution's taps (`channels` rows of `conv_kernel`).
+    pub conv: &'a Weight,
+    /// Per value head: the decay's bias and −e^A.
+    pub dt_bias: &'a Weight,
+    pub a: &'a Weight,
+    /// The ε of the queries' and keys' L2 norms.
+    pub eps: f32,
 }
 
 /// Row i of `values` (rows of `row_len`) replacing the contents of
@@ -343,6 +393,48 @@ pub trait Backend {
         out: &mut Self::Buffer,
     ) -> Result<()>;
 
+    /// The Gated DeltaNet of a linear-attention layer, rows of each
+    /// sequence in position order from where its recurrent state stands:
+    /// the causal convolution of `qkv` (rows of `shape.channels()`) with
+    /// the sequence's previous inputs, SiLU, L2 norms of each query and key
+    /// head, then per value head h and row t, with decay
+    /// g = softplus(alpha[t][h] + dt_bias[h]) · a[h] and strength
+    /// b = σ(beta[t][h]):
+    /// S ← e^g·S; S += k (b·(v − Sᵀk))ᵀ; out[t] = Sᵀq / √head_dim.
+    /// The sequences' convolution and recurrent states advance by their
+    /// rows.
+    fn delta_net(
+        &self,
+        caches: &mut [&mut Self::KvCache],
+        step: DeltaNetStep,
+        qkv: &Self::Buffer,
+        alpha: &Self::Buffer,
+        beta: &Self::Buffer,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+    /// Splits each of `groups` runs of `2 · half` values of x into its
+    /// first half (to `first`) and second half (to `second`).
+    fn split_halves(
+        &self,
+        x: &Self::Buffer,
+        groups: usize,
+        half: usize,
+        first: &mut Self::Buffer,
+        second: &mut Self::Buffer,
+    ) -> Result<()>;
+    /// x ← x · σ(gate).
+    fn sigmoid_gate(&self, x: &mut Self::Buffer, gate: &Self::Buffer, len: usize) -> Result<()>;
+    /// x[r] += σ(gate[r]) · y[r] for `rows` rows of `width` values, one gate
+    /// value a row.
+    fn gated_add(
+        &self,
+        x: &mut Self::Buffer,
+        y: &Self::Buffer,
+        gate: &Self::Buffer,
+        rows: usize,
+        width: usize,
+    ) -> Result<()>;
+
     /// x += post_norm(Σ w_e · down_e(act(h · gate_eᵀ) · (h · up_eᵀ))) for
     /// `rows` rows of h = norm(x): the mixture-of-experts feed-forward
     /// block with its residual, over the experts and weights [`route`]
@@ -560,6 +652,36 @@ pub enum SequenceCache {
     Cuda(cuda::CudaKvCache),
 }
 
+impl SequenceCache {
+    /// Whether the cache's recurrent states have taken in exactly `tokens`
+    /// tokens (true where it has none).
+    pub fn recurrent_holds(&self, tokens: usize) -> bool {
+        match self {
+            SequenceCache::Cpu(kv) => kv.recurrent_holds(tokens),
+            #[cfg(feature = "cuda")]
+            SequenceCache::Cuda(_) => true,
+        }
+    }
+
+    /// Bytes the cache holds (keys, values and recurrent states).
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            SequenceCache::Cpu(kv) => kv.size_bytes(),
+            #[cfg(feature = "cuda")]
+            SequenceCache::Cuda(kv) => kv.size_bytes(),
+        }
+    }
+
+    /// Every recurrent state back to that of no tokens.
+    pub fn reset_recurrent(&mut self) {
+        match self {
+            SequenceCache::Cpu(kv) => kv.reset_recurrent(),
+            #[cfg(feature = "cuda")]
+            SequenceCache::Cuda(_) => {}
+        }
+    }
+}
+
 /// The rows of one forward pass: each row's token and its sequence and
 /// position, and the rows whose next-token logits are wanted.
 #[derive(Clone, Copy, Debug)]
@@ -631,20 +753,27 @@ impl ModelBackend {
         }
     }
 
+    /// A sequence's cache for `n_ctx` positions of the stage's `layers`
+    /// (keys and values, or a recurrent state).
     pub fn kv_cache(
         &self,
         n_ctx: usize,
-        n_layer: usize,
+        layers: &[LayerState],
         k_width: usize,
         v_width: usize,
     ) -> Result<SequenceCache> {
         Ok(match self {
-            ModelBackend::Cpu(b) => {
-                SequenceCache::Cpu(b.kv_cache(n_ctx, n_layer, k_width, v_width)?)
+            ModelBackend::Cpu(_) => {
+                SequenceCache::Cpu(KvCache::with_layers(n_ctx, layers, k_width, v_width)?)
             }
             #[cfg(feature = "cuda")]
             ModelBackend::Cuda(b) => {
-                SequenceCache::Cuda(b.kv_cache(n_ctx, n_layer, k_width, v_width)?)
+                if layers.iter().any(|l| *l != LayerState::Kv) {
+                    return Err(Error::unsupported(
+                        "the CUDA backend has no linear-attention (Gated DeltaNet) layers yet; load this model on the CPU (device -1)",
+                    ));
+                }
+                SequenceCache::Cuda(b.kv_cache(n_ctx, layers.len(), k_width, v_width)?)
             }
         })
     }

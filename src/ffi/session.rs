@@ -161,6 +161,18 @@ pub extern "C" fn m40_session_n_past(session: *const m40_session) -> u32 {
     })
 }
 
+/// Returns the bytes of memory the session's caches hold, on whichever
+/// devices hold the model's layers: keys and values for `n_ctx` positions of
+/// each attention layer, and each linear-attention layer's state (a hybrid
+/// model's, whose size does not depend on `n_ctx`). 0 for an invalid handle,
+/// with `m40_last_error` set.
+#[no_mangle]
+pub extern "C" fn m40_session_memory_bytes(session: *const m40_session) -> u64 {
+    guard_value(0, || {
+        handles::with_session(session as usize, |s| Ok(s.memory_bytes() as u64))
+    })
+}
+
 /// Converts host token ids, rejecting negative ones.
 fn token_ids(tokens: &[m40_token]) -> Result<Vec<u32>, Error> {
     tokens

@@ -22,6 +22,14 @@ pub enum Architecture {
     Qwen3Moe,
     /// Gemma 3: extra norms, GeGLU, sliding-window layers.
     Gemma3,
+    /// Qwen3.5 / Qwen3.6 (dense): Gated DeltaNet linear-attention layers,
+    /// with a gated full-attention layer every `full_attention_interval`
+    /// layers.
+    Qwen35,
+    /// Qwen3.5 / Qwen3.6 MoE: Qwen3.5's layers with a mixture-of-experts
+    /// feed-forward block and a shared expert gated by σ of its own
+    /// projection.
+    Qwen35Moe,
 }
 
 impl Architecture {
@@ -33,6 +41,8 @@ impl Architecture {
             "qwen3" => Some(Architecture::Qwen3),
             "qwen3moe" => Some(Architecture::Qwen3Moe),
             "gemma3" => Some(Architecture::Gemma3),
+            "qwen35" => Some(Architecture::Qwen35),
+            "qwen35moe" => Some(Architecture::Qwen35Moe),
             _ => None,
         }
     }
@@ -44,7 +54,14 @@ impl Architecture {
             Architecture::Qwen3 => "qwen3",
             Architecture::Qwen3Moe => "qwen3moe",
             Architecture::Gemma3 => "gemma3",
+            Architecture::Qwen35 => "qwen35",
+            Architecture::Qwen35Moe => "qwen35moe",
         }
+    }
+
+    /// Whether its layers mix Gated DeltaNet and gated attention (Qwen3.5).
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Architecture::Qwen35 | Architecture::Qwen35Moe)
     }
 
     /// How this architecture's forward pass differs from LLaMA's.
@@ -56,7 +73,15 @@ impl Architecture {
                 embedding_scaled: false,
                 local_rope_base: None,
             },
-            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => ArchTraits {
+            Architecture::Qwen2
+            | Architecture::Qwen3
+            | Architecture::Qwen3Moe
+            // Qwen3.5's RoPE is llama.cpp's interleaved multi-section kind,
+            // which for text (every section at the token's position) is
+            // NEOX over `rope.dimension_count` dimensions; `HyperParams`
+            // checks that the sections rotate every pair.
+            | Architecture::Qwen35
+            | Architecture::Qwen35Moe => ArchTraits {
                 rope_mode: RopeMode::Neox,
                 glu: Glu::Swiglu,
                 embedding_scaled: false,
@@ -79,6 +104,7 @@ impl Architecture {
             | Architecture::Qwen3
             | Architecture::Qwen3Moe => 10_000.0,
             Architecture::Gemma3 => 1_000_000.0,
+            Architecture::Qwen35 | Architecture::Qwen35Moe => 10_000_000.0,
         }
     }
 }
@@ -128,14 +154,45 @@ fn tensor_specs(arch: Architecture, hp: &HyperParams) -> Vec<TensorSpec> {
     }
     for i in 0..hp.n_layer {
         let b = |n: &str| format!("blk.{i}.{n}");
-        specs.extend([
-            spec(b("attn_norm.weight"), &[d], true),
-            spec(b("attn_q.weight"), &[d, q], true),
-            spec(b("attn_k.weight"), &[d, k], true),
-            spec(b("attn_v.weight"), &[d, vv], true),
-            spec(b("attn_output.weight"), &[o, d], true),
-            spec(b("ffn_norm.weight"), &[d], true),
-        ]);
+        specs.push(spec(b("attn_norm.weight"), &[d], true));
+        match hp.delta_net.filter(|_| hp.is_linear_layer(i as usize)) {
+            Some(net) => {
+                let (key, value) = (net.key_width(), net.value_width());
+                specs.extend([
+                    spec(b("attn_qkv.weight"), &[d, 2 * key + value], true),
+                    spec(b("attn_gate.weight"), &[d, value], true),
+                    spec(
+                        b("ssm_conv1d.weight"),
+                        &[net.conv_kernel, 2 * key + value],
+                        true,
+                    ),
+                    spec(b("ssm_dt.bias"), &[net.n_v_heads], true),
+                    spec(b("ssm_a"), &[net.n_v_heads], true),
+                    spec(b("ssm_beta.weight"), &[d, net.n_v_heads], true),
+                    spec(b("ssm_alpha.weight"), &[d, net.n_v_heads], true),
+                    spec(b("ssm_norm.weight"), &[net.head_dim], true),
+                    spec(b("ssm_out.weight"), &[value, d], true),
+                ]);
+            }
+            None => {
+                // Qwen3.5's full-attention layers project each query head
+                // and its output gate together.
+                let q = if arch.is_hybrid() { 2 * q } else { q };
+                specs.extend([
+                    spec(b("attn_q.weight"), &[d, q], true),
+                    spec(b("attn_k.weight"), &[d, k], true),
+                    spec(b("attn_v.weight"), &[d, vv], true),
+                    spec(b("attn_output.weight"), &[o, d], true),
+                ]);
+            }
+        }
+        // Qwen3.5 names its feed-forward norm as Hugging Face does.
+        let ffn_norm = if arch.is_hybrid() {
+            "post_attention_norm.weight"
+        } else {
+            "ffn_norm.weight"
+        };
+        specs.push(spec(b(ffn_norm), &[d], true));
         if hp.is_moe() {
             // The router, and each expert's matrices stacked along the
             // third dimension (expert e is the e-th contiguous slice).
@@ -146,6 +203,15 @@ fn tensor_specs(arch: Architecture, hp: &HyperParams) -> Vec<TensorSpec> {
                 spec(b("ffn_up_exps.weight"), &[d, ff_exp, e], true),
                 spec(b("ffn_down_exps.weight"), &[ff_exp, d, e], true),
             ]);
+            if hp.n_ff_shared > 0 {
+                let sh = hp.n_ff_shared;
+                specs.extend([
+                    spec(b("ffn_gate_inp_shexp.weight"), &[d], true),
+                    spec(b("ffn_gate_shexp.weight"), &[d, sh], true),
+                    spec(b("ffn_up_shexp.weight"), &[d, sh], true),
+                    spec(b("ffn_down_shexp.weight"), &[sh, d], true),
+                ]);
+            }
         } else {
             specs.extend([
                 spec(b("ffn_gate.weight"), &[d, ff], true),
@@ -161,6 +227,11 @@ fn tensor_specs(arch: Architecture, hp: &HyperParams) -> Vec<TensorSpec> {
                 spec(b("attn_v.bias"), &[vv], true),
             ]),
             Architecture::Qwen3 | Architecture::Qwen3Moe => specs.extend([
+                spec(b("attn_q_norm.weight"), &[hp.head_dim_k], true),
+                spec(b("attn_k_norm.weight"), &[hp.head_dim_k], true),
+            ]),
+            Architecture::Qwen35 | Architecture::Qwen35Moe if hp.is_linear_layer(i as usize) => {}
+            Architecture::Qwen35 | Architecture::Qwen35Moe => specs.extend([
                 spec(b("attn_q_norm.weight"), &[hp.head_dim_k], true),
                 spec(b("attn_k_norm.weight"), &[hp.head_dim_k], true),
             ]),

@@ -85,7 +85,9 @@ impl Model {
     }
 
     /// The devices that hold the model, in order: which layers each holds,
-    /// its bytes of weights and of KV cache per token of a session.
+    /// its bytes of weights, of KV cache per token of a session, and of a
+    /// session's recurrent state (linear-attention layers: a fixed size
+    /// whatever the context).
     fn describe_stages(&self) -> String {
         let hp = self
             .hparams()
@@ -105,6 +107,14 @@ impl Model {
                     .filter(|t| w.stage_holds(&t.name, &stage.layers, first, last))
                     .map(|t| t.n_bytes)
                     .sum();
+                let attention_layers = stage
+                    .layers
+                    .clone()
+                    .filter(|&il| !hp.is_linear_layer(il))
+                    .count() as u64;
+                let recurrent_layers = stage.layers.len() as u64 - attention_layers;
+                let (conv, ssm) = hp.delta_net.map_or((0, 0), |p| p.state_values());
+                let recurrent_bytes = recurrent_layers * (conv + ssm) as u64 * 4;
                 let mut j = JsonObject::new();
                 j.string("backend", Some(stage.device.backend_name()))
                     .string("device", Some(&stage.device.name()));
@@ -119,10 +129,8 @@ impl Model {
                 .value("embedding", first)
                 .value("output", last)
                 .value("weight_bytes", weight_bytes)
-                .value(
-                    "kv_bytes_per_token",
-                    kv_per_layer * stage.layers.len() as u64,
-                );
+                .value("kv_bytes_per_token", kv_per_layer * attention_layers)
+                .value("recurrent_state_bytes", recurrent_bytes);
                 j.finish()
             })
             .collect();

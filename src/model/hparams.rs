@@ -3,7 +3,7 @@
 
 use super::Architecture;
 use crate::error::{echo, Error, Result};
-use crate::gguf::GgufFile;
+use crate::gguf::{Array, GgufFile};
 
 // Upper bounds well above any published model; they keep hostile values from
 // sizing buffers or overflowing products of dimensions.
@@ -47,6 +47,57 @@ pub struct HyperParams {
     pub n_expert_used: u32,
     /// Feed-forward width of one expert (0 for a dense model).
     pub n_ff_exp: u32,
+    /// Feed-forward width of the shared expert that every row uses beside
+    /// its routed ones, gated by σ of its own projection (qwen35moe); 0
+    /// where there is none.
+    pub n_ff_shared: u32,
+    /// The Gated DeltaNet layers' shape (qwen35); `None` for models whose
+    /// layers all use attention.
+    pub delta_net: Option<DeltaNetParams>,
+}
+
+/// The linear-attention (Gated DeltaNet) layers of a hybrid model, as
+/// llama.cpp reads them from `{arch}.ssm.*`: every layer but each
+/// `full_attention_interval`-th is one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetParams {
+    /// Taps of the causal convolution over q, k and v (`ssm.conv_kernel`).
+    pub conv_kernel: u32,
+    /// Width of each key and value head, and of the square state of each
+    /// value head (`ssm.state_size`).
+    pub head_dim: u32,
+    /// Key (and query) heads (`ssm.group_count`).
+    pub n_k_heads: u32,
+    /// Value heads, each with its own state, decay and write strength
+    /// (`ssm.time_step_rank`); value head h reads key head h mod n_k_heads.
+    pub n_v_heads: u32,
+    pub full_attention_interval: u32,
+}
+
+impl DeltaNetParams {
+    /// Values of the queries, and of the keys, of one row.
+    pub fn key_width(&self) -> u32 {
+        self.head_dim * self.n_k_heads
+    }
+
+    /// Values of one row's values (and of the layer's output before its
+    /// projection).
+    pub fn value_width(&self) -> u32 {
+        self.head_dim * self.n_v_heads
+    }
+
+    /// Channels of the convolution: queries, keys and values.
+    pub fn conv_channels(&self) -> u32 {
+        2 * self.key_width() + self.value_width()
+    }
+
+    /// f32 values one sequence keeps for one layer: the convolution's last
+    /// `conv_kernel − 1` inputs and each value head's state.
+    pub fn state_values(&self) -> (usize, usize) {
+        let conv = (self.conv_kernel as usize - 1) * self.conv_channels() as usize;
+        let head = self.head_dim as usize;
+        (conv, self.n_v_heads as usize * head * head)
+    }
 }
 
 impl HyperParams {
@@ -62,7 +113,11 @@ impl HyperParams {
         let n_ctx_train = required("context_length", 1..=u32::MAX)?;
         let n_embd = required("embedding_length", 1..=MAX_EMBEDDING)?;
         let n_layer = required("block_count", 1..=MAX_LAYERS)?;
-        let n_ff = required("feed_forward_length", 1..=MAX_FEED_FORWARD)?;
+        // A Qwen3.5 MoE file has only its experts' widths.
+        let n_ff = match arch {
+            Architecture::Qwen35Moe => optional("feed_forward_length", 0..=MAX_FEED_FORWARD, 0)?,
+            _ => required("feed_forward_length", 1..=MAX_FEED_FORWARD)?,
+        };
         let n_head = required("attention.head_count", 1..=MAX_HEADS)?;
         let n_head_kv = optional("attention.head_count_kv", 1..=MAX_HEADS, n_head)?;
         if n_head % n_head_kv != 0 {
@@ -130,18 +185,20 @@ impl HyperParams {
             Architecture::Llama
             | Architecture::Qwen2
             | Architecture::Qwen3
-            | Architecture::Qwen3Moe => (None, 1),
+            | Architecture::Qwen3Moe
+            | Architecture::Qwen35
+            | Architecture::Qwen35Moe => (None, 1),
         };
         // Mixture of experts as llama.cpp reads it: LLaMA has experts when
         // `expert_count` > 0 (Mixtral), each as wide as the dense FFN would
         // be; Qwen3-MoE always has them, `expert_feed_forward_length` wide
         // (else n_ff / n_expert_used).
         let (n_expert, n_expert_used, n_ff_exp) = match arch {
-            Architecture::Llama | Architecture::Qwen3Moe => {
-                let min = if arch == Architecture::Qwen3Moe { 1 } else { 0 };
-                let n_expert = optional("expert_count", min..=MAX_EXPERTS, 0)?;
+            Architecture::Llama | Architecture::Qwen3Moe | Architecture::Qwen35Moe => {
+                let always = arch != Architecture::Llama;
+                let n_expert = optional("expert_count", u32::from(always)..=MAX_EXPERTS, 0)?;
                 if n_expert == 0 {
-                    if arch == Architecture::Qwen3Moe {
+                    if always {
                         return Err(Error::format(format!(
                             "a {a} model needs {} > 0",
                             key("expert_count")
@@ -151,7 +208,7 @@ impl HyperParams {
                 } else {
                     let n_used = required("expert_used_count", 1..=n_expert)?;
                     let n_ff_exp = match arch {
-                        Architecture::Qwen3Moe => optional(
+                        Architecture::Qwen3Moe | Architecture::Qwen35Moe => optional(
                             "expert_feed_forward_length",
                             1..=MAX_FEED_FORWARD,
                             n_ff / n_used,
@@ -167,8 +224,44 @@ impl HyperParams {
                     (n_expert, n_used, n_ff_exp)
                 }
             }
-            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma3 => (0, 0, 0),
+            Architecture::Qwen2
+            | Architecture::Qwen3
+            | Architecture::Gemma3
+            | Architecture::Qwen35 => (0, 0, 0),
         };
+        let delta_net = if arch.is_hybrid() {
+            Some(delta_net_params(gguf, a, head_dim_k, head_dim_v)?)
+        } else {
+            None
+        };
+        // llama.cpp's default: the shared expert as wide as the dense FFN.
+        let n_ff_shared = match arch {
+            Architecture::Qwen35Moe => optional(
+                "expert_shared_feed_forward_length",
+                1..=MAX_FEED_FORWARD,
+                n_ff,
+            )?,
+            _ => 0,
+        };
+        if let Some(entry) = gguf.get(&key("expert_weights_scale")) {
+            let scale = entry.f32_in(f32::MIN..=f32::MAX)?;
+            if scale != 0.0 && scale != 1.0 {
+                return Err(Error::unsupported(format!(
+                    "{} = {scale}: scaled expert weights are not supported",
+                    key("expert_weights_scale")
+                )));
+            }
+        }
+        if let Some(net) = delta_net {
+            check_text_rope_sections(gguf, a, rope_dim)?;
+            if n_layer < net.full_attention_interval {
+                return Err(Error::format(format!(
+                    "{} = {} leaves the model's {n_layer} layers without a full-attention layer",
+                    key("full_attention_interval"),
+                    net.full_attention_interval
+                )));
+            }
+        }
         Ok(HyperParams {
             n_vocab,
             n_ctx_train,
@@ -188,11 +281,105 @@ impl HyperParams {
             n_expert,
             n_expert_used,
             n_ff_exp,
+            n_ff_shared,
+            delta_net,
         })
     }
 
     /// Whether the feed-forward blocks are mixtures of experts.
     pub fn is_moe(&self) -> bool {
         self.n_expert > 0
+    }
+
+    /// Whether layer `il` is a Gated DeltaNet layer (else attention).
+    pub fn is_linear_layer(&self, il: usize) -> bool {
+        self.delta_net
+            .is_some_and(|n| !(il + 1).is_multiple_of(n.full_attention_interval as usize))
+    }
+}
+
+/// `{a}.ssm.*` and `{a}.full_attention_interval`, checked.
+fn delta_net_params(
+    gguf: &GgufFile,
+    a: &str,
+    head_dim_k: u32,
+    head_dim_v: u32,
+) -> Result<DeltaNetParams> {
+    let key = |k: &str| format!("{a}.{k}");
+    let required = |k: &str, range| gguf.require(&key(k))?.u32_in(range);
+    let net = DeltaNetParams {
+        conv_kernel: required("ssm.conv_kernel", 1..=64)?,
+        head_dim: required("ssm.state_size", 1..=MAX_HEAD_DIM)?,
+        n_k_heads: required("ssm.group_count", 1..=MAX_HEADS)?,
+        n_v_heads: required("ssm.time_step_rank", 1..=MAX_HEADS)?,
+        full_attention_interval: match gguf.get(&key("full_attention_interval")) {
+            Some(entry) => entry.u32_in(1..=MAX_LAYERS)?,
+            // llama.cpp's default.
+            None => 4,
+        },
+    };
+    if !net.n_v_heads.is_multiple_of(net.n_k_heads) {
+        return Err(Error::format(format!(
+            "{} = {} is not a multiple of {} = {}",
+            key("ssm.time_step_rank"),
+            net.n_v_heads,
+            key("ssm.group_count"),
+            net.n_k_heads
+        )));
+    }
+    let inner = required("ssm.inner_size", 1..=u32::MAX)?;
+    if inner != net.value_width() {
+        return Err(Error::format(format!(
+            "{} = {inner} is not {} × {} = {}",
+            key("ssm.inner_size"),
+            key("ssm.state_size"),
+            key("ssm.time_step_rank"),
+            net.value_width()
+        )));
+    }
+    if head_dim_k != head_dim_v {
+        return Err(Error::format(format!(
+            "a {a} model's attention heads need equal key and value widths (here {head_dim_k} and {head_dim_v})"
+        )));
+    }
+    Ok(net)
+}
+
+/// Checks that `{a}.rope.dimension_sections` (llama.cpp's interleaved
+/// multi-section RoPE) rotates every pair of the `rope_dim` rotated
+/// dimensions of a text token: pair i belongs to section (i mod Σ sections)
+/// taken round-robin over the first three sections, whose positions are the
+/// token's own; a pair of the fourth (position 0) would stay unrotated,
+/// which this build's RoPE does not model.
+fn check_text_rope_sections(gguf: &GgufFile, a: &str, rope_dim: u32) -> Result<()> {
+    let name = format!("{a}.rope.dimension_sections");
+    let entry = gguf.require(&name)?;
+    let sections: Vec<i64> = match entry.array()? {
+        Array::I32(v) => v.iter().map(|&x| i64::from(x)).collect(),
+        Array::U32(v) => v.iter().map(|&x| i64::from(x)).collect(),
+        _ => return Err(Error::format(format!("{name} is not an array of integers"))),
+    };
+    if sections.len() != 4
+        || sections
+            .iter()
+            .any(|&s| !(0..=i64::from(MAX_HEAD_DIM)).contains(&s))
+    {
+        return Err(Error::format(format!(
+            "{name} must hold four section sizes in 0..={MAX_HEAD_DIM}"
+        )));
+    }
+    let total: i64 = sections.iter().sum();
+    if total == 0 {
+        return Err(Error::format(format!("{name} has no dimensions")));
+    }
+    let rotates = |pair: i64| {
+        let sector = pair % total;
+        (0..3).any(|s| sector % 3 == s && sector < 3 * sections[s as usize])
+    };
+    match (0..i64::from(rope_dim / 2)).find(|&p| !rotates(p)) {
+        None => Ok(()),
+        Some(pair) => Err(Error::unsupported(format!(
+            "{name} = {sections:?} leaves RoPE pair {pair} of a text token unrotated, which this build does not support"
+        ))),
     }
 }

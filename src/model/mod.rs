@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 pub use crate::backend::Weight;
 pub use arch::{ArchTraits, Architecture};
-pub use hparams::HyperParams;
+pub use hparams::{DeltaNetParams, HyperParams};
 pub use placement::DeviceShare;
-pub use weights::{FeedForward, LayerWeights, Weights};
+pub use weights::{AttentionWeights, DeltaNetWeights, FeedForward, LayerWeights, Mixer, Weights};
 
 use crate::backend::{Device, ModelBackend};
 use crate::chat::ChatTemplate;
@@ -157,7 +157,7 @@ impl Model {
 
         let arch = Architecture::from_name(&architecture_name).ok_or_else(|| {
             Error::unsupported(format!(
-                "architecture '{}' is not supported (supported: llama, qwen2, qwen3, qwen3moe, gemma3)",
+                "architecture '{}' is not supported (supported: llama, qwen2, qwen3, qwen3moe, gemma3, qwen35, qwen35moe)",
                 crate::error::echo(&architecture_name)
             ))
         })?;
@@ -170,6 +170,18 @@ impl Model {
         let layer_bytes = weights::layer_bytes(&gguf, hparams.n_layer as usize);
         let edge_bytes = (weights.token_embd.n_bytes + weights.output.n_bytes) as u64;
         let placements = placement::place(devices, &layer_bytes, edge_bytes, Device::free_memory)?;
+        if hparams.delta_net.is_some() {
+            if let Some(p) = placements
+                .iter()
+                .find(|p| matches!(p.device, Device::Cuda { .. }))
+            {
+                return Err(Error::unsupported(format!(
+                    "a {} model's linear-attention (Gated DeltaNet) layers run on the CPU backend only in this build, not on {}; load it with device -1",
+                    arch.name(),
+                    p.device.name()
+                )));
+            }
+        }
         let gguf = Arc::new(gguf);
         let n_stages = placements.len();
         let first_gpu = placements

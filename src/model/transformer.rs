@@ -1,7 +1,8 @@
 //! The transformer forward pass shared by LLaMA (Mixtral's experts
-//! included), Qwen2, Qwen3 (dense and MoE) and Gemma 3, written
-//! once against the [`Backend`] interface. Read top to bottom it is the whole
-//! model: embed, then per layer attention and feed-forward blocks with their
+//! included), Qwen2, Qwen3 (dense and MoE), Gemma 3 and Qwen3.5 (dense and
+//! MoE), written once against the [`Backend`] interface. Read top to bottom
+//! it is the whole model: embed, then per layer a mixing block (attention,
+//! or Qwen3.5's Gated DeltaNet) and a feed-forward block with their
 //! residuals, then the output norm and projection.
 //!
 //! A batch is a list of rows, each a token at a position of some sequence
@@ -12,10 +13,10 @@
 
 use std::ops::Range;
 
-use super::{ArchTraits, FeedForward, HyperParams, Model, Weights};
+use super::{ArchTraits, FeedForward, HyperParams, Mixer, Model, Weights};
 use crate::backend::{
-    AttentionShape, AttentionStep, Backend, Batch, ForwardPass, GatedFfn, Heads, Norm, Product,
-    Rope, Scratch, SeqPos, SequenceCache, StepOutput,
+    AttentionShape, AttentionStep, Backend, Batch, DeltaNetShape, DeltaNetStep, ForwardPass,
+    GatedFfn, Glu, Heads, Norm, Product, Rope, Scratch, SeqPos, SequenceCache, StepOutput,
 };
 use crate::error::Result;
 
@@ -193,6 +194,36 @@ fn stage_on_device<B: Backend>(
         None => b.embed(&w.token_embd, tokens, embedding_scale, &mut x)?,
     }
 
+    // A hybrid model's scratch: its attention layers' gated queries, and
+    // its Gated DeltaNet layers' inputs and outputs.
+    let gated = w
+        .layers
+        .iter()
+        .any(|l| l.attention().is_some_and(|a| a.gated_output));
+    let mut q_gated = b.buffer(if gated { 2 * n * q_width } else { 0 })?;
+    let mut q_gate = b.buffer(if gated { n * q_width } else { 0 })?;
+    let net = hp.delta_net.map(|p| DeltaNetShape {
+        conv_kernel: p.conv_kernel as usize,
+        head_dim: p.head_dim as usize,
+        n_k_heads: p.n_k_heads as usize,
+        n_v_heads: p.n_v_heads as usize,
+    });
+    let net_len = |width: fn(&DeltaNetShape) -> usize| net.as_ref().map_or(0, |s| n * width(s));
+    let mut net_qkv = b.buffer(net_len(DeltaNetShape::channels))?;
+    let mut net_z = b.buffer(net_len(DeltaNetShape::value_width))?;
+    let mut net_alpha = b.buffer(net_len(|s| s.n_v_heads))?;
+    let mut net_beta = b.buffer(net_len(|s| s.n_v_heads))?;
+    let mut net_out = b.buffer(net_len(DeltaNetShape::value_width))?;
+    let mut net_gated = b.buffer(net_len(DeltaNetShape::value_width))?;
+
+    // The shared expert's scratch (Qwen3.5 MoE).
+    let shared = hp.n_ff_shared as usize;
+    let mut shared_gate = b.buffer(n * shared)?;
+    let mut shared_up = b.buffer(n * shared)?;
+    let mut shared_act = b.buffer(n * shared)?;
+    let mut shared_logit = b.buffer(if shared > 0 { n } else { 0 })?;
+    let mut shared_out = b.buffer(if shared > 0 { n * d } else { 0 })?;
+
     for (il, lw) in w.layers[part.layers.clone()].iter().enumerate() {
         let (rope, window) = layer_attention(hp, &t, w, part.layers.start + il);
         let shape = AttentionShape {
@@ -204,30 +235,86 @@ fn stage_on_device<B: Backend>(
             scale: 1.0 / (hd_k as f32).sqrt(),
         };
 
-        // Attention block: q, k, v of norm(x); rotate and cache; attend;
-        // x += (post-norm of) the output projection.
-        let projections = [
-            (&lw.wq, &lw.bq, &mut q),
-            (&lw.wk, &lw.bk, &mut k),
-            (&lw.wv, &lw.bv, &mut v),
-        ];
-        let mut products = projections.map(|(w, bias, out)| Product {
-            w,
-            bias: bias.as_ref(),
-            out,
-        });
-        let qk_norm = lw.q_norm.as_ref().zip(lw.k_norm.as_ref());
-        let step = AttentionStep {
-            layer: il,
-            rows,
-            heads,
-            qk_norm: qk_norm.map(|(qn, kn)| (norm(qn), norm(kn))),
-            rope: &rope,
-        };
-        b.norm_qkv_attention_inputs(&x, norm(&lw.attn_norm), &mut h, &mut products, caches, step)?;
-        b.attention(caches, il, &q, rows, &shape, &mut attn)?;
-        let post_attn = lw.post_attn_norm.as_ref().map(norm);
-        b.matmul_residual(&lw.wo, &attn, n, post_attn, &mut o, &mut x)?;
+        match &lw.mixer {
+            // Attention block: q, k, v of norm(x); rotate and cache; attend;
+            // x += (post-norm of) the output projection (of the output
+            // gated by σ(gate) where each head's queries carry a gate).
+            Mixer::Attention(aw) => {
+                let q_out = if aw.gated_output {
+                    &mut q_gated
+                } else {
+                    &mut q
+                };
+                let mut products = [
+                    (&aw.wq, &aw.bq, q_out),
+                    (&aw.wk, &aw.bk, &mut k),
+                    (&aw.wv, &aw.bv, &mut v),
+                ]
+                .map(|(w, bias, out)| Product {
+                    w,
+                    bias: bias.as_ref(),
+                    out,
+                });
+                let qk_norm = aw.q_norm.as_ref().zip(aw.k_norm.as_ref());
+                let step = AttentionStep {
+                    layer: il,
+                    rows,
+                    heads,
+                    qk_norm: qk_norm.map(|(qn, kn)| (norm(qn), norm(kn))),
+                    rope: &rope,
+                };
+                let attn_norm = norm(&lw.attn_norm);
+                if aw.gated_output {
+                    b.norm_matmuls(&x, attn_norm, n, &mut h, &mut products)?;
+                    b.split_halves(&q_gated, n * n_head, hd_k, &mut q, &mut q_gate)?;
+                    b.attention_inputs(caches, step, &mut q, &mut k, &v)?;
+                } else {
+                    b.norm_qkv_attention_inputs(
+                        &x,
+                        attn_norm,
+                        &mut h,
+                        &mut products,
+                        caches,
+                        step,
+                    )?;
+                }
+                b.attention(caches, il, &q, rows, &shape, &mut attn)?;
+                if aw.gated_output {
+                    b.sigmoid_gate(&mut attn, &q_gate, n * o_width)?;
+                }
+                let post_attn = lw.post_attn_norm.as_ref().map(norm);
+                b.matmul_residual(&aw.wo, &attn, n, post_attn, &mut o, &mut x)?;
+            }
+            // Gated DeltaNet block: q, k, v (convolved), the output gate z
+            // and each value head's decay and write strength from norm(x);
+            // the recurrence; each head's output RMS-normed and gated by
+            // SiLU(z); x += its projection.
+            Mixer::DeltaNet(dw) => {
+                let s = net.expect("a model with DeltaNet layers has their shape");
+                let mut products = [
+                    (&dw.qkv, &mut net_qkv),
+                    (&dw.gate, &mut net_z),
+                    (&dw.alpha, &mut net_alpha),
+                    (&dw.beta, &mut net_beta),
+                ]
+                .map(|(w, out)| Product { w, bias: None, out });
+                b.norm_matmuls(&x, norm(&lw.attn_norm), n, &mut h, &mut products)?;
+                let step = DeltaNetStep {
+                    layer: il,
+                    rows,
+                    shape: s,
+                    conv: &dw.conv,
+                    dt_bias: &dw.dt_bias,
+                    a: &dw.a,
+                    eps: hp.rms_eps,
+                };
+                b.delta_net(caches, step, &net_qkv, &net_alpha, &net_beta, &mut net_out)?;
+                let width = n * s.value_width();
+                b.rms_norm(&mut net_out, &dw.norm, hp.rms_eps, width)?;
+                b.glu(Glu::Swiglu, &net_z, &net_out, width, &mut net_gated)?;
+                b.matmul_residual(&dw.out, &net_gated, n, None, &mut o, &mut x)?;
+            }
+        }
 
         // Feed-forward block: x += (post-norm of) down(act(gate(h)) · up(h)),
         // h = norm(x); with experts, x += (post-norm of) the sum of each
@@ -253,6 +340,19 @@ fn stage_on_device<B: Backend>(
                 b.matmul_residual(w_down, &act, n, post_ffn, &mut o, &mut x)?;
             }
             FeedForward::Experts(experts) => {
+                // The shared expert reads norm(x) before the mixture adds to x.
+                if let Some(sh) = &lw.shared_expert {
+                    let mut products = [
+                        (&sh.gate, &mut shared_gate),
+                        (&sh.up, &mut shared_up),
+                        (&sh.gate_inp, &mut shared_logit),
+                    ]
+                    .map(|(w, out)| Product { w, bias: None, out });
+                    b.norm_matmuls(&x, norm(&lw.ffn_norm), n, &mut h, &mut products)?;
+                    let width = n * sh.gate.rows;
+                    b.glu(t.glu, &shared_gate, &shared_up, width, &mut shared_act)?;
+                    b.matmul(&sh.down, &shared_act, n, &mut shared_out)?;
+                }
                 let scratch = Scratch {
                     normed: &mut h,
                     product: &mut o,
@@ -260,6 +360,9 @@ fn stage_on_device<B: Backend>(
                 };
                 let ffn_norm = norm(&lw.ffn_norm);
                 b.norm_moe_ffn_residual(&mut x, ffn_norm, n, experts, t.glu, post_ffn, scratch)?;
+                if lw.shared_expert.is_some() {
+                    b.gated_add(&mut x, &shared_out, &shared_logit, n, d)?;
+                }
             }
         }
     }

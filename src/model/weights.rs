@@ -16,8 +16,11 @@ pub enum FeedForward {
     Experts(Experts),
 }
 
-pub struct LayerWeights {
-    pub attn_norm: Weight,
+/// A layer's attention: q, k, v and output projections, with the biases
+/// and per-head norms the architecture has.
+pub struct AttentionWeights {
+    /// The query projection; with `gated_output`, each head's queries are
+    /// followed by as many gate values.
     pub wq: Weight,
     pub wk: Weight,
     pub wv: Weight,
@@ -27,10 +30,66 @@ pub struct LayerWeights {
     pub bv: Option<Weight>,
     pub q_norm: Option<Weight>,
     pub k_norm: Option<Weight>,
+    /// The output of each head is multiplied by σ(its gate) before the
+    /// output projection (Qwen3.5).
+    pub gated_output: bool,
+}
+
+/// A Gated DeltaNet (linear attention) layer's weights, named as llama.cpp
+/// names them.
+pub struct DeltaNetWeights {
+    /// q, k and v of every head, before the convolution (`attn_qkv`).
+    pub qkv: Weight,
+    /// The output gate z (`attn_gate`).
+    pub gate: Weight,
+    /// The convolution's taps, one row per channel (`ssm_conv1d`).
+    pub conv: Weight,
+    /// Per value head: the decay's bias (`ssm_dt.bias`) and −e^A (`ssm_a`).
+    pub dt_bias: Weight,
+    pub a: Weight,
+    /// Per value head: the write strength's (`ssm_beta`) and the decay's
+    /// (`ssm_alpha`) projections.
+    pub beta: Weight,
+    pub alpha: Weight,
+    /// RMS norm of each head's output (`ssm_norm`).
+    pub norm: Weight,
+    pub out: Weight,
+}
+
+/// What mixes a layer's positions.
+pub enum Mixer {
+    Attention(AttentionWeights),
+    DeltaNet(DeltaNetWeights),
+}
+
+/// An expert every row uses beside its routed ones, its output scaled by
+/// σ(gate · h) (Qwen3.5 MoE).
+pub struct SharedExpert {
+    /// One row: the gate's projection.
+    pub gate_inp: Weight,
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
+}
+
+pub struct LayerWeights {
+    pub attn_norm: Weight,
+    pub mixer: Mixer,
     pub post_attn_norm: Option<Weight>,
     pub ffn_norm: Weight,
     pub ffn: FeedForward,
+    pub shared_expert: Option<SharedExpert>,
     pub post_ffn_norm: Option<Weight>,
+}
+
+impl LayerWeights {
+    /// The layer's attention, if it has attention.
+    pub fn attention(&self) -> Option<&AttentionWeights> {
+        match &self.mixer {
+            Mixer::Attention(a) => Some(a),
+            Mixer::DeltaNet(_) => None,
+        }
+    }
 }
 
 pub struct Weights {
@@ -59,19 +118,47 @@ impl Weights {
             layers: (0..n_layer)
                 .map(|i| {
                     let b = |n: &str| format!("blk.{i}.{n}");
+                    let mixer = if hp.is_linear_layer(i) {
+                        Mixer::DeltaNet(DeltaNetWeights {
+                            qkv: req(&b("attn_qkv.weight")),
+                            gate: req(&b("attn_gate.weight")),
+                            conv: req(&b("ssm_conv1d.weight")),
+                            dt_bias: req(&b("ssm_dt.bias")),
+                            a: req(&b("ssm_a")),
+                            beta: req(&b("ssm_beta.weight")),
+                            alpha: req(&b("ssm_alpha.weight")),
+                            norm: req(&b("ssm_norm.weight")),
+                            out: req(&b("ssm_out.weight")),
+                        })
+                    } else {
+                        Mixer::Attention(AttentionWeights {
+                            wq: req(&b("attn_q.weight")),
+                            wk: req(&b("attn_k.weight")),
+                            wv: req(&b("attn_v.weight")),
+                            wo: req(&b("attn_output.weight")),
+                            bq: get(&b("attn_q.bias")),
+                            bk: get(&b("attn_k.bias")),
+                            bv: get(&b("attn_v.bias")),
+                            q_norm: get(&b("attn_q_norm.weight")),
+                            k_norm: get(&b("attn_k_norm.weight")),
+                            gated_output: hp.delta_net.is_some(),
+                        })
+                    };
+                    // A hybrid (Qwen3.5) model's `post_attention_norm` is
+                    // its feed-forward norm.
+                    let (ffn_norm, post_attn_norm) = if hp.delta_net.is_some() {
+                        (req(&b("post_attention_norm.weight")), None)
+                    } else {
+                        (
+                            req(&b("ffn_norm.weight")),
+                            get(&b("post_attention_norm.weight")),
+                        )
+                    };
                     LayerWeights {
                         attn_norm: req(&b("attn_norm.weight")),
-                        wq: req(&b("attn_q.weight")),
-                        wk: req(&b("attn_k.weight")),
-                        wv: req(&b("attn_v.weight")),
-                        wo: req(&b("attn_output.weight")),
-                        bq: get(&b("attn_q.bias")),
-                        bk: get(&b("attn_k.bias")),
-                        bv: get(&b("attn_v.bias")),
-                        q_norm: get(&b("attn_q_norm.weight")),
-                        k_norm: get(&b("attn_k_norm.weight")),
-                        post_attn_norm: get(&b("post_attention_norm.weight")),
-                        ffn_norm: req(&b("ffn_norm.weight")),
+                        mixer,
+                        post_attn_norm,
+                        ffn_norm,
                         ffn: if hp.is_moe() {
                             FeedForward::Experts(Experts {
                                 router: req(&b("ffn_gate_inp.weight")),
@@ -88,6 +175,12 @@ impl Weights {
                                 down: req(&b("ffn_down.weight")),
                             }
                         },
+                        shared_expert: (hp.n_ff_shared > 0).then(|| SharedExpert {
+                            gate_inp: req(&b("ffn_gate_inp_shexp.weight")),
+                            gate: req(&b("ffn_gate_shexp.weight")),
+                            up: req(&b("ffn_up_shexp.weight")),
+                            down: req(&b("ffn_down_shexp.weight")),
+                        }),
                         post_ffn_norm: get(&b("post_ffw_norm.weight")),
                     }
                 })

@@ -176,6 +176,8 @@ int main(int argc, char **argv) {
           "a vocab-only model runs no session");
     CHECK(m40_session_new(model, NULL, &session) == M40_OK && session != NULL, "session_new");
     CHECK(m40_session_n_past(session) == 0 && m40_logits(session) == NULL, "a new session is empty");
+    CHECK(m40_session_memory_bytes(session) > 0, "a session reports the memory its cache holds");
+    CHECK(m40_session_memory_bytes(NULL) == 0 && m40_last_error()[0] != '\0', "memory_bytes(NULL) is 0");
     CHECK(m40_model_n_vocab((const m40_model *)session) == -1 && contains(m40_last_error(), "session handle"),
           "a session handle is not a model");
     const m40_token prompt[3] = {1, 5, 9};

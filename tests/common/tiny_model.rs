@@ -26,8 +26,10 @@ pub const TINY: TinyShape = TinyShape {
 /// Experts of the tiny mixture-of-experts models, and how many each token uses.
 pub const TINY_EXPERTS: (u64, u64) = (4, 2);
 
-/// A valid `arch` model ("llama", "qwen2", "qwen3moe", "gemma3", or
-/// "llama-moe": LLaMA with Mixtral's experts) with F32 weights.
+/// A valid `arch` model ("llama", "qwen2", "qwen3moe", "gemma3",
+/// "llama-moe": LLaMA with Mixtral's experts, "qwen35": a Gated DeltaNet
+/// layer then a gated attention layer, or "qwen35moe": those with experts
+/// and a shared expert) with F32 weights.
 pub fn tiny_model(arch: &str) -> GgufWriter {
     tiny_model_with(arch, TINY)
 }
@@ -36,6 +38,7 @@ pub fn tiny_model_with(arch: &str, s: TinyShape) -> GgufWriter {
     let (arch, moe) = match arch {
         "llama-moe" => ("llama", true),
         "qwen3moe" => ("qwen3moe", true),
+        "qwen35moe" => ("qwen35moe", true),
         other => (other, false),
     };
     let (n_expert, n_expert_used) = TINY_EXPERTS;
@@ -67,6 +70,24 @@ pub fn tiny_model_with(arch: &str, s: TinyShape) -> GgufWriter {
         w.set_kv(&a("expert_count"), Meta::U32(n_expert as u32));
         w.set_kv(&a("expert_used_count"), Meta::U32(n_expert_used as u32));
     }
+    // qwen35: the DeltaNet's heads as wide as the attention's, twice as
+    // many value heads as key heads, every second layer attention.
+    let net = (4u64, head_dim, 2u64, 4u64);
+    let hybrid = arch == "qwen35" || arch == "qwen35moe";
+    if hybrid {
+        let (conv, state, groups, rank) = net;
+        w.set_kv(&a("ssm.conv_kernel"), Meta::U32(conv as u32));
+        w.set_kv(&a("ssm.state_size"), Meta::U32(state as u32));
+        w.set_kv(&a("ssm.group_count"), Meta::U32(groups as u32));
+        w.set_kv(&a("ssm.time_step_rank"), Meta::U32(rank as u32));
+        w.set_kv(&a("ssm.inner_size"), Meta::U32((state * rank) as u32));
+        w.set_kv(&a("full_attention_interval"), Meta::U32(2));
+        let sections = [2, 1, 1, 0].map(Meta::I32).to_vec();
+        w.set_kv(
+            &a("rope.dimension_sections"),
+            Meta::Array(super::gguf_writer::vt::I32, sections),
+        );
+    }
     if arch == "gemma3" {
         w.set_kv(&a("attention.key_length"), Meta::U32(head_dim as u32));
         w.set_kv(&a("attention.value_length"), Meta::U32(head_dim as u32));
@@ -84,6 +105,46 @@ pub fn tiny_model_with(arch: &str, s: TinyShape) -> GgufWriter {
     for i in 0..s.n_layer {
         let b = |n: &str| format!("blk.{i}.{n}");
         w = add(w, &b("attn_norm.weight"), &[d]);
+        if hybrid {
+            let (conv, state, groups, rank) = net;
+            let (key, value) = (state * groups, state * rank);
+            if i % 2 == 0 {
+                w = add(w, &b("attn_qkv.weight"), &[d, 2 * key + value]);
+                w = add(w, &b("attn_gate.weight"), &[d, value]);
+                w = add(w, &b("ssm_conv1d.weight"), &[conv, 2 * key + value]);
+                w = add(w, &b("ssm_dt.bias"), &[rank]);
+                w = add(w, &b("ssm_a"), &[rank]);
+                w = add(w, &b("ssm_beta.weight"), &[d, rank]);
+                w = add(w, &b("ssm_alpha.weight"), &[d, rank]);
+                w = add(w, &b("ssm_norm.weight"), &[state]);
+                w = add(w, &b("ssm_out.weight"), &[value, d]);
+            } else {
+                w = add(w, &b("attn_q.weight"), &[d, 2 * q]);
+                w = add(w, &b("attn_k.weight"), &[d, kv]);
+                w = add(w, &b("attn_v.weight"), &[d, kv]);
+                w = add(w, &b("attn_q_norm.weight"), &[head_dim]);
+                w = add(w, &b("attn_k_norm.weight"), &[head_dim]);
+                w = add(w, &b("attn_output.weight"), &[q, d]);
+            }
+            w = add(w, &b("post_attention_norm.weight"), &[d]);
+            if moe {
+                // Experts n_ff / n_expert_used wide; the shared expert n_ff.
+                let ff_exp = ff / n_expert_used;
+                w = add(w, &b("ffn_gate_inp.weight"), &[d, n_expert]);
+                w = add(w, &b("ffn_gate_exps.weight"), &[d, ff_exp, n_expert]);
+                w = add(w, &b("ffn_up_exps.weight"), &[d, ff_exp, n_expert]);
+                w = add(w, &b("ffn_down_exps.weight"), &[ff_exp, d, n_expert]);
+                w = add(w, &b("ffn_gate_inp_shexp.weight"), &[d]);
+                w = add(w, &b("ffn_gate_shexp.weight"), &[d, ff]);
+                w = add(w, &b("ffn_up_shexp.weight"), &[d, ff]);
+                w = add(w, &b("ffn_down_shexp.weight"), &[ff, d]);
+            } else {
+                w = add(w, &b("ffn_gate.weight"), &[d, ff]);
+                w = add(w, &b("ffn_up.weight"), &[d, ff]);
+                w = add(w, &b("ffn_down.weight"), &[ff, d]);
+            }
+            continue;
+        }
         w = add(w, &b("attn_q.weight"), &[d, q]);
         w = add(w, &b("attn_k.weight"), &[d, kv]);
         w = add(w, &b("attn_v.weight"), &[d, kv]);

@@ -2,6 +2,7 @@
 //! quantized formats of [`crate::quant`], and the transformer's other
 //! operations on f32 rows.
 
+mod delta_net;
 mod matmul;
 mod ops;
 mod pool;
@@ -14,13 +15,13 @@ pub use pool::{check_thread_count, ThreadPool, MAX_THREADS};
 
 use super::{
     candidates_of_rows, fill_rows, route, AttentionShape, Backend, CandidateRequest, Candidates,
-    Experts, Glu, Norm, ProductHelper, Rope, Scratch, SeqPos, Weight,
+    DeltaNetStep, Experts, Glu, Norm, ProductHelper, Rope, Scratch, SeqPos, Weight,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv_cache::KvCache;
 use crate::quant::{
-    dequantize_row, interleave_groups, interleaved_group_bytes, Kernels, INTERLEAVED_ROWS,
+    dequantize_row, exp, interleave_groups, interleaved_group_bytes, Kernels, INTERLEAVED_ROWS,
 };
 
 /// A matrix's interleaved copy, shared by the products that read it.
@@ -464,6 +465,85 @@ impl Backend for CpuBackend {
         self.rows_in_parallel(&mut out[..len], 1, &|start, out| {
             let range = start..start + out.len();
             activation(out, &gate[range.clone()], &up[range]);
+        });
+        Ok(())
+    }
+
+    fn delta_net(
+        &self,
+        caches: &mut [&mut KvCache],
+        step: DeltaNetStep,
+        qkv: &Vec<f32>,
+        alpha: &Vec<f32>,
+        beta: &Vec<f32>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let n = step.rows.len();
+        let shape = step.shape;
+        let consts = delta_net::LayerConstants {
+            conv: self.vector(step.conv),
+            dt_bias: self.vector(step.dt_bias),
+            a: self.vector(step.a),
+        };
+        delta_net::delta_net(
+            &self.pool,
+            caches,
+            step.layer,
+            step.rows,
+            &shape,
+            &consts,
+            step.eps,
+            &qkv[..n * shape.channels()],
+            &alpha[..n * shape.n_v_heads],
+            &beta[..n * shape.n_v_heads],
+            &mut out[..n * shape.value_width()],
+        )
+    }
+
+    fn split_halves(
+        &self,
+        x: &Vec<f32>,
+        groups: usize,
+        half: usize,
+        first: &mut Vec<f32>,
+        second: &mut Vec<f32>,
+    ) -> Result<()> {
+        let pairs = x[..groups * 2 * half].chunks_exact(2 * half);
+        let outs = first
+            .chunks_exact_mut(half)
+            .zip(second.chunks_exact_mut(half));
+        for (group, (a, b)) in pairs.zip(outs) {
+            a.copy_from_slice(&group[..half]);
+            b.copy_from_slice(&group[half..]);
+        }
+        Ok(())
+    }
+
+    fn sigmoid_gate(&self, x: &mut Vec<f32>, gate: &Vec<f32>, len: usize) -> Result<()> {
+        self.rows_in_parallel(&mut x[..len], 1, &|start, xs| {
+            let gs = &gate[start..start + xs.len()];
+            xs.iter_mut()
+                .zip(gs)
+                .for_each(|(v, &g)| *v *= 1.0 / (1.0 + exp(-g)));
+        });
+        Ok(())
+    }
+
+    fn gated_add(
+        &self,
+        x: &mut Vec<f32>,
+        y: &Vec<f32>,
+        gate: &Vec<f32>,
+        rows: usize,
+        width: usize,
+    ) -> Result<()> {
+        self.rows_in_parallel(&mut x[..rows * width], width, &|start, xs| {
+            for (i, row) in xs.chunks_exact_mut(width).enumerate() {
+                let r = start / width + i;
+                let g = 1.0 / (1.0 + exp(-gate[r]));
+                let ys = &y[r * width..(r + 1) * width];
+                row.iter_mut().zip(ys).for_each(|(a, &b)| *a += g * b);
+            }
         });
         Ok(())
     }

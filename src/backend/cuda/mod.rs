@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 
 use super::{
     fill_rows, fused, AttentionShape, AttentionStep, Backend, CandidateRequest, Candidates,
-    Experts, GatedFfn, Glu, Norm, Product, Rope, RopeMode, Scratch, SeqPos, Weight,
+    DeltaNetStep, Experts, GatedFfn, Glu, Norm, Product, Rope, RopeMode, Scratch, SeqPos, Weight,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -143,6 +143,13 @@ pub struct CudaKvCache {
     n_ctx: usize,
     k_width: usize,
     v_width: usize,
+}
+
+impl CudaKvCache {
+    /// Bytes of device memory held.
+    pub fn size_bytes(&self) -> usize {
+        (self.keys.len() + self.values.len()) * 2
+    }
 }
 
 /// A batch's activations: `len` f32 in device memory.

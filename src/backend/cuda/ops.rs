@@ -14,8 +14,8 @@ use super::runtime::{self, check};
 use super::staging::{as_bytes, RowTableKind};
 use super::{
     dim, fill_rows, fused, AttentionShape, AttentionStep, Backend, CandidateRequest, Candidates,
-    CudaBackend, CudaKvCache, DeviceBuffer, Experts, GatedFfn, Glu, Norm, PreparedInput, Product,
-    Rope, RopeMode, Scratch, SeqPos, Weight,
+    CudaBackend, CudaKvCache, DeltaNetStep, DeviceBuffer, Experts, GatedFfn, Glu, Norm,
+    PreparedInput, Product, Rope, RopeMode, Scratch, SeqPos, Weight,
 };
 use crate::error::{Error, Result};
 
@@ -332,6 +332,62 @@ impl Backend for CudaBackend {
                 || "gated activation".to_string(),
             )
         }
+    }
+
+    fn delta_net(
+        &self,
+        caches: &mut [&mut CudaKvCache],
+        step: DeltaNetStep,
+        qkv: &DeviceBuffer,
+        alpha: &DeviceBuffer,
+        beta: &DeviceBuffer,
+        out: &mut DeviceBuffer,
+    ) -> Result<()> {
+        // Models with these layers are refused at load on a GPU
+        // (`Model::load`), so no pass reaches here.
+        let _ = (caches, step, qkv, alpha, beta, out);
+        Err(Error::unsupported(
+            "the CUDA backend has no linear-attention (Gated DeltaNet) layers",
+        ))
+    }
+
+    fn split_halves(
+        &self,
+        x: &DeviceBuffer,
+        groups: usize,
+        half: usize,
+        first: &mut DeviceBuffer,
+        second: &mut DeviceBuffer,
+    ) -> Result<()> {
+        // Only Qwen3.5's gated attention splits its queries, and those
+        // models are refused at load on a GPU.
+        let _ = (x, groups, half, first, second);
+        Err(Error::unsupported(
+            "the CUDA backend has no gated attention (Qwen3.5)",
+        ))
+    }
+
+    fn sigmoid_gate(&self, x: &mut DeviceBuffer, gate: &DeviceBuffer, len: usize) -> Result<()> {
+        let _ = (x, gate, len);
+        Err(Error::unsupported(
+            "the CUDA backend has no gated attention (Qwen3.5)",
+        ))
+    }
+
+    fn gated_add(
+        &self,
+        x: &mut DeviceBuffer,
+        y: &DeviceBuffer,
+        gate: &DeviceBuffer,
+        rows: usize,
+        width: usize,
+    ) -> Result<()> {
+        // Only Qwen3.5 MoE's shared expert is gated so, and those models
+        // are refused at load on a GPU.
+        let _ = (x, y, gate, rows, width);
+        Err(Error::unsupported(
+            "the CUDA backend has no gated shared expert (Qwen3.5 MoE)",
+        ))
     }
 
     fn store_kv(
