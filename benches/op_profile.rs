@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use m40llm::backend::{
-    AttentionShape, AttentionStep, Backend, DeltaNetStep, Experts, GatedFfn, Glu, ModelBackend,
-    Norm, Product, Rope, Scratch, SeqPos,
+    AttentionShape, AttentionStep, Backend, DeltaNetStep, Experts, GatedFfn, Glu, LayerState,
+    ModelBackend, Norm, Product, Rope, Scratch, SeqPos,
 };
 use m40llm::error::Result;
 use m40llm::model::transformer::{forward, logits_on_device};
@@ -221,8 +221,17 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn write(&self, buffer: &mut B::Buffer, values: &[f32]) -> Result<()> {
         self.inner.write(buffer, values)
     }
-    fn kv_cache(&self, n_ctx: usize, n_layer: usize, kw: usize, vw: usize) -> Result<B::KvCache> {
-        self.inner.kv_cache(n_ctx, n_layer, kw, vw)
+    fn kv_cache(
+        &self,
+        n_ctx: usize,
+        layers: &[LayerState],
+        kw: usize,
+        vw: usize,
+    ) -> Result<B::KvCache> {
+        self.inner.kv_cache(n_ctx, layers, kw, vw)
+    }
+    fn reset_recurrent(&self, cache: &mut B::KvCache) {
+        self.inner.reset_recurrent(cache)
     }
     fn embed(&self, table: &Weight, tokens: &[u32], scale: f32, out: &mut B::Buffer) -> Result<()> {
         self.time("embed".into(), || {
@@ -451,16 +460,9 @@ fn profile<'a, B: Backend>(
     prompt: usize,
     batches: &[usize],
 ) -> Result<()> {
-    let (arch, hp) = model.config();
-    if hp.delta_net.is_some() {
-        // Its timed passes rerun positions the warm-up took, which a
-        // recurrent state cannot take back.
-        return Err(m40llm::error::Error::unsupported(format!(
-            "op_profile times passes over caches of attention layers only; a {} model's linear-attention states are not profiled",
-            arch.name()
-        )));
-    }
-    let n_ctx = prompt + 16;
+    let (_, hp) = model.config();
+    // The prompt, then a warm-up and the timed steps of each batch size.
+    let n_ctx = prompt + 8 * batches.len().max(1);
     let (n_layer, n_vocab) = (hp.n_layer as usize, hp.n_vocab as usize);
     let kw = (hp.n_head_kv * hp.head_dim_k) as usize;
     let vw = (hp.n_head_kv * hp.head_dim_v) as usize;
@@ -470,14 +472,19 @@ fn profile<'a, B: Backend>(
         .map(|i| (i * 7919 % n_vocab.max(1)) as u32)
         .collect();
     let chunk: Vec<SeqPos> = (0..prompt).map(|pos| SeqPos { seq: 0, pos }).collect();
+    // Keys and values for the attention layers, a state for the others.
+    let layers: Vec<LayerState> = (0..n_layer).map(|il| hp.layer_state(il)).collect();
     let mut caches = (0..sessions)
-        .map(|_| b.kv_cache(n_ctx, n_layer, kw, vw))
+        .map(|_| b.kv_cache(n_ctx, &layers, kw, vw))
         .collect::<Result<Vec<_>>>()?;
 
     // Every session's prompt, the first one timed after a warm-up pass.
     for cache in caches.iter_mut() {
         forward(b, model, &mut [cache], &tokens, &chunk, &[prompt - 1])?;
     }
+    // The timed pass takes the prompt again from the start: a recurrent
+    // state cannot, so it starts anew.
+    b.reset_recurrent(&mut caches[0]);
     forward(
         &profiled,
         model,
@@ -488,17 +495,36 @@ fn profile<'a, B: Backend>(
     )?;
     profiled.report(&format!("prompt of {prompt} rows"), 1);
 
+    // Each session's steps go on from where it stands (a recurrent state
+    // takes every token once).
     const STEPS: u32 = 5;
+    let mut lengths = vec![prompt; sessions];
     for &batch in batches {
-        let rows: Vec<SeqPos> = (0..batch).map(|seq| SeqPos { seq, pos: prompt }).collect();
         let step_tokens = vec![1u32; batch];
         let logit_rows: Vec<usize> = (0..batch).collect();
+        let rows_now = |lengths: &[usize]| -> Vec<SeqPos> {
+            (0..batch)
+                .map(|seq| SeqPos {
+                    seq,
+                    pos: lengths[seq],
+                })
+                .collect()
+        };
         let mut own: Vec<&mut B::KvCache> = caches.iter_mut().take(batch).collect();
-        forward(b, model, &mut own, &step_tokens, &rows, &logit_rows)?;
+        forward(
+            b,
+            model,
+            &mut own,
+            &step_tokens,
+            &rows_now(&lengths),
+            &logit_rows,
+        )?;
+        lengths[..batch].iter_mut().for_each(|l| *l += 1);
         // Each session's logits land in its own vector, as in
         // Session::decode_batch.
         let mut logits = vec![Vec::new(); batch];
         for _ in 0..STEPS {
+            let rows = rows_now(&lengths);
             let mut pass = |p: &Profiled<B>| {
                 let device =
                     logits_on_device(p, model, &mut own, &step_tokens, &rows, &logit_rows)?;
@@ -509,9 +535,10 @@ fn profile<'a, B: Backend>(
                 Some(timeline) => profiled.on_timeline(timeline, pass)?,
                 None => pass(&profiled)?,
             }
+            lengths[..batch].iter_mut().for_each(|l| *l += 1);
         }
         profiled.report(
-            &format!("decode step of {batch} session(s) at position {prompt}"),
+            &format!("decode step of {batch} session(s) from position {prompt}"),
             STEPS,
         );
     }

@@ -17,11 +17,12 @@ static_assert(sizeof(void *) == 8, "the launchers' structs are laid out for a 64
     static_assert(sizeof(S) == (size) && alignof(S) == (align), #S ": size differs from src/backend/cuda/layout.rs")
 
 // DeviceRow (ops.cuh)
-M40_SIZE(M40Row, 24, 8);
+M40_SIZE(M40Row, 32, 8);
 M40_FIELD(M40Row, keys, 0);
 M40_FIELD(M40Row, values, 8);
 M40_FIELD(M40Row, pos, 16);
 M40_FIELD(M40Row, n_ctx, 20);
+M40_FIELD(M40Row, state, 24);
 
 // GemvMatrix (gemv.cu)
 M40_SIZE(M40GemvMatrix, 32, 8);

@@ -8,6 +8,7 @@
 #include "mmq.cu"
 #include "moe.cu"
 #include "ops.cu"
+#include "delta_net.cu"
 #include "attention.cu"
 #include "top.cu"
 #include "device.cu"

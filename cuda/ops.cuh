@@ -13,6 +13,9 @@ struct M40Row {
     unsigned long long values;
     int pos;
     int n_ctx;
+    // Device address of the sequence's recurrent states (a hybrid model's
+    // linear-attention layers, one after another; 0 without).
+    unsigned long long state;
 };
 
 // Head sizes the attention kernels handle.

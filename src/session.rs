@@ -3,9 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{
-    CandidateRequest, Candidates, DeltaNetShape, SeqPos, SequenceCache, StepOutput,
-};
+use crate::backend::{CandidateRequest, Candidates, SeqPos, SequenceCache, StepOutput};
 use crate::error::{Error, ErrorKind, Result};
 use crate::kv_cache::LayerState;
 use crate::model::transformer::run;
@@ -59,20 +57,12 @@ impl Session {
         };
         let k_width = (hp.n_head_kv * hp.head_dim_k) as usize;
         let v_width = (hp.n_head_kv * hp.head_dim_v) as usize;
-        let layer_state = |il: usize| match hp.delta_net.filter(|_| hp.is_linear_layer(il)) {
-            Some(p) => LayerState::Recurrent(DeltaNetShape {
-                conv_kernel: p.conv_kernel as usize,
-                head_dim: p.head_dim as usize,
-                n_k_heads: p.n_k_heads as usize,
-                n_v_heads: p.n_v_heads as usize,
-            }),
-            None => LayerState::Kv,
-        };
         let kv = model
             .stages()
             .iter()
             .map(|stage| {
-                let layers: Vec<LayerState> = stage.layers.clone().map(layer_state).collect();
+                let layers: Vec<LayerState> =
+                    stage.layers.clone().map(|il| hp.layer_state(il)).collect();
                 stage.backend.kv_cache(n_ctx, &layers, k_width, v_width)
             })
             .collect::<Result<Vec<_>>>()?;

@@ -19,7 +19,8 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::json::JsonObject;
-use crate::kv_cache::{KvCache, LayerState};
+use crate::kv_cache::KvCache;
+pub use crate::kv_cache::LayerState;
 use crate::sampling;
 pub use fused::{route, AttentionStep, Experts, GatedFfn, Heads, Norm, Product, Scratch};
 pub use weight::Weight;
@@ -300,14 +301,18 @@ pub trait Backend {
         self.write(out, values)
     }
 
-    /// A cache for `n_ctx` positions of `n_layer` layers of the given widths.
+    /// A sequence's cache for `n_ctx` positions of `layers`: keys and values
+    /// of the given widths for each attention layer, a zero state for each
+    /// linear-attention layer.
     fn kv_cache(
         &self,
         n_ctx: usize,
-        n_layer: usize,
+        layers: &[LayerState],
         k_width: usize,
         v_width: usize,
     ) -> Result<Self::KvCache>;
+    /// A cache's linear-attention states back to those of no tokens.
+    fn reset_recurrent(&self, cache: &mut Self::KvCache);
 
     /// out[r] = table[tokens[r]] · scale.
     fn embed(
@@ -659,7 +664,7 @@ impl SequenceCache {
         match self {
             SequenceCache::Cpu(kv) => kv.recurrent_holds(tokens),
             #[cfg(feature = "cuda")]
-            SequenceCache::Cuda(_) => true,
+            SequenceCache::Cuda(kv) => kv.recurrent_holds(tokens),
         }
     }
 
@@ -677,7 +682,7 @@ impl SequenceCache {
         match self {
             SequenceCache::Cpu(kv) => kv.reset_recurrent(),
             #[cfg(feature = "cuda")]
-            SequenceCache::Cuda(_) => {}
+            SequenceCache::Cuda(kv) => kv.reset_recurrent(),
         }
     }
 }
@@ -763,17 +768,12 @@ impl ModelBackend {
         v_width: usize,
     ) -> Result<SequenceCache> {
         Ok(match self {
-            ModelBackend::Cpu(_) => {
-                SequenceCache::Cpu(KvCache::with_layers(n_ctx, layers, k_width, v_width)?)
+            ModelBackend::Cpu(b) => {
+                SequenceCache::Cpu(b.kv_cache(n_ctx, layers, k_width, v_width)?)
             }
             #[cfg(feature = "cuda")]
             ModelBackend::Cuda(b) => {
-                if layers.iter().any(|l| *l != LayerState::Kv) {
-                    return Err(Error::unsupported(
-                        "the CUDA backend has no linear-attention (Gated DeltaNet) layers yet; load this model on the CPU (device -1)",
-                    ));
-                }
-                SequenceCache::Cuda(b.kv_cache(n_ctx, layers.len(), k_width, v_width)?)
+                SequenceCache::Cuda(b.kv_cache(n_ctx, layers, k_width, v_width)?)
             }
         })
     }

@@ -113,7 +113,7 @@ impl Model {
                     .filter(|&il| !hp.is_linear_layer(il))
                     .count() as u64;
                 let recurrent_layers = stage.layers.len() as u64 - attention_layers;
-                let (conv, ssm) = hp.delta_net.map_or((0, 0), |p| p.state_values());
+                let (conv, ssm) = hp.delta_net.map_or((0, 0), |p| p.shape().state_values());
                 let recurrent_bytes = recurrent_layers * (conv + ssm) as u64 * 4;
                 let mut j = JsonObject::new();
                 j.string("backend", Some(stage.device.backend_name()))

@@ -2,8 +2,10 @@
 //! and checked for the ranges and relations the forward pass relies on.
 
 use super::Architecture;
+use crate::backend::DeltaNetShape;
 use crate::error::{echo, Error, Result};
 use crate::gguf::{Array, GgufFile};
+use crate::kv_cache::LayerState;
 
 // Upper bounds well above any published model; they keep hostile values from
 // sizing buffers or overflowing products of dimensions.
@@ -75,6 +77,16 @@ pub struct DeltaNetParams {
 }
 
 impl DeltaNetParams {
+    /// The shape the backends compute with.
+    pub fn shape(&self) -> DeltaNetShape {
+        DeltaNetShape {
+            conv_kernel: self.conv_kernel as usize,
+            head_dim: self.head_dim as usize,
+            n_k_heads: self.n_k_heads as usize,
+            n_v_heads: self.n_v_heads as usize,
+        }
+    }
+
     /// Values of the queries, and of the keys, of one row.
     pub fn key_width(&self) -> u32 {
         self.head_dim * self.n_k_heads
@@ -89,14 +101,6 @@ impl DeltaNetParams {
     /// Channels of the convolution: queries, keys and values.
     pub fn conv_channels(&self) -> u32 {
         2 * self.key_width() + self.value_width()
-    }
-
-    /// f32 values one sequence keeps for one layer: the convolution's last
-    /// `conv_kernel − 1` inputs and each value head's state.
-    pub fn state_values(&self) -> (usize, usize) {
-        let conv = (self.conv_kernel as usize - 1) * self.conv_channels() as usize;
-        let head = self.head_dim as usize;
-        (conv, self.n_v_heads as usize * head * head)
     }
 }
 
@@ -295,6 +299,14 @@ impl HyperParams {
     pub fn is_linear_layer(&self, il: usize) -> bool {
         self.delta_net
             .is_some_and(|n| !(il + 1).is_multiple_of(n.full_attention_interval as usize))
+    }
+
+    /// What a sequence's cache keeps for layer `il`.
+    pub fn layer_state(&self, il: usize) -> LayerState {
+        match self.delta_net.filter(|_| self.is_linear_layer(il)) {
+            Some(net) => LayerState::Recurrent(net.shape()),
+            None => LayerState::Kv,
+        }
     }
 }
 

@@ -170,18 +170,6 @@ impl Model {
         let layer_bytes = weights::layer_bytes(&gguf, hparams.n_layer as usize);
         let edge_bytes = (weights.token_embd.n_bytes + weights.output.n_bytes) as u64;
         let placements = placement::place(devices, &layer_bytes, edge_bytes, Device::free_memory)?;
-        if hparams.delta_net.is_some() {
-            if let Some(p) = placements
-                .iter()
-                .find(|p| matches!(p.device, Device::Cuda { .. }))
-            {
-                return Err(Error::unsupported(format!(
-                    "a {} model's linear-attention (Gated DeltaNet) layers run on the CPU backend only in this build, not on {}; load it with device -1",
-                    arch.name(),
-                    p.device.name()
-                )));
-            }
-        }
         let gguf = Arc::new(gguf);
         let n_stages = placements.len();
         let first_gpu = placements

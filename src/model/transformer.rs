@@ -202,12 +202,7 @@ fn stage_on_device<B: Backend>(
         .any(|l| l.attention().is_some_and(|a| a.gated_output));
     let mut q_gated = b.buffer(if gated { 2 * n * q_width } else { 0 })?;
     let mut q_gate = b.buffer(if gated { n * q_width } else { 0 })?;
-    let net = hp.delta_net.map(|p| DeltaNetShape {
-        conv_kernel: p.conv_kernel as usize,
-        head_dim: p.head_dim as usize,
-        n_k_heads: p.n_k_heads as usize,
-        n_v_heads: p.n_v_heads as usize,
-    });
+    let net = hp.delta_net.map(|p| p.shape());
     let net_len = |width: fn(&DeltaNetShape) -> usize| net.as_ref().map_or(0, |s| n * width(s));
     let mut net_qkv = b.buffer(net_len(DeltaNetShape::channels))?;
     let mut net_z = b.buffer(net_len(DeltaNetShape::value_width))?;

@@ -19,7 +19,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, LayerState};
 use crate::quant::{
     dequantize_row, exp, interleave_groups, interleaved_group_bytes, Kernels, INTERLEAVED_ROWS,
 };
@@ -330,11 +330,15 @@ impl Backend for CpuBackend {
     fn kv_cache(
         &self,
         n_ctx: usize,
-        n_layer: usize,
+        layers: &[LayerState],
         k_width: usize,
         v_width: usize,
     ) -> Result<KvCache> {
-        KvCache::new(n_ctx, n_layer, k_width, v_width)
+        KvCache::with_layers(n_ctx, layers, k_width, v_width)
+    }
+
+    fn reset_recurrent(&self, cache: &mut KvCache) {
+        cache.reset_recurrent();
     }
 
     fn embed(&self, table: &Weight, tokens: &[u32], scale: f32, out: &mut Vec<f32>) -> Result<()> {

@@ -86,7 +86,7 @@ impl CudaBackend {
             freq_scale: f64::from(step.rope.freq_scale),
             inv_freq_ratio: f64::from(step.rope.freq_base).powf(-2.0 / step.rope.dims as f64),
             eps: step.qk_norm.map_or(0.0, |(qn, _)| qn.eps),
-            layer: step.layer as c_int,
+            layer: dim(caches[step.rows[0].seq].kv_slot(step.layer)?, "a layer")?,
             n_head: step.heads.n_head as c_int,
             n_head_kv: step.heads.n_head_kv as c_int,
             head_dim_k: step.heads.head_dim_k as c_int,
@@ -108,6 +108,7 @@ pub(super) fn device_rows(caches: &[&mut CudaKvCache], rows: &[SeqPos]) -> Resul
                 values: c.values.address(),
                 pos: dim(r.pos, "a position")?,
                 n_ctx: dim(c.n_ctx, "a context length")?,
+                state: c.state.address(),
             })
         })
         .collect()

@@ -207,6 +207,8 @@ impl CudaBackend {
         let decode_step = tokens.len() == rows.len()
             && (1..=GRAPH_MAX_ROWS).contains(&rows.len())
             && logit_rows.iter().copied().eq(0..rows.len());
+        // A reset's clearing of recurrent states goes before any recording.
+        self.clear_states(caches)?;
         if !self.graph_decode || !decode_step {
             return self.run_directly(caches, &mut enqueue, row_len, out);
         }
@@ -253,6 +255,11 @@ impl CudaBackend {
             let state = self.lock();
             graph.inputs.upload(&ids, &table, input, &state.stream)?;
             graph.graph.launch(&state.stream)?;
+        }
+        // The step's recurrent states took in its rows (a recording counts
+        // none: its launches ran only now).
+        for r in rows {
+            caches[r.seq].advance_recurrent(1);
         }
         out.read(self, &graph.output, row_len)?;
         graphs.replays += 1;

@@ -16,6 +16,9 @@ pub struct DeviceRow {
     pub values: u64,
     pub pos: i32,
     pub n_ctx: i32,
+    /// Device address of the sequence's recurrent states (a hybrid model's
+    /// linear-attention layers, one after another); 0 without.
+    pub state: u64,
 }
 
 /// Activation rows one `m40_gemv` launch multiplies (M40_GEMV_MAX_X).
@@ -450,6 +453,45 @@ extern "C" {
         stream: Stream,
     ) -> c_int;
     pub fn m40_add(x: *mut f32, y: *const f32, n: usize, period: usize, stream: Stream) -> c_int;
+    pub fn m40_delta_net(
+        qkv: *const f32,
+        alpha: *const f32,
+        beta: *const f32,
+        conv_weights: *const f32,
+        dt_bias: *const f32,
+        a: *const f32,
+        rows: *const DeviceRow,
+        run_starts: *const c_int,
+        n_rows: c_int,
+        n_runs: c_int,
+        conv_state_offset: i64,
+        state_offset: i64,
+        taps: c_int,
+        head_dim: c_int,
+        n_k_heads: c_int,
+        n_v_heads: c_int,
+        eps: f32,
+        conv: *mut f32,
+        out: *mut f32,
+        stream: Stream,
+    ) -> c_int;
+    pub fn m40_split_halves(
+        x: *const f32,
+        groups: c_int,
+        half: c_int,
+        first: *mut f32,
+        second: *mut f32,
+        stream: Stream,
+    ) -> c_int;
+    pub fn m40_sigmoid_gate(x: *mut f32, gate: *const f32, n: usize, stream: Stream) -> c_int;
+    pub fn m40_gated_add(
+        x: *mut f32,
+        y: *const f32,
+        gate: *const f32,
+        rows: c_int,
+        width: c_int,
+        stream: Stream,
+    ) -> c_int;
     pub fn m40_gather_rows(
         src: *const f32,
         width: c_int,

@@ -33,7 +33,7 @@ const _: () = assert!(
 );
 
 // M40Row (cuda/ops.cuh)
-layout!(DeviceRow, size 24, align 8, { keys: 0, values: 8, pos: 16, n_ctx: 20 });
+layout!(DeviceRow, size 32, align 8, { keys: 0, values: 8, pos: 16, n_ctx: 20, state: 24 });
 
 // M40GemvMatrix (cuda/gemv.cu)
 layout!(GemvMatrix, size 32, align 8, { w: 0, bias: 8, y: 16, rows: 24, role: 28 });

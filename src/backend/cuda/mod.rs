@@ -26,6 +26,7 @@ mod candidates;
 mod cublas;
 mod experts;
 mod graph;
+mod hybrid;
 mod kernels;
 mod layout;
 pub mod memory;
@@ -136,19 +137,70 @@ struct PreparedInput {
     op: u64,
 }
 
-/// One sequence's keys and values in device memory, f16.
+/// One sequence's cache in device memory: the keys and values (f16) of its
+/// attention layers, and the recurrent states (f32) of a hybrid model's
+/// linear-attention layers.
 pub struct CudaKvCache {
     keys: DevicePtr<u16>,
     values: DevicePtr<u16>,
     n_ctx: usize,
     k_width: usize,
     v_width: usize,
+    /// Per layer of the stage: its slot among the key/value layers.
+    kv_slots: Vec<Option<usize>>,
+    /// Every recurrent layer's states, one layer after another.
+    state: DevicePtr<f32>,
+    /// Per layer of the stage: where its states lie in `state`.
+    recurrent: Vec<Option<RecurrentSlot>>,
+    /// Whether `state` still holds what a reset forgot: it is cleared on
+    /// the device before the next step reads it.
+    needs_clear: bool,
+}
+
+/// A linear-attention layer's states in a [`CudaKvCache`].
+#[derive(Clone, Copy, Debug)]
+struct RecurrentSlot {
+    /// Offsets in floats of its convolution inputs and of its heads' states.
+    conv: usize,
+    heads: usize,
+    /// Tokens the states have taken in.
+    tokens: usize,
 }
 
 impl CudaKvCache {
     /// Bytes of device memory held.
     pub fn size_bytes(&self) -> usize {
-        (self.keys.len() + self.values.len()) * 2
+        (self.keys.len() + self.values.len()) * 2 + self.state.len() * 4
+    }
+
+    /// The key/value slot of attention layer `layer`.
+    fn kv_slot(&self, layer: usize) -> Result<usize> {
+        self.kv_slots
+            .get(layer)
+            .copied()
+            .flatten()
+            .ok_or_else(|| Error::internal(format!("layer {layer} has no keys and values")))
+    }
+
+    /// Whether every recurrent layer has taken in exactly `tokens` tokens.
+    pub fn recurrent_holds(&self, tokens: usize) -> bool {
+        self.recurrent.iter().flatten().all(|r| r.tokens == tokens)
+    }
+
+    /// Every recurrent layer's count of tokens taken in, `n` more.
+    fn advance_recurrent(&mut self, n: usize) {
+        for r in self.recurrent.iter_mut().flatten() {
+            r.tokens += n;
+        }
+    }
+
+    /// Every recurrent state back to that of no tokens (cleared on the
+    /// device before the next step that reads them).
+    pub fn reset_recurrent(&mut self) {
+        for r in self.recurrent.iter_mut().flatten() {
+            r.tokens = 0;
+        }
+        self.needs_clear = !self.state.is_empty();
     }
 }
 

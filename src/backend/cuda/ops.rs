@@ -7,7 +7,7 @@ use std::ffi::c_int;
 
 use super::attention::{device_rows, heads_of_multiples_of_8};
 use super::kernels::*;
-use super::memory::{human, Arena};
+use super::memory::Arena;
 use super::products::TensorCoreProduct;
 use super::route::ProductRoute;
 use super::runtime::{self, check};
@@ -18,6 +18,7 @@ use super::{
     PreparedInput, Product, Rope, RopeMode, Scratch, SeqPos, Weight,
 };
 use crate::error::{Error, Result};
+use crate::kv_cache::LayerState;
 
 impl Backend for CudaBackend {
     type Buffer = DeviceBuffer;
@@ -105,45 +106,18 @@ impl Backend for CudaBackend {
     fn kv_cache(
         &self,
         n_ctx: usize,
-        n_layer: usize,
+        layers: &[LayerState],
         k_width: usize,
         v_width: usize,
     ) -> Result<CudaKvCache> {
-        let _shared = self.no_capture();
-        let state = self.lock();
-        let slots = n_ctx
-            .checked_mul(n_layer)
-            .ok_or_else(|| Error::out_of_memory("KV cache size overflows"))?;
-        let sized = |w: usize| {
-            slots
-                .checked_mul(w)
-                .ok_or_else(|| Error::out_of_memory("KV cache size overflows"))
-        };
-        let (nk, nv) = (sized(k_width)?, sized(v_width)?);
-        let alloc = |n: usize| {
-            self.allocator.alloc::<u16>(n).map_err(|e| {
-                e.context(format!(
-                    "KV cache of {n_ctx} positions ({} on {})",
-                    human((nk + nv) * 2),
-                    self.info.name
-                ))
-            })
-        };
-        let (mut keys, mut values) = (alloc(nk)?, alloc(nv)?);
-        // Positions past a sequence's end are never read, but zeroed memory
-        // keeps a stray read finite.
-        // SAFETY: each holds its count of u16.
-        unsafe {
-            runtime::zero(keys.as_mut_ptr().cast(), nk * 2, state.stream.raw())?;
-            runtime::zero(values.as_mut_ptr().cast(), nv * 2, state.stream.raw())?;
-        }
-        Ok(CudaKvCache {
-            keys,
-            values,
-            n_ctx,
-            k_width,
-            v_width,
-        })
+        self.sequence_cache(n_ctx, layers, k_width, v_width)
+    }
+
+    fn reset_recurrent(&self, cache: &mut CudaKvCache) {
+        cache.reset_recurrent();
+        // Cleared now where it can be; else before the next step
+        // (`run_step`), which reports a failure to clear.
+        let _ = self.clear_states(&mut [cache]);
     }
 
     fn embed(
@@ -278,6 +252,7 @@ impl Backend for CudaBackend {
                     values: 0,
                     pos: dim(p.pos, "a position")?,
                     n_ctx: 0,
+                    state: 0,
                 })
             })
             .collect::<Result<_>>()?;
@@ -343,12 +318,7 @@ impl Backend for CudaBackend {
         beta: &DeviceBuffer,
         out: &mut DeviceBuffer,
     ) -> Result<()> {
-        // Models with these layers are refused at load on a GPU
-        // (`Model::load`), so no pass reaches here.
-        let _ = (caches, step, qkv, alpha, beta, out);
-        Err(Error::unsupported(
-            "the CUDA backend has no linear-attention (Gated DeltaNet) layers",
-        ))
+        self.delta_net_step(caches, step, qkv, alpha, beta, out)
     }
 
     fn split_halves(
@@ -359,19 +329,33 @@ impl Backend for CudaBackend {
         first: &mut DeviceBuffer,
         second: &mut DeviceBuffer,
     ) -> Result<()> {
-        // Only Qwen3.5's gated attention splits its queries, and those
-        // models are refused at load on a GPU.
-        let _ = (x, groups, half, first, second);
-        Err(Error::unsupported(
-            "the CUDA backend has no gated attention (Qwen3.5)",
-        ))
+        let state = self.lock();
+        // SAFETY: x holds groups × 2 · half values, first and second groups
+        // × half each.
+        unsafe {
+            check(
+                m40_split_halves(
+                    x.as_ptr(),
+                    dim(groups, "a count of heads")?,
+                    dim(half, "a head width")?,
+                    first.as_mut_ptr(),
+                    second.as_mut_ptr(),
+                    state.stream.raw(),
+                ),
+                || "splitting queries and gates".to_string(),
+            )
+        }
     }
 
     fn sigmoid_gate(&self, x: &mut DeviceBuffer, gate: &DeviceBuffer, len: usize) -> Result<()> {
-        let _ = (x, gate, len);
-        Err(Error::unsupported(
-            "the CUDA backend has no gated attention (Qwen3.5)",
-        ))
+        let state = self.lock();
+        // SAFETY: both hold len values.
+        unsafe {
+            check(
+                m40_sigmoid_gate(x.as_mut_ptr(), gate.as_ptr(), len, state.stream.raw()),
+                || "output gate".to_string(),
+            )
+        }
     }
 
     fn gated_add(
@@ -382,12 +366,21 @@ impl Backend for CudaBackend {
         rows: usize,
         width: usize,
     ) -> Result<()> {
-        // Only Qwen3.5 MoE's shared expert is gated so, and those models
-        // are refused at load on a GPU.
-        let _ = (x, y, gate, rows, width);
-        Err(Error::unsupported(
-            "the CUDA backend has no gated shared expert (Qwen3.5 MoE)",
-        ))
+        let state = self.lock();
+        // SAFETY: x and y hold rows × width values, gate one a row.
+        unsafe {
+            check(
+                m40_gated_add(
+                    x.as_mut_ptr(),
+                    y.as_ptr(),
+                    gate.as_ptr(),
+                    dim(rows, "a batch's rows")?,
+                    dim(width, "a row width")?,
+                    state.stream.raw(),
+                ),
+                || "gated shared expert".to_string(),
+            )
+        }
     }
 
     fn store_kv(
@@ -404,6 +397,7 @@ impl Backend for CudaBackend {
         let mut state = self.lock();
         let st = &mut *state;
         let (k_width, v_width) = (caches[first.seq].k_width, caches[first.seq].v_width);
+        let slot = dim(caches[first.seq].kv_slot(layer)?, "a layer")?;
         let table = device_rows(caches, rows)?;
         let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
         // SAFETY: k and v hold rows.len() rows of their widths; every row's
@@ -417,7 +411,7 @@ impl Backend for CudaBackend {
                     k_width as c_int,
                     v_width as c_int,
                     device_rows,
-                    layer as c_int,
+                    slot,
                     st.stream.raw(),
                 ),
                 || "KV cache store".to_string(),
@@ -443,6 +437,7 @@ impl Backend for CudaBackend {
                 shape.head_dim_k.max(shape.head_dim_v)
             )));
         }
+        let slot = dim(caches[rows[0].seq].kv_slot(layer)?, "a layer")?;
         let mut state = self.lock();
         let st = &mut *state;
         let table = device_rows(caches, rows)?;
@@ -497,7 +492,7 @@ impl Backend for CudaBackend {
                     q.as_ptr(),
                     rows.len() as c_int,
                     device_rows,
-                    layer as c_int,
+                    slot,
                     shape.n_head as c_int,
                     shape.n_head_kv as c_int,
                     shape.head_dim_k as c_int,

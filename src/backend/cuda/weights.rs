@@ -300,8 +300,11 @@ fn upload(pieces: &[(&[u8], usize)], dst: &mut DevicePtr<u8>) -> Result<()> {
 }
 
 /// One-row weights (norms, biases, RoPE factors), which the backend keeps as f32.
+/// A weight converted to f32 whole at load rather than multiplied as a
+/// matrix: one row (norms, biases), or rows too short for a product (a
+/// convolution's taps: four values a channel).
 fn is_vector(t: &TensorInfo) -> bool {
-    t.dims.iter().skip(1).all(|&d| d == 1)
+    t.dims.iter().skip(1).all(|&d| d == 1) || t.dims[0] < 32
 }
 
 /// The kernels read matrices with vector loads: every matrix row must be a

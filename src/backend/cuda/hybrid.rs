@@ -1,0 +1,237 @@
+//! A hybrid model's parts on the CUDA backend (cuda/delta_net.cu): the
+//! caches with linear-attention states beside the attention layers' keys
+//! and values, and the Gated DeltaNet step.
+
+use std::ffi::c_int;
+
+use super::attention::device_rows;
+use super::kernels::{m40_delta_net, DeviceRow};
+use super::memory::human;
+use super::runtime::{self, check};
+use super::staging::RowTableKind;
+use super::{dim, CudaBackend, CudaKvCache, DeltaNetStep, DeviceBuffer, RecurrentSlot, SeqPos};
+use crate::error::{Error, Result};
+use crate::kv_cache::LayerState;
+
+/// Taps the convolution kernel takes (M40_CONV_MAX_TAPS in cuda/delta_net.cu).
+const CONV_MAX_TAPS: usize = 16;
+
+/// Head widths the recurrence kernel is built for (cuda/delta_net.cu).
+const HEAD_DIMS: [usize; 5] = [16, 32, 64, 128, 256];
+
+impl CudaBackend {
+    /// A sequence's cache for `n_ctx` positions of `layers`: keys and values
+    /// for the attention layers only, zero states for the recurrent ones.
+    pub(super) fn sequence_cache(
+        &self,
+        n_ctx: usize,
+        layers: &[LayerState],
+        k_width: usize,
+        v_width: usize,
+    ) -> Result<CudaKvCache> {
+        let _shared = self.no_capture();
+        let state = self.lock();
+        let mut kv_slots = Vec::with_capacity(layers.len());
+        let mut recurrent = Vec::with_capacity(layers.len());
+        let (mut n_kv, mut n_state) = (0usize, 0usize);
+        for layer in layers {
+            match layer {
+                LayerState::Kv => {
+                    kv_slots.push(Some(n_kv));
+                    recurrent.push(None);
+                    n_kv += 1;
+                }
+                LayerState::Recurrent(shape) => {
+                    if shape.conv_kernel > CONV_MAX_TAPS || !HEAD_DIMS.contains(&shape.head_dim) {
+                        return Err(Error::unsupported(format!(
+                            "a linear-attention layer of {} taps and heads of {} values; the CUDA kernels take up to {CONV_MAX_TAPS} taps and heads of {HEAD_DIMS:?}",
+                            shape.conv_kernel, shape.head_dim
+                        )));
+                    }
+                    let (conv, heads) = shape.state_values();
+                    kv_slots.push(None);
+                    recurrent.push(Some(RecurrentSlot {
+                        conv: n_state,
+                        heads: n_state + conv,
+                        tokens: 0,
+                    }));
+                    n_state += conv + heads;
+                }
+            }
+        }
+        let overflow = || Error::out_of_memory("KV cache size overflows");
+        let slots = n_ctx.checked_mul(n_kv).ok_or_else(overflow)?;
+        let (nk, nv) = (
+            slots.checked_mul(k_width).ok_or_else(overflow)?,
+            slots.checked_mul(v_width).ok_or_else(overflow)?,
+        );
+        let total = (nk + nv) * 2 + n_state * 4;
+        let context = |e: Error| {
+            e.context(format!(
+                "KV cache of {n_ctx} positions ({} on {})",
+                human(total),
+                self.info.name
+            ))
+        };
+        let mut keys = self.allocator.alloc::<u16>(nk).map_err(context)?;
+        let mut values = self.allocator.alloc::<u16>(nv).map_err(context)?;
+        let mut states = self.allocator.alloc::<f32>(n_state).map_err(context)?;
+        // Positions past a sequence's end are never read, but zeroed memory
+        // keeps a stray read finite; the states start at zero.
+        // SAFETY: each holds its count of elements.
+        unsafe {
+            runtime::zero(keys.as_mut_ptr().cast(), nk * 2, state.stream.raw())?;
+            runtime::zero(values.as_mut_ptr().cast(), nv * 2, state.stream.raw())?;
+            runtime::zero(states.as_mut_ptr().cast(), n_state * 4, state.stream.raw())?;
+        }
+        Ok(CudaKvCache {
+            keys,
+            values,
+            n_ctx,
+            k_width,
+            v_width,
+            kv_slots,
+            state: states,
+            recurrent,
+            needs_clear: false,
+        })
+    }
+
+    /// [`crate::backend::Backend::delta_net`] on the device.
+    pub(super) fn delta_net_step(
+        &self,
+        caches: &mut [&mut CudaKvCache],
+        step: DeltaNetStep,
+        qkv: &DeviceBuffer,
+        alpha: &DeviceBuffer,
+        beta: &DeviceBuffer,
+        out: &mut DeviceBuffer,
+    ) -> Result<()> {
+        let rows = step.rows;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let shape = step.shape;
+        let runs = runs(caches, step.layer, rows)?;
+        if caches.iter().any(|c| c.needs_clear) {
+            return Err(Error::internal(
+                "a step reached a reset recurrent state before it was cleared",
+            ));
+        }
+        let mut state = self.lock();
+        let st = &mut *state;
+        // A recorded step counts its rows when it runs (`run_step`).
+        let recording = st.capture.is_some();
+        let slot = caches[rows[0].seq].recurrent[step.layer].expect("checked by runs");
+        let table: Vec<DeviceRow> = device_rows(caches, rows)?;
+        let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
+        // One row a run (a batched decode step) needs no table of runs.
+        let run_starts = if runs.len() == rows.len() + 1 {
+            std::ptr::null()
+        } else {
+            st.upload_indices(&self.allocator, &runs)?
+        };
+        let mut conv = self.allocator.alloc::<f32>(rows.len() * shape.channels())?;
+        let n_rows = dim(rows.len(), "a batch's rows")?;
+        // SAFETY: qkv holds rows × channels values, alpha and beta rows ×
+        // n_v_heads, out rows × value_width, conv rows × channels; the
+        // weights are f32 vectors of their sizes; each row's state pointer
+        // holds this layer's states at the offsets given (its cache was
+        // made with this layer's shape); run_starts is NULL or holds the
+        // runs' bounds.
+        unsafe {
+            check(
+                m40_delta_net(
+                    qkv.as_ptr(),
+                    alpha.as_ptr(),
+                    beta.as_ptr(),
+                    self.weights.vector(step.conv)?,
+                    self.weights.vector(step.dt_bias)?,
+                    self.weights.vector(step.a)?,
+                    device_rows,
+                    run_starts,
+                    n_rows,
+                    dim(runs.len() - 1, "a batch's sequences")?,
+                    slot.conv as i64,
+                    slot.heads as i64,
+                    shape.conv_kernel as c_int,
+                    shape.head_dim as c_int,
+                    shape.n_k_heads as c_int,
+                    shape.n_v_heads as c_int,
+                    step.eps,
+                    conv.as_mut_ptr(),
+                    out.as_mut_ptr(),
+                    st.stream.raw(),
+                ),
+                || "linear attention (Gated DeltaNet)".to_string(),
+            )?;
+        }
+        if !recording {
+            for r in rows {
+                if let Some(s) = caches[r.seq].recurrent[step.layer].as_mut() {
+                    s.tokens += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Clears the recurrent states a reset left to clear (see
+    /// [`CudaKvCache::reset_recurrent`]), before a step reads them.
+    pub(super) fn clear_states(&self, caches: &mut [&mut CudaKvCache]) -> Result<()> {
+        if caches.iter().all(|c| !c.needs_clear) {
+            return Ok(());
+        }
+        let _shared = self.no_capture();
+        let state = self.lock();
+        for cache in caches.iter_mut().filter(|c| c.needs_clear) {
+            // SAFETY: the states hold their length of f32.
+            unsafe {
+                runtime::zero(
+                    cache.state.as_mut_ptr().cast(),
+                    cache.state.len() * 4,
+                    state.stream.raw(),
+                )?
+            };
+            cache.needs_clear = false;
+        }
+        Ok(())
+    }
+}
+
+/// The bounds of the runs of `rows` (each a sequence's consecutive rows),
+/// checked: a sequence's rows are consecutive in the batch, in position
+/// order from where its state in `layer` stands.
+fn runs(caches: &[&mut CudaKvCache], layer: usize, rows: &[SeqPos]) -> Result<Vec<c_int>> {
+    let mut starts: Vec<c_int> = Vec::new();
+    let mut seen: Vec<usize> = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        let slot = caches[r.seq]
+            .recurrent
+            .get(layer)
+            .copied()
+            .flatten()
+            .ok_or_else(|| Error::internal(format!("layer {layer} has no recurrent state")))?;
+        let continues = i > 0 && rows[i - 1].seq == r.seq;
+        let offset = if continues {
+            i - *starts.last().expect("a run started") as usize
+        } else {
+            if seen.contains(&r.seq) {
+                return Err(Error::internal(
+                    "a sequence's rows are not consecutive in the batch",
+                ));
+            }
+            seen.push(r.seq);
+            starts.push(i as c_int);
+            0
+        };
+        if r.pos != slot.tokens + offset {
+            return Err(Error::internal(format!(
+                "a linear-attention layer's state holds {} tokens of sequence {}, but a row is at position {}",
+                slot.tokens, r.seq, r.pos
+            )));
+        }
+    }
+    starts.push(rows.len() as c_int);
+    Ok(starts)
+}
