@@ -172,43 +172,50 @@ impl Session {
         self.check_tokens(tokens)?;
         self.check_room(tokens.len())?;
         self.catch_up_recurrent()?;
-        let n_before = self.tokens.len();
-        let result = self.decode_chunks(tokens, logits);
-        if result.is_err() {
-            // Cache entries past n_before are ignored from now on.
-            self.tokens.truncate(n_before);
-        } else if !logits {
+        // On failure the tokens are not appended: cache entries past them
+        // are ignored from now on.
+        self.decode_chunks(tokens, logits)?;
+        if !logits {
             self.logits.clear();
         }
-        result
+        Ok(())
     }
 
     /// Brings the recurrent states of a hybrid model's linear-attention
     /// layers to the session's tokens, where a truncation or a failed step
     /// left them elsewhere: they restart from no tokens and take in the
-    /// session's tokens again, in the chunks a fresh session would, so the
-    /// session computes what a fresh session fed its tokens computes. (The
-    /// states cannot run backwards; the price of a truncation is one
-    /// prefill of the tokens kept.) Keys and values are written again with
-    /// the values they hold. On failure the tokens stay and the states are
-    /// caught up on the next decode.
+    /// session's tokens again, in the chunks a fresh session would. (The
+    /// states cannot run backwards; the price of a truncation or of a
+    /// failed step is one prefill of the tokens the session holds.) Keys
+    /// and values are written again, computed as before. The tokens stay
+    /// whatever happens; on failure the states are caught up on the next
+    /// decode.
     fn catch_up_recurrent(&mut self) -> Result<()> {
         let n = self.tokens.len();
         if self.kv.iter().all(|c| c.recurrent_holds(n)) {
             return Ok(());
         }
         self.kv.iter_mut().for_each(SequenceCache::reset_recurrent);
-        let tokens = std::mem::take(&mut self.tokens);
-        let result = self.decode_chunks(&tokens, false);
-        self.tokens = tokens;
-        result
+        let tokens = self.tokens.clone();
+        self.run_chunks(&tokens, 0, false)
     }
 
+    /// Runs the model over `tokens` at positions from `start` and appends
+    /// them to the session's tokens, chunk by chunk.
     fn decode_chunks(&mut self, tokens: &[u32], logits: bool) -> Result<()> {
+        let start = self.tokens.len();
+        self.run_chunks(tokens, start, logits)?;
+        self.tokens.extend_from_slice(tokens);
+        Ok(())
+    }
+
+    /// Runs the model over `tokens` at positions from `start`, in chunks of
+    /// `n_batch`; with `logits`, the last token's go to `self.logits`.
+    fn run_chunks(&mut self, tokens: &[u32], start: usize, logits: bool) -> Result<()> {
         let model = Arc::clone(&self.model);
         let n_chunks = tokens.len().div_ceil(self.n_batch);
         for (i, chunk) in tokens.chunks(self.n_batch).enumerate() {
-            let start = self.tokens.len();
+            let start = start + i * self.n_batch;
             let rows: Vec<SeqPos> = (0..chunk.len())
                 .map(|j| SeqPos {
                     seq: 0,
@@ -236,7 +243,6 @@ impl Session {
                 wanted,
                 &mut out,
             )?;
-            self.tokens.extend_from_slice(chunk);
         }
         Ok(())
     }
@@ -278,7 +284,6 @@ impl Session {
         params: &[SamplerParams],
     ) -> Result<Vec<u32>> {
         let model = Self::check_batch(sessions, tokens)?;
-        Self::catch_up_all(sessions)?;
         if params.len() != sessions.len() {
             return Err(Error::invalid_argument(format!(
                 "{} sessions but {} sampler parameters",
@@ -289,6 +294,7 @@ impl Session {
         for (i, p) in params.iter().enumerate() {
             p.check().map_err(|e| e.context(format!("session {i}")))?;
         }
+        Self::catch_up_all(sessions)?;
         let n_vocab = model.n_vocab() as usize;
         // What each sampler needs: its best logits and those of its
         // penalized tokens, over its history with the token it decodes now
@@ -337,8 +343,6 @@ impl Session {
         Ok(next)
     }
 
-    /// The model the sessions of a batch share, once each session is
-    /// checked: same model, a valid token, room for it.
     /// [`Session::catch_up_recurrent`] for each session of a batch.
     fn catch_up_all(sessions: &mut [&mut Session]) -> Result<()> {
         for (i, s) in sessions.iter_mut().enumerate() {
@@ -348,6 +352,8 @@ impl Session {
         Ok(())
     }
 
+    /// The model the sessions of a batch share, once each session is
+    /// checked: same model, a valid token, room for it.
     fn check_batch(sessions: &[&mut Session], tokens: &[u32]) -> Result<Arc<Model>> {
         if sessions.len() != tokens.len() {
             return Err(Error::invalid_argument(format!(

@@ -111,6 +111,14 @@ impl CudaBackend {
         if rows.is_empty() {
             return Ok(());
         }
+        // The L2-norm launch has a grid row per batch row.
+        const MAX_ROWS: usize = 65_535;
+        if rows.len() > MAX_ROWS {
+            return Err(Error::unsupported(format!(
+                "{} rows in one step of a linear-attention layer; the CUDA kernels take up to {MAX_ROWS} (use a smaller n_batch)",
+                rows.len()
+            )));
+        }
         let shape = step.shape;
         let runs = runs(caches, step.layer, rows)?;
         if caches.iter().any(|c| c.needs_clear) {
@@ -133,13 +141,15 @@ impl CudaBackend {
         };
         let mut conv = self.allocator.alloc::<f32>(rows.len() * shape.channels())?;
         let n_rows = dim(rows.len(), "a batch's rows")?;
+        // A launch that fails may have rewritten part of the states: their
+        // sequences then count as holding no known number of tokens.
         // SAFETY: qkv holds rows × channels values, alpha and beta rows ×
         // n_v_heads, out rows × value_width, conv rows × channels; the
         // weights are f32 vectors of their sizes; each row's state pointer
         // holds this layer's states at the offsets given (its cache was
         // made with this layer's shape); run_starts is NULL or holds the
         // runs' bounds.
-        unsafe {
+        let launched = unsafe {
             check(
                 m40_delta_net(
                     qkv.as_ptr(),
@@ -164,12 +174,18 @@ impl CudaBackend {
                     st.stream.raw(),
                 ),
                 || "linear attention (Gated DeltaNet)".to_string(),
-            )?;
+            )
+        };
+        if launched.is_err() {
+            for r in rows {
+                caches[r.seq].invalidate_recurrent();
+            }
+            return launched;
         }
         if !recording {
             for r in rows {
                 if let Some(s) = caches[r.seq].recurrent[step.layer].as_mut() {
-                    s.tokens += 1;
+                    s.tokens = s.tokens.saturating_add(1);
                 }
             }
         }
@@ -225,7 +241,7 @@ fn runs(caches: &[&mut CudaKvCache], layer: usize, rows: &[SeqPos]) -> Result<Ve
             starts.push(i as c_int);
             0
         };
-        if r.pos != slot.tokens + offset {
+        if slot.tokens.checked_add(offset) != Some(r.pos) {
             return Err(Error::internal(format!(
                 "a linear-attention layer's state holds {} tokens of sequence {}, but a row is at position {}",
                 slot.tokens, r.seq, r.pos

@@ -187,10 +187,18 @@ impl CudaKvCache {
         self.recurrent.iter().flatten().all(|r| r.tokens == tokens)
     }
 
+    /// The states as holding no known number of tokens (a launch that
+    /// failed may have rewritten them): the session catches them up.
+    fn invalidate_recurrent(&mut self) {
+        for r in self.recurrent.iter_mut().flatten() {
+            r.tokens = usize::MAX;
+        }
+    }
+
     /// Every recurrent layer's count of tokens taken in, `n` more.
     fn advance_recurrent(&mut self, n: usize) {
         for r in self.recurrent.iter_mut().flatten() {
-            r.tokens += n;
+            r.tokens = r.tokens.saturating_add(n);
         }
     }
 

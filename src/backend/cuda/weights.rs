@@ -301,10 +301,12 @@ fn upload(pieces: &[(&[u8], usize)], dst: &mut DevicePtr<u8>) -> Result<()> {
 
 /// One-row weights (norms, biases, RoPE factors), which the backend keeps as f32.
 /// A weight converted to f32 whole at load rather than multiplied as a
-/// matrix: one row (norms, biases), or rows too short for a product (a
-/// convolution's taps: four values a channel).
+/// matrix: one row (norms, biases), or a Gated DeltaNet layer's convolution
+/// taps (a few values a channel). Any other matrix is multiplied, and must
+/// have rows the products take (`check_tensor_layouts`).
 fn is_vector(t: &TensorInfo) -> bool {
-    t.dims.iter().skip(1).all(|&d| d == 1) || t.dims[0] < 32
+    let taps = t.dims.len() == 2 && t.dims[0] < 32 && t.name.ends_with(".ssm_conv1d.weight");
+    t.dims.iter().skip(1).all(|&d| d == 1) || taps
 }
 
 /// The kernels read matrices with vector loads: every matrix row must be a
