@@ -165,6 +165,9 @@ __device__ bool m40_row_value(const float *__restrict__ x, const float *__restri
     return true;
 }
 
+// The logistic function (Qwen3.5's gates and write strengths).
+__device__ __forceinline__ float m40_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
 // The gate activation of SwiGLU (SiLU) or GeGLU (tanh-GELU, written as
 // x / (1 + e^{−2y}), as the CPU backend computes it).
 __device__ __forceinline__ float m40_activation(bool gelu, float g) {

@@ -49,7 +49,7 @@ __global__ void conv_kernel(const float *__restrict__ qkv, int channels, int tap
         for (int i = 0; i < MAX; i++) {
             if (i < taps) sum += window[i] * w[i];
         }
-        out[size_t(r) * channels + c] = sum / (1.0f + expf(-sum));
+        out[size_t(r) * channels + c] = m40_activation(false, sum);
 #pragma unroll
         for (int i = 0; i + 1 < MAX; i++) window[i] = window[i + 1];
     }
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(S *M40_DELTA_PARTS)
         if (r + 1 < end) load(r + 1, x_qk, v, al, be);
         const float softplus = pre > 20.0f ? pre : logf(1.0f + expf(pre));
         const float decay = expf(softplus * neg_a);
-        const float strength = 1.0f / (1.0f + expf(-be_r));
+        const float strength = m40_sigmoid(be_r);
         const float4 *k4 = reinterpret_cast<const float4 *>(k[buf]) + part;
         const float4 *q4 = reinterpret_cast<const float4 *>(q[buf]) + part;
         float predicted = 0.0f;
@@ -219,7 +219,7 @@ M40_EXPORT cudaError_t m40_split_halves(const float *x, int groups, int half, fl
 // x ← x · σ(gate).
 __global__ void sigmoid_gate_kernel(float *__restrict__ x, const float *__restrict__ gate, size_t n) {
     const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= 1.0f / (1.0f + expf(-gate[i]));
+    if (i < n) x[i] *= m40_sigmoid(gate[i]);
 }
 
 M40_EXPORT cudaError_t m40_sigmoid_gate(float *x, const float *gate, size_t n, cudaStream_t stream) {
@@ -232,7 +232,7 @@ M40_EXPORT cudaError_t m40_sigmoid_gate(float *x, const float *gate, size_t n, c
 __global__ void gated_add_kernel(float *__restrict__ x, const float *__restrict__ y, const float *__restrict__ gate,
                                  size_t n, int width) {
     const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) x[i] += 1.0f / (1.0f + expf(-gate[i / width])) * y[i];
+    if (i < n) x[i] += m40_sigmoid(gate[i / width]) * y[i];
 }
 
 M40_EXPORT cudaError_t m40_gated_add(float *x, const float *y, const float *gate, int rows, int width,

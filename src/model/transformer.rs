@@ -194,12 +194,10 @@ fn stage_on_device<B: Backend>(
         None => b.embed(&w.token_embd, tokens, embedding_scale, &mut x)?,
     }
 
-    // A hybrid model's scratch: its attention layers' gated queries, and
-    // its Gated DeltaNet layers' inputs and outputs.
-    let gated = w
-        .layers
-        .iter()
-        .any(|l| l.attention().is_some_and(|a| a.gated_output));
+    // A hybrid model's scratch: its attention layers' gated queries (every
+    // attention layer of a hybrid model gates its output), and its Gated
+    // DeltaNet layers' inputs and outputs.
+    let gated = hp.delta_net.is_some();
     let mut q_gated = b.buffer(if gated { 2 * n * q_width } else { 0 })?;
     let mut q_gate = b.buffer(if gated { n * q_width } else { 0 })?;
     let net = hp.delta_net.map(|p| p.shape());

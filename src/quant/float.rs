@@ -162,6 +162,12 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
+/// The logistic function, 1 / (1 + e^(−x)).
+#[inline(always)]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
 /// GELU with the tanh approximation, as ggml and Gemma use:
 /// ½x(1 + tanh y) written as x / (1 + e^{−2y}), which has no cancellation.
 #[inline(always)]

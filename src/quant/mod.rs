@@ -24,7 +24,7 @@ mod types;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use float::{exp, gelu_tanh, silu};
+pub use float::{exp, gelu_tanh, sigmoid, silu};
 pub use interleaved::{
     interleave, interleave_groups, interleaved_group_bytes, InterleavedKernels, INTERLEAVED_ROWS,
 };

@@ -16,7 +16,7 @@ use super::ThreadPool;
 use crate::backend::{DeltaNetShape, SeqPos};
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
-use crate::quant::{exp, silu};
+use crate::quant::{exp, sigmoid, silu};
 
 /// A layer's constants as f32: the convolution's taps (`channels` rows of
 /// `conv_kernel`), and per value head the decay's bias and −e^A.
@@ -33,10 +33,6 @@ fn softplus(x: f32) -> f32 {
     } else {
         (1.0 + exp(x)).ln()
     }
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
 }
 
 /// Σ a[i]·b[i] in eight running sums (so that the compiler keeps them in a
@@ -173,10 +169,14 @@ pub fn delta_net(
             None => seqs.push((r.seq, vec![i])),
         }
     }
-    // Every sequence is checked before any state changes.
+    // Each sequence's state, checked before any state changes. A
+    // sequence's rows are grouped above, so each cache is taken once.
+    let mut caches: Vec<Option<&mut KvCache>> = caches.iter_mut().map(|c| Some(&mut **c)).collect();
+    let mut states = Vec::with_capacity(seqs.len());
     for (seq, list) in &seqs {
         let state = caches[*seq]
-            .recurrent_mut(layer)
+            .take()
+            .and_then(|cache| cache.recurrent_mut(layer))
             .ok_or_else(|| Error::internal(format!("layer {layer} has no recurrent state")))?;
         let in_order = list
             .iter()
@@ -188,27 +188,22 @@ pub fn delta_net(
                 state.tokens, rows[list[0]].pos
             )));
         }
+        states.push(state);
     }
-    let mut convolved = Vec::with_capacity(seqs.len());
-    for (seq, list) in &seqs {
-        let state = caches[*seq].recurrent_mut(layer).expect("checked above");
-        let inputs: Vec<f32> = list
-            .iter()
-            .flat_map(|&i| &qkv[i * c..(i + 1) * c])
-            .copied()
-            .collect();
-        convolved.push(convolve(shape, &consts.conv, &mut state.conv, &inputs, eps));
-    }
+    let convolved: Vec<Vec<f32>> = seqs
+        .iter()
+        .zip(states.iter_mut())
+        .map(|((_, list), state)| {
+            let inputs: Vec<f32> = list
+                .iter()
+                .flat_map(|&i| &qkv[i * c..(i + 1) * c])
+                .copied()
+                .collect();
+            convolve(shape, &consts.conv, &mut state.conv, &inputs, eps)
+        })
+        .collect();
     let mut tasks: Vec<HeadTask> = Vec::new();
-    // The states of distinct sequences are distinct caches; `caches` holds
-    // each sequence once.
-    let mut remaining: Vec<Option<&mut KvCache>> =
-        caches.iter_mut().map(|c| Some(&mut **c)).collect();
-    for (i, (seq, list)) in seqs.iter().enumerate() {
-        let cache = remaining[*seq]
-            .take()
-            .ok_or_else(|| Error::internal("a sequence appears twice among the caches"))?;
-        let state = cache.recurrent_mut(layer).expect("checked above");
+    for (i, ((_, list), state)) in seqs.iter().zip(states.iter_mut()).enumerate() {
         for (head, chunk) in state.ssm.chunks_exact_mut(s * s).enumerate() {
             tasks.push(HeadTask {
                 seq: i,
@@ -229,11 +224,9 @@ pub fn delta_net(
             out[i * width + task.head * s..][..s].copy_from_slice(&task.out[t * s..(t + 1) * s]);
         }
     }
-    for (seq, list) in &seqs {
-        caches[*seq]
-            .recurrent_mut(layer)
-            .expect("checked above")
-            .tokens += list.len();
+    drop(tasks);
+    for ((_, list), state) in seqs.iter().zip(states) {
+        state.tokens += list.len();
     }
     Ok(())
 }
@@ -304,14 +297,9 @@ mod tests {
     }
 
     fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-        let mut x = seed;
+        let mut rng = crate::sampling::Rng::new(seed);
         (0..n)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
-            })
+            .map(|_| ((rng.next_f64() - 0.5) * 2.0 * f64::from(scale)) as f32)
             .collect()
     }
 

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv_cache::{KvCache, LayerState};
 use crate::quant::{
-    dequantize_row, exp, interleave_groups, interleaved_group_bytes, Kernels, INTERLEAVED_ROWS,
+    dequantize_row, interleave_groups, interleaved_group_bytes, sigmoid, Kernels, INTERLEAVED_ROWS,
 };
 
 /// A matrix's interleaved copy, shared by the products that read it.
@@ -526,9 +526,7 @@ impl Backend for CpuBackend {
     fn sigmoid_gate(&self, x: &mut Vec<f32>, gate: &Vec<f32>, len: usize) -> Result<()> {
         self.rows_in_parallel(&mut x[..len], 1, &|start, xs| {
             let gs = &gate[start..start + xs.len()];
-            xs.iter_mut()
-                .zip(gs)
-                .for_each(|(v, &g)| *v *= 1.0 / (1.0 + exp(-g)));
+            xs.iter_mut().zip(gs).for_each(|(v, &g)| *v *= sigmoid(g));
         });
         Ok(())
     }
@@ -544,7 +542,7 @@ impl Backend for CpuBackend {
         self.rows_in_parallel(&mut x[..rows * width], width, &|start, xs| {
             for (i, row) in xs.chunks_exact_mut(width).enumerate() {
                 let r = start / width + i;
-                let g = 1.0 / (1.0 + exp(-gate[r]));
+                let g = sigmoid(gate[r]);
                 let ys = &y[r * width..(r + 1) * width];
                 row.iter_mut().zip(ys).for_each(|(a, &b)| *a += g * b);
             }

@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::quant::float::{bf16_to_f32, f16_at, gated, gelu_tanh, silu, softmax_lanes};
+use crate::quant::float::{bf16_to_f32, f16_at, softmax_lanes};
 
 #[inline(always)]
 unsafe fn hsum256(v: __m256) -> f32 {
@@ -326,24 +326,6 @@ pub mod avx2 {
     pub unsafe fn softmax(scores: &mut [f32], scale: f32) -> (f32, f32) {
         softmax_lanes::<8>(scores, scale)
     }
-
-    /// As `crate::quant::float::swiglu`, vectorized.
-    ///
-    /// # Safety
-    /// The CPU supports the features enabled here.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
-        gated(out, gate, up, silu)
-    }
-
-    /// As `crate::quant::float::geglu`, vectorized.
-    ///
-    /// # Safety
-    /// The CPU supports the features enabled here.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn geglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
-        gated(out, gate, up, gelu_tanh)
-    }
 }
 
 pub mod avx512 {
@@ -418,23 +400,5 @@ pub mod avx512 {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
     pub unsafe fn softmax(scores: &mut [f32], scale: f32) -> (f32, f32) {
         softmax_lanes::<16>(scores, scale)
-    }
-
-    /// As `crate::quant::float::swiglu`, vectorized.
-    ///
-    /// # Safety
-    /// The CPU supports the features enabled here.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-    pub unsafe fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
-        gated(out, gate, up, silu)
-    }
-
-    /// As `crate::quant::float::geglu`, vectorized.
-    ///
-    /// # Safety
-    /// The CPU supports the features enabled here.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-    pub unsafe fn geglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
-        gated(out, gate, up, gelu_tanh)
     }
 }

@@ -13,7 +13,9 @@ mod quantize;
 
 use super::interleaved::InterleavedKernels;
 use super::panel::{GemmKernels, PairProduct, Panel};
-use super::{AttentionKernels, DotKernel, GgmlType, GluKernels, Q8Block, Q8RowsFn, DOT_TOKENS};
+use super::{
+    float, AttentionKernels, DotKernel, GgmlType, GluKernels, Q8Block, Q8RowsFn, DOT_TOKENS,
+};
 
 pub fn avx2_available() -> bool {
     is_x86_feature_detected!("avx2")
@@ -83,17 +85,26 @@ macro_rules! attention_wrappers {
     };
 }
 
-/// Safe wrappers of `float_dot::$float`'s gated activations (see the SAFETY
-/// note above).
-macro_rules! glu_wrappers {
-    ($float:ident) => {
+/// The gated activations of `crate::quant::float`, built with `$features`
+/// (see the SAFETY note above): the same element-wise code, vectorized at
+/// the instruction set's width.
+macro_rules! glu_kernels {
+    ($features:literal) => {
         pub fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
-            // SAFETY: only handed out when the CPU has the features (see above).
-            unsafe { float_dot::$float::swiglu(out, gate, up) }
+            #[target_feature(enable = $features)]
+            unsafe fn inner(out: &mut [f32], gate: &[f32], up: &[f32]) {
+                float::gated(out, gate, up, float::silu)
+            }
+            // SAFETY: only handed out when the CPU has the features.
+            unsafe { inner(out, gate, up) }
         }
         pub fn geglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
+            #[target_feature(enable = $features)]
+            unsafe fn inner(out: &mut [f32], gate: &[f32], up: &[f32]) {
+                float::gated(out, gate, up, float::gelu_tanh)
+            }
             // SAFETY: as above.
-            unsafe { float_dot::$float::geglu(out, gate, up) }
+            unsafe { inner(out, gate, up) }
         }
     };
 }
@@ -183,7 +194,7 @@ mod avx2 {
         q5_k / q5_k_x4 / q5_k_rows, q6_k / q6_k_x4 / q6_k_rows);
     f32_wrappers!(avx2; f32, f16, bf16);
     attention_wrappers!(avx2);
-    glu_wrappers!(avx2);
+    glu_kernels!("avx2,fma,f16c");
 }
 
 mod avx512 {
@@ -229,7 +240,7 @@ mod avx512 {
         q5_k / q5_k_x4 / q5_k_rows, q6_k / q6_k_x4 / q6_k_rows);
     f32_wrappers!(avx512; f32, f16, bf16);
     attention_wrappers!(avx512);
-    glu_wrappers!(avx512);
+    glu_kernels!("avx2,fma,f16c,avx512f,avx512bw");
 }
 
 macro_rules! table {
