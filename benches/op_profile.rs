@@ -485,14 +485,21 @@ fn profile<'a, B: Backend>(
     // The timed pass takes the prompt again from the start: a recurrent
     // state cannot, so it starts anew.
     b.reset_recurrent(&mut caches[0]);
-    forward(
-        &profiled,
-        model,
-        &mut [&mut caches[0]],
-        &tokens,
-        &chunk,
-        &[prompt - 1],
-    )?;
+    let mut prompt_pass = |p: &Profiled<B>| {
+        forward(
+            p,
+            model,
+            &mut [&mut caches[0]],
+            &tokens,
+            &chunk,
+            &[prompt - 1],
+        )
+        .map(|_| ())
+    };
+    match timeline {
+        Some(timeline) => profiled.on_timeline(timeline, prompt_pass)?,
+        None => prompt_pass(&profiled)?,
+    }
     profiled.report(&format!("prompt of {prompt} rows"), 1);
 
     // Each session's steps go on from where it stands (a recurrent state

@@ -31,6 +31,7 @@
 
 mod common;
 
+use common::tiny_model::{tiny_model_with, TinyShape};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -1412,6 +1413,56 @@ fn hybrid_models_match_the_cpu_in_prompts_decode_batches_and_truncation() {
     );
 }
 
+/// A two-layer qwen35 model of F32 weights (tests/common/tiny_model.rs)
+/// whose linear-attention heads are `head_dim` wide: the synthesized tiny
+/// models' are 64, real models' 128.
+fn hybrid_of_head_width(head_dim: u64) -> PathBuf {
+    let shape = TinyShape {
+        n_vocab: u64::from(N_VOCAB),
+        n_embd: 4 * head_dim,
+        n_layer: 2,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ff: 64,
+    };
+    let name = format!("cuda-qwen35-f32-heads-of-{head_dim}.gguf");
+    common::written_once(&name, |partial| {
+        std::fs::write(partial, tiny_model_with("qwen35", shape).build()).unwrap()
+    })
+}
+
+/// The linear-attention kernels at each head width they are built for:
+/// prompts whose runs take the chunked form of the delta rule (one of 100
+/// rows, 300 rows in steps of 64, and runs shorter than a chunk), runs of
+/// 5 rows that go token by token, single steps and a batch of sessions,
+/// within LOGIT_BOUND of the CPU at every step (F32 weights, which both
+/// backends multiply in FP32).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn linear_attention_matches_the_cpu_at_every_head_width_in_chunks_and_steps() {
+    if !have_gpu() {
+        return;
+    }
+    let mut report = Vec::new();
+    for head_dim in [16, 32, 64, 128, 256] {
+        let path = hybrid_of_head_width(head_dim);
+        let what = format!("qwen35 F32, heads of {head_dim}");
+        let mut worst = 0f64;
+        for (len, chunk, extra) in [(100, 512, 3), (300, 64, 1), (21, 5, 1), (41, 20, 0)] {
+            let err = forward_error_within(&path, len, chunk, extra, &what, LOGIT_BOUND);
+            worst = worst.max(err);
+        }
+        for err in batched_step_errors(&path, 12, &what, LOGIT_BOUND) {
+            worst = worst.max(err);
+        }
+        report.push(format!("{head_dim}: {:.4}%", worst * 100.0));
+    }
+    println!(
+        "linear attention, largest GPU-vs-CPU logit error by head width: {}",
+        report.join(", ")
+    );
+}
+
 /// A llama model whose V projections are Q6_K and every other matrix Q4_K,
 /// as in Q4_K_M files: the Q4_K file of `synth`, its V tensors' infos
 /// pointed at Q6_K data (from the Q6_K file, same seed and shapes) appended
@@ -1485,10 +1536,13 @@ fn decode_logits(model: &Model, path: &Path, options: CudaOptions) -> (bool, Vec
     let file = Arc::new(open_mapped(path));
     let gpu = CudaBackend::new(file, 0, options, &|_| true).unwrap();
     let (_, hp) = model.config();
+    let layers: Vec<LayerState> = (0..hp.n_layer as usize)
+        .map(|il| hp.layer_state(il))
+        .collect();
     let cache = || {
         gpu.kv_cache(
             64,
-            &vec![LayerState::Kv; hp.n_layer as usize],
+            &layers,
             (hp.n_head_kv * hp.head_dim_k) as usize,
             (hp.n_head_kv * hp.head_dim_v) as usize,
         )

@@ -113,7 +113,11 @@ pub fn tiny_model_with(arch: &str, s: TinyShape) -> GgufWriter {
                 w = add(w, &b("attn_gate.weight"), &[d, value]);
                 w = add(w, &b("ssm_conv1d.weight"), &[conv, 2 * key + value]);
                 w = add(w, &b("ssm_dt.bias"), &[rank]);
-                w = add(w, &b("ssm_a"), &[rank]);
+                // −e^A, negative in real files: each head's state decays.
+                let decays: Vec<u8> = (0..rank)
+                    .flat_map(|h| (-0.2 - 0.3 * h as f32).to_le_bytes())
+                    .collect();
+                w = w.tensor(&b("ssm_a"), &[rank], tt::F32, decays);
                 w = add(w, &b("ssm_beta.weight"), &[d, rank]);
                 w = add(w, &b("ssm_alpha.weight"), &[d, rank]);
                 w = add(w, &b("ssm_norm.weight"), &[state]);

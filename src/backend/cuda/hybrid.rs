@@ -5,7 +5,7 @@
 use std::ffi::c_int;
 
 use super::attention::device_rows;
-use super::kernels::{m40_delta_net, DeviceRow};
+use super::kernels::{m40_delta_net, m40_delta_net_scratch, DeviceRow};
 use super::memory::human;
 use super::runtime::{self, check};
 use super::staging::RowTableKind;
@@ -18,6 +18,12 @@ const CONV_MAX_TAPS: usize = 16;
 
 /// Head widths the recurrence kernel is built for (cuda/delta_net.cu).
 const HEAD_DIMS: [usize; 5] = [16, 32, 64, 128, 256];
+
+/// The shortest run of a sequence's rows that a step takes through the
+/// chunked form of the delta rule. Below it the rows go one after another:
+/// each costs a chain of a few dependent steps, where the chunked form
+/// costs two launches more and a chunk's matrix products.
+const CHUNKED_FROM_ROWS: usize = 8;
 
 impl CudaBackend {
     /// A sequence's cache for `n_ctx` positions of `layers`: keys and values
@@ -141,6 +147,18 @@ impl CudaBackend {
         };
         let mut conv = self.allocator.alloc::<f32>(rows.len() * shape.channels())?;
         let n_rows = dim(rows.len(), "a batch's rows")?;
+        let longest = runs.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+        let (head_dim, n_v_heads) = (shape.head_dim as c_int, shape.n_v_heads as c_int);
+        let mut scratch = if longest as usize >= CHUNKED_FROM_ROWS {
+            // SAFETY: a pure function of its arguments.
+            let floats = unsafe { m40_delta_net_scratch(n_rows, head_dim, n_v_heads) };
+            Some(self.allocator.alloc::<f32>(floats)?)
+        } else {
+            None
+        };
+        let scratch_ptr = scratch
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
         // A launch that fails may have rewritten part of the states: their
         // sequences then count as holding no known number of tokens.
         // SAFETY: qkv holds rows × channels values, alpha and beta rows ×
@@ -148,7 +166,8 @@ impl CudaBackend {
         // weights are f32 vectors of their sizes; each row's state pointer
         // holds this layer's states at the offsets given (its cache was
         // made with this layer's shape); run_starts is NULL or holds the
-        // runs' bounds.
+        // runs' bounds, the longest `longest` rows; scratch is NULL or
+        // holds m40_delta_net_scratch floats.
         let launched = unsafe {
             check(
                 m40_delta_net(
@@ -162,14 +181,16 @@ impl CudaBackend {
                     run_starts,
                     n_rows,
                     dim(runs.len() - 1, "a batch's sequences")?,
+                    longest,
                     slot.conv as i64,
                     slot.heads as i64,
                     shape.conv_kernel as c_int,
-                    shape.head_dim as c_int,
+                    head_dim,
                     shape.n_k_heads as c_int,
-                    shape.n_v_heads as c_int,
+                    n_v_heads,
                     step.eps,
                     conv.as_mut_ptr(),
+                    scratch_ptr,
                     out.as_mut_ptr(),
                     st.stream.raw(),
                 ),

@@ -464,6 +464,7 @@ extern "C" {
         run_starts: *const c_int,
         n_rows: c_int,
         n_runs: c_int,
+        max_run_rows: c_int,
         conv_state_offset: i64,
         state_offset: i64,
         taps: c_int,
@@ -472,9 +473,11 @@ extern "C" {
         n_v_heads: c_int,
         eps: f32,
         conv: *mut f32,
+        scratch: *mut f32,
         out: *mut f32,
         stream: Stream,
     ) -> c_int;
+    pub fn m40_delta_net_scratch(n_rows: c_int, head_dim: c_int, n_v_heads: c_int) -> usize;
     pub fn m40_split_halves(
         x: *const f32,
         groups: c_int,

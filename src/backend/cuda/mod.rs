@@ -103,6 +103,8 @@ struct State {
     /// Pinned host memory results are read back through (see
     /// `State::read_to_pinned`).
     readback: PinnedBuffer,
+    /// One event per piece of a large read (see `State::read_rows`).
+    readback_events: Vec<OwnedEvent>,
     /// The row table of the rows RoPE was last given (positions only).
     positions: RowTable,
     /// The row table of the rows the KV kernels were last given.
@@ -277,6 +279,7 @@ impl CudaBackend {
                 arena: Arena::default(),
                 staging: Staging::new()?,
                 readback: PinnedBuffer::new(Staging::INITIAL)?,
+                readback_events: Vec::new(),
                 cublas,
                 positions: RowTable::new(),
                 cache_rows: RowTable::new(),

@@ -13,9 +13,9 @@ use super::route::ProductRoute;
 use super::runtime::{self, check};
 use super::staging::{as_bytes, RowTableKind};
 use super::{
-    dim, fill_rows, fused, AttentionShape, AttentionStep, Backend, CandidateRequest, Candidates,
-    CudaBackend, CudaKvCache, DeltaNetStep, DeviceBuffer, Experts, GatedFfn, Glu, Norm,
-    PreparedInput, Product, Rope, RopeMode, Scratch, SeqPos, Weight,
+    dim, fused, AttentionShape, AttentionStep, Backend, CandidateRequest, Candidates, CudaBackend,
+    CudaKvCache, DeltaNetStep, DeviceBuffer, Experts, GatedFfn, Glu, Norm, PreparedInput, Product,
+    Rope, RopeMode, Scratch, SeqPos, Weight,
 };
 use crate::error::{Error, Result};
 use crate::kv_cache::LayerState;
@@ -53,10 +53,7 @@ impl Backend for CudaBackend {
         row_len: usize,
         rows: &mut [&mut Vec<f32>],
     ) -> Result<()> {
-        let mut state = self.lock();
-        let pinned = state.read_to_pinned(buffer, row_len * rows.len())?;
-        fill_rows(pinned, row_len, rows);
-        Ok(())
+        self.lock().read_rows(buffer, row_len, rows)
     }
 
     fn read_candidates(

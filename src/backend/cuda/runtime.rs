@@ -236,6 +236,24 @@ pub unsafe fn copy_to_device(
     )
 }
 
+/// Enqueues a copy of device memory to pinned host memory, without waiting.
+///
+/// # Safety
+/// `src` is device memory and `dst` pinned host memory of at least `bytes`
+/// bytes each; `dst` is not read or written until the stream has executed
+/// the copy.
+pub unsafe fn copy_to_pinned_async(
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    stream: Stream,
+) -> Result<()> {
+    check(
+        unsafe { cudaMemcpyAsync(dst, src, bytes, CUDA_MEMCPY_DEVICE_TO_HOST, stream) },
+        || "copying results to the host".to_string(),
+    )
+}
+
 /// Copies device memory to the host and waits for it.
 ///
 /// # Safety
@@ -378,6 +396,10 @@ pub struct OwnedEvent(Event);
 
 // SAFETY: as for streams.
 unsafe impl Send for OwnedEvent {}
+// SAFETY: its &self methods call the CUDA runtime, which may be called on
+// one event from several threads at once (several host threads wait on the
+// events of one read, `State::read_rows`).
+unsafe impl Sync for OwnedEvent {}
 
 impl OwnedEvent {
     pub fn new() -> Result<OwnedEvent> {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use super::kernels::DeviceRow;
 use super::memory::{Arena, DeviceAllocator, DevicePtr};
-use super::runtime::{self, OwnedStream, PinnedBuffer};
-use super::{DeviceBuffer, State};
+use super::runtime::{self, OwnedEvent, OwnedStream, PinnedBuffer};
+use super::{fill_rows, DeviceBuffer, State};
 use crate::error::{Error, Result};
 
 /// Which of the backend's row tables an operation uses.
@@ -74,6 +74,99 @@ impl State {
         // SAFETY: the buffer holds len values.
         unsafe { self.read_bytes_to_pinned(buffer.as_ptr().cast(), len * 4)? };
         Ok(self.readback.as_f32_slice(len))
+    }
+
+    /// The first rows.len() rows of `buffer` (`row_len` values each) into
+    /// `rows`. A large read goes in pieces of about a megabyte, each copied
+    /// into the pinned buffer with an event after it, and host threads move
+    /// each piece into its rows as soon as its event has passed: the host's
+    /// copies run under the device's instead of after them (8 sessions'
+    /// logits of a 248,320-token vocabulary are 8 MB a step). Waits for the
+    /// stream, as `read_to_pinned` does.
+    pub(super) fn read_rows(
+        &mut self,
+        buffer: &DeviceBuffer,
+        row_len: usize,
+        rows: &mut [&mut Vec<f32>],
+    ) -> Result<()> {
+        const PIECE_BYTES: usize = 1 << 20;
+        const MAX_THREADS: usize = 8;
+        let len = row_len * rows.len();
+        assert!(len <= buffer.len());
+        let rows_per_piece = (PIECE_BYTES / (row_len * 4).max(1)).max(1);
+        let n_pieces = rows.len().div_ceil(rows_per_piece);
+        let threads = n_pieces
+            .min(MAX_THREADS)
+            .min(std::thread::available_parallelism().map_or(1, |n| n.get()));
+        if threads <= 1 {
+            let pinned = self.read_to_pinned(buffer, len)?;
+            fill_rows(pinned, row_len, rows);
+            return Ok(());
+        }
+        if self.readback.capacity() < len * 4 {
+            self.readback = PinnedBuffer::new((len * 4).next_power_of_two())?;
+        }
+        while self.readback_events.len() < n_pieces {
+            self.readback_events.push(OwnedEvent::new()?);
+        }
+        let pinned = self.readback.as_mut_slice().as_mut_ptr().cast::<f32>();
+        for (piece, event) in self.readback_events[..n_pieces].iter().enumerate() {
+            let first = piece * rows_per_piece * row_len;
+            let n = (rows_per_piece * row_len).min(len - first);
+            // SAFETY: the buffer holds len values and the pinned buffer at
+            // least as many; the pinned values are read only after the
+            // piece's event has passed.
+            unsafe {
+                runtime::copy_to_pinned_async(
+                    pinned.add(first).cast(),
+                    buffer.as_ptr().add(first).cast(),
+                    n * 4,
+                    self.stream.raw(),
+                )?
+            };
+            event.record(&self.stream)?;
+        }
+        let pinned = PinnedValues(pinned);
+        let events = &self.readback_events;
+        // Thread t takes pieces t, t + threads, …: each (index, its rows).
+        let mut per_thread: Vec<Vec<Piece>> = (0..threads).map(|_| Vec::new()).collect();
+        for (i, piece) in rows.chunks_mut(rows_per_piece).enumerate() {
+            per_thread[i % threads].push((i, piece));
+        }
+        let results: Vec<Result<()>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = per_thread
+                .into_iter()
+                .map(|pieces| {
+                    let pinned = &pinned;
+                    scope.spawn(move || -> Result<()> {
+                        for (piece, rows) in pieces {
+                            events[piece].wait()?;
+                            let first = piece * rows_per_piece * row_len;
+                            // SAFETY: the piece's copy is done (its event
+                            // passed) and nothing writes these values now.
+                            let values = unsafe {
+                                std::slice::from_raw_parts(
+                                    pinned.0.add(first),
+                                    rows.len() * row_len,
+                                )
+                            };
+                            fill_rows(values, row_len, rows);
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a read-back thread panicked"))
+                .collect()
+        });
+        // Every piece's event has passed, so the stream's copies are done;
+        // the step's staging pieces are free again only once all its work
+        // is, which the last event marks.
+        self.readback_events[n_pieces - 1].wait()?;
+        self.staging.reset();
+        results.into_iter().collect()
     }
 
     /// `bytes` bytes of device memory at `src`, copied into the pinned
@@ -188,3 +281,15 @@ impl RowTable {
         Ok(self.device.as_ref().expect("uploaded above").as_ptr())
     }
 }
+
+/// A piece of `State::read_rows`: its index, and the rows it fills.
+type Piece<'a, 'b> = (usize, &'a mut [&'b mut Vec<f32>]);
+
+/// The pinned read-back buffer's values, shared with the threads of
+/// `State::read_rows`.
+struct PinnedValues(*const f32);
+
+// SAFETY: the threads read disjoint pieces of the buffer, each only after
+// the device's copy into it has finished; nothing writes it meanwhile (the
+// state is locked for the whole read).
+unsafe impl Sync for PinnedValues {}
