@@ -393,6 +393,36 @@ fn embedding_rows_are_the_dequantized_table_rows_scaled() {
     println!("embedding, largest relative error: {worst:.1e}");
 }
 
+/// Rows read back in one piece, and in pieces that split rows and are
+/// moved into them by several threads (a read of 2 MB or more): every row
+/// the device's values bit for bit, whatever the row held before.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn rows_read_back_whole_or_in_pieces_are_the_device_rows() {
+    if !have_gpu() {
+        return;
+    }
+    let p = pair("qwen2", "f32", true);
+    for (n_rows, row_len) in [(3, 1000), (5, 300_001), (8, 248_320)] {
+        let values = random(n_rows * row_len, n_rows as u64);
+        let buffer = upload(&p.gpu, &values);
+        let mut storage: Vec<Vec<f32>> = (0..n_rows).map(|i| vec![-1.0; i * 7]).collect();
+        let mut rows: Vec<&mut Vec<f32>> = storage.iter_mut().collect();
+        p.gpu.read_rows(&buffer, row_len, &mut rows).unwrap();
+        for (i, row) in storage.iter().enumerate() {
+            let want = &values[i * row_len..(i + 1) * row_len];
+            assert!(
+                row.len() == row_len
+                    && row
+                        .iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{n_rows} rows of {row_len}: row {i} differs"
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn norms_adds_activations_and_gathers_match_the_cpu() {

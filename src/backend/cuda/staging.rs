@@ -77,25 +77,25 @@ impl State {
     }
 
     /// The first rows.len() rows of `buffer` (`row_len` values each) into
-    /// `rows`. A large read goes in pieces of about a megabyte, each copied
+    /// `rows`. A large read goes in pieces of half a megabyte, each copied
     /// into the pinned buffer with an event after it, and host threads move
     /// each piece into its rows as soon as its event has passed: the host's
     /// copies run under the device's instead of after them (8 sessions'
-    /// logits of a 248,320-token vocabulary are 8 MB a step). Waits for the
-    /// stream, as `read_to_pinned` does.
+    /// logits of a 248,320-token vocabulary are 8 MB a step), and the last
+    /// piece's copy is short. Waits for the stream, as `read_to_pinned`
+    /// does. On failure the rows are left empty.
     pub(super) fn read_rows(
         &mut self,
         buffer: &DeviceBuffer,
         row_len: usize,
         rows: &mut [&mut Vec<f32>],
     ) -> Result<()> {
-        const PIECE_BYTES: usize = 1 << 20;
+        const PIECE_VALUES: usize = 1 << 17;
         const MAX_THREADS: usize = 8;
         let len = row_len * rows.len();
         assert!(len <= buffer.len());
-        let rows_per_piece = (PIECE_BYTES / (row_len * 4).max(1)).max(1);
-        let n_pieces = rows.len().div_ceil(rows_per_piece);
-        let threads = n_pieces
+        let n_pieces = len.div_ceil(PIECE_VALUES);
+        let threads = (n_pieces / 2)
             .min(MAX_THREADS)
             .min(std::thread::available_parallelism().map_or(1, |n| n.get()));
         if threads <= 1 {
@@ -111,8 +111,8 @@ impl State {
         }
         let pinned = self.readback.as_mut_slice().as_mut_ptr().cast::<f32>();
         for (piece, event) in self.readback_events[..n_pieces].iter().enumerate() {
-            let first = piece * rows_per_piece * row_len;
-            let n = (rows_per_piece * row_len).min(len - first);
+            let first = piece * PIECE_VALUES;
+            let n = PIECE_VALUES.min(len - first);
             // SAFETY: the buffer holds len values and the pinned buffer at
             // least as many; the pinned values are read only after the
             // piece's event has passed.
@@ -126,31 +126,41 @@ impl State {
             };
             event.record(&self.stream)?;
         }
-        let pinned = PinnedValues(pinned);
-        let events = &self.readback_events;
-        // Thread t takes pieces t, t + threads, …: each (index, its rows).
-        let mut per_thread: Vec<Vec<Piece>> = (0..threads).map(|_| Vec::new()).collect();
-        for (i, piece) in rows.chunks_mut(rows_per_piece).enumerate() {
-            per_thread[i % threads].push((i, piece));
-        }
+        let rows_out: Vec<Destination> = rows
+            .iter_mut()
+            .map(|row| {
+                row.clear();
+                row.reserve(row_len);
+                Destination(row.as_mut_ptr())
+            })
+            .collect();
+        let (pinned, rows_out, events) = (PinnedValues(pinned), &rows_out, &self.readback_events);
         let results: Vec<Result<()>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = per_thread
-                .into_iter()
-                .map(|pieces| {
+            // Thread t takes pieces t, t + threads, …, in the order they land.
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
                     let pinned = &pinned;
                     scope.spawn(move || -> Result<()> {
-                        for (piece, rows) in pieces {
+                        for piece in (t..n_pieces).step_by(threads) {
                             events[piece].wait()?;
-                            let first = piece * rows_per_piece * row_len;
-                            // SAFETY: the piece's copy is done (its event
-                            // passed) and nothing writes these values now.
-                            let values = unsafe {
-                                std::slice::from_raw_parts(
-                                    pinned.0.add(first),
-                                    rows.len() * row_len,
-                                )
-                            };
-                            fill_rows(values, row_len, rows);
+                            let (mut at, end) =
+                                (piece * PIECE_VALUES, ((piece + 1) * PIECE_VALUES).min(len));
+                            while at < end {
+                                let (row, offset) = (at / row_len, at % row_len);
+                                let n = (row_len - offset).min(end - at);
+                                // SAFETY: the piece's copy is done (its event
+                                // passed); row `row` has capacity for row_len
+                                // values, and values offset..offset + n of it
+                                // are this piece's alone.
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(
+                                        pinned.0.add(at),
+                                        rows_out[row].0.add(offset),
+                                        n,
+                                    )
+                                };
+                                at += n;
+                            }
                         }
                         Ok(())
                     })
@@ -164,9 +174,14 @@ impl State {
         // Every piece's event has passed, so the stream's copies are done;
         // the step's staging pieces are free again only once all its work
         // is, which the last event marks.
-        self.readback_events[n_pieces - 1].wait()?;
+        let done = self.readback_events[n_pieces - 1].wait();
+        results.into_iter().collect::<Result<()>>().and(done)?;
         self.staging.reset();
-        results.into_iter().collect()
+        for row in rows.iter_mut() {
+            // SAFETY: the pieces wrote each of the row's row_len values.
+            unsafe { row.set_len(row_len) };
+        }
+        Ok(())
     }
 
     /// `bytes` bytes of device memory at `src`, copied into the pinned
@@ -282,8 +297,12 @@ impl RowTable {
     }
 }
 
-/// A piece of `State::read_rows`: its index, and the rows it fills.
-type Piece<'a, 'b> = (usize, &'a mut [&'b mut Vec<f32>]);
+/// Where `State::read_rows` writes one row: its vector's buffer.
+struct Destination(*mut f32);
+
+// SAFETY: the threads of `State::read_rows` write disjoint ranges of each
+// row, inside its capacity, while the vectors are not otherwise touched.
+unsafe impl Sync for Destination {}
 
 /// The pinned read-back buffer's values, shared with the threads of
 /// `State::read_rows`.
