@@ -258,6 +258,10 @@ struct DeltaChunk {
 struct DeltaScratch {
     float *w, *u, *p, *g;
     __host__ __device__ DeltaScratch(float *base, size_t n_rows, int head_dim, int n_v_heads) {
+        if (!base) {
+            w = u = p = g = nullptr;
+            return;
+        }
         const size_t per = n_rows * size_t(n_v_heads);
         w = base;
         u = w + per * head_dim;
@@ -555,14 +559,15 @@ M40_EXPORT size_t m40_delta_net_scratch(int n_rows, int head_dim, int n_v_heads)
 }
 
 // `scratch`: NULL for the token-by-token kernels, else the chunked form's
-// (m40_delta_net_scratch floats); `max_run_rows`: the longest run's rows.
+// (m40_delta_net_scratch floats), which every run of the step then takes;
+// `max_run_rows`: the longest run's rows (the chunks prepared per run).
 M40_EXPORT cudaError_t m40_delta_net(const float *qkv, const float *alpha, const float *beta, const float *conv_weights,
                                      const float *dt_bias, const float *a, const M40Row *rows, const int *run_starts,
                                      int n_rows, int n_runs, int max_run_rows, long long conv_state_offset,
                                      long long state_offset, int taps, int head_dim, int n_k_heads, int n_v_heads,
                                      float eps, float *conv, float *scratch, float *out, cudaStream_t stream) {
     if (n_rows == 0) return cudaSuccess;
-    if (taps < 1 || taps > M40_CONV_MAX_TAPS) return cudaErrorInvalidValue;
+    if (taps < 1 || taps > M40_CONV_MAX_TAPS || (scratch && max_run_rows < 1)) return cudaErrorInvalidValue;
     const int channels = 2 * n_k_heads * head_dim + n_v_heads * head_dim;
     if (scratch) {
         conv_rows_kernel<<<dim3(m40_blocks(channels, 128), n_rows), 128, 0, stream>>>(

@@ -38,16 +38,16 @@ use std::sync::Arc;
 use m40llm::backend::cpu::CpuBackend;
 use m40llm::backend::cuda::{self, CudaBackend, CudaOptions, GraphStats};
 use m40llm::backend::{
-    fused, AttentionShape, AttentionStep, Backend, Batch, CandidateRequest, Candidates, GatedFfn,
-    Glu, Heads, Norm, Product, Rope, RopeMode, Scratch, SeqPos, StepOutput,
+    fused, AttentionShape, AttentionStep, Backend, Batch, CandidateRequest, Candidates,
+    DeltaNetStep, GatedFfn, Glu, Heads, Norm, Product, Rope, RopeMode, Scratch, SeqPos, StepOutput,
 };
 use m40llm::error::ErrorKind;
 use m40llm::gguf::{GgufFile, ReadOptions};
 use m40llm::kv_cache::LayerState;
 use m40llm::model::transformer::{forward, logits_on_device};
 use m40llm::model::{
-    Architecture, AttentionWeights, FeedForward, HyperParams, LayerWeights, LoadOptions, Model,
-    Weight, Weights,
+    Architecture, AttentionWeights, FeedForward, HyperParams, LayerWeights, LoadOptions, Mixer,
+    Model, Weight, Weights,
 };
 use m40llm::quant::q8::dot_error_bound;
 use m40llm::quant::{dequantize_row, GgmlType};
@@ -394,7 +394,7 @@ fn embedding_rows_are_the_dequantized_table_rows_scaled() {
 }
 
 /// Rows read back in one piece, and in pieces that split rows and are
-/// moved into them by several threads (a read of 2 MB or more): every row
+/// moved into them by several threads (from 4 half-megabyte pieces): every row
 /// the device's values bit for bit, whatever the row held before.
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -1491,6 +1491,112 @@ fn linear_attention_matches_the_cpu_at_every_head_width_in_chunks_and_steps() {
         "linear attention, largest GPU-vs-CPU logit error by head width: {}",
         report.join(", ")
     );
+}
+
+/// One step of a linear-attention layer: its rows and their inputs.
+struct NetStep {
+    rows: Vec<SeqPos>,
+    qkv: Vec<f32>,
+    alpha: Vec<f32>,
+    beta: Vec<f32>,
+}
+
+/// `steps` of the first (linear-attention) layer of the model at `path`
+/// through `b`, three sequences' caches from empty: each step's output.
+fn delta_net_steps<B: Backend>(
+    b: &B,
+    path: &Path,
+    weights: &Weights,
+    steps: &[NetStep],
+) -> Vec<Vec<f32>> {
+    let file = open_mapped(path);
+    let hp = HyperParams::from_gguf(&file, Architecture::Qwen35, N_VOCAB).unwrap();
+    let shape = hp.delta_net.expect("a hybrid model").shape();
+    let layers: Vec<LayerState> = (0..hp.n_layer as usize)
+        .map(|il| hp.layer_state(il))
+        .collect();
+    let (kw, vw) = (
+        (hp.n_head_kv * hp.head_dim_k) as usize,
+        (hp.n_head_kv * hp.head_dim_v) as usize,
+    );
+    let Mixer::DeltaNet(dw) = &weights.layers[0].mixer else {
+        panic!("layer 0 is a linear-attention layer")
+    };
+    let mut caches: Vec<B::KvCache> = (0..3)
+        .map(|_| b.kv_cache(64, &layers, kw, vw).unwrap())
+        .collect();
+    steps
+        .iter()
+        .map(
+            |NetStep {
+                 rows,
+                 qkv,
+                 alpha,
+                 beta,
+             }| {
+                let step = DeltaNetStep {
+                    layer: 0,
+                    rows,
+                    shape,
+                    conv: &dw.conv,
+                    dt_bias: &dw.dt_bias,
+                    a: &dw.a,
+                    eps: hp.rms_eps,
+                };
+                let n = rows.len() * shape.value_width();
+                let mut out = b.buffer(n).unwrap();
+                let mut refs: Vec<&mut B::KvCache> = caches.iter_mut().collect();
+                let (qkv, alpha, beta) = (upload(b, qkv), upload(b, alpha), upload(b, beta));
+                b.delta_net(&mut refs, step, &qkv, &alpha, &beta, &mut out)
+                    .unwrap();
+                download(b, &out, n)
+            },
+        )
+        .collect()
+}
+
+/// One step of three sequences' runs of 40, 1 and 20 rows, each from where
+/// its state stands (the chunked form for all three, as no session step
+/// makes but the kernels take), then a decode step of the three (token by
+/// token, from the states the first left): against the CPU's recurrence.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn linear_attention_steps_of_several_sequences_match_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let path = hybrid_of_head_width(128);
+    let p = pair_of("qwen35", &path, CudaOptions::default());
+    let shape = HyperParams::from_gguf(&p.file, Architecture::Qwen35, N_VOCAB)
+        .unwrap()
+        .delta_net
+        .unwrap()
+        .shape();
+    let step = |rows: Vec<SeqPos>, seed: u64| {
+        let n = rows.len();
+        NetStep {
+            qkv: random(n * shape.channels(), seed),
+            alpha: random(n * shape.n_v_heads, seed + 1),
+            beta: random(n * shape.n_v_heads, seed + 2),
+            rows,
+        }
+    };
+    let runs = |lens: [(usize, usize); 3]| -> Vec<SeqPos> {
+        lens.iter()
+            .enumerate()
+            .flat_map(|(seq, &(from, n))| (from..from + n).map(move |pos| SeqPos { seq, pos }))
+            .collect()
+    };
+    let steps = [
+        step(runs([(0, 40), (0, 1), (0, 20)]), 11),
+        step(runs([(40, 1), (1, 1), (20, 1)]), 21),
+    ];
+    let cpu = delta_net_steps(&p.cpu, &path, &p.weights, &steps);
+    let gpu = delta_net_steps(&p.gpu, &path, &p.weights, &steps);
+    for (i, (g, c)) in gpu.iter().zip(&cpu).enumerate() {
+        let err = relative_error(g, c);
+        assert!(err <= 1e-4, "step {i}: error {err:e} of the output scale");
+    }
 }
 
 /// A llama model whose V projections are Q6_K and every other matrix Q4_K,

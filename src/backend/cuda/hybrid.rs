@@ -19,8 +19,9 @@ const CONV_MAX_TAPS: usize = 16;
 /// Head widths the recurrence kernel is built for (cuda/delta_net.cu).
 const HEAD_DIMS: [usize; 5] = [16, 32, 64, 128, 256];
 
-/// The shortest run of a sequence's rows that a step takes through the
-/// chunked form of the delta rule. Below it the rows go one after another:
+/// The longest run of a sequence's rows from which a step takes the
+/// chunked form of the delta rule, for all its runs. Below it the rows go
+/// one after another:
 /// each costs a chain of a few dependent steps, where the chunked form
 /// costs two launches more and a chunk's matrix products.
 const CHUNKED_FROM_ROWS: usize = 8;

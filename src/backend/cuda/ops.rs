@@ -53,7 +53,8 @@ impl Backend for CudaBackend {
         row_len: usize,
         rows: &mut [&mut Vec<f32>],
     ) -> Result<()> {
-        self.lock().read_rows(buffer, row_len, rows)
+        self.lock()
+            .read_rows(self.info.index, buffer, row_len, rows)
     }
 
     fn read_candidates(

@@ -83,9 +83,12 @@ impl State {
     /// copies run under the device's instead of after them (8 sessions'
     /// logits of a 248,320-token vocabulary are 8 MB a step), and the last
     /// piece's copy is short. Waits for the stream, as `read_to_pinned`
-    /// does. On failure the rows are left empty.
+    /// does. A failure once the pieces are on their way leaves the rows
+    /// empty; one before leaves them as they were. `device`: the backend's,
+    /// which each thread makes current before it waits on an event.
     pub(super) fn read_rows(
         &mut self,
+        device: usize,
         buffer: &DeviceBuffer,
         row_len: usize,
         rows: &mut [&mut Vec<f32>],
@@ -141,6 +144,7 @@ impl State {
                 .map(|t| {
                     let pinned = &pinned;
                     scope.spawn(move || -> Result<()> {
+                        runtime::ensure_device(device)?;
                         for piece in (t..n_pieces).step_by(threads) {
                             events[piece].wait()?;
                             let (mut at, end) =
@@ -309,6 +313,7 @@ unsafe impl Sync for Destination {}
 struct PinnedValues(*const f32);
 
 // SAFETY: the threads read disjoint pieces of the buffer, each only after
-// the device's copy into it has finished; nothing writes it meanwhile (the
-// state is locked for the whole read).
+// the device's copy into it has finished; the device's copies go on into
+// the later pieces meanwhile, never into one a thread reads, and nothing
+// else touches the buffer (the state is locked for the whole read).
 unsafe impl Sync for PinnedValues {}
