@@ -230,28 +230,53 @@ pub unsafe fn copy_to_device(
     bytes: usize,
     stream: Stream,
 ) -> Result<()> {
+    // SAFETY: the caller's promise.
+    unsafe {
+        copy_async(dst, src, bytes, CUDA_MEMCPY_HOST_TO_DEVICE, stream, || {
+            format!("copying {} to the device", super::memory::human(bytes))
+        })
+    }
+}
+
+/// cudaMemcpyAsync of `bytes` in direction `kind`, its failure described
+/// by `what`.
+///
+/// # Safety
+/// As the caller's own copy function states for dst and src.
+unsafe fn copy_async(
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    kind: c_int,
+    stream: Stream,
+    what: impl FnOnce() -> String,
+) -> Result<()> {
     check(
-        unsafe { cudaMemcpyAsync(dst, src, bytes, CUDA_MEMCPY_HOST_TO_DEVICE, stream) },
-        || format!("copying {} to the device", super::memory::human(bytes)),
+        unsafe { cudaMemcpyAsync(dst, src, bytes, kind, stream) },
+        what,
     )
 }
 
-/// Enqueues a copy of device memory to pinned host memory, without waiting.
+/// Enqueues a copy of device memory to host memory, without waiting (at
+/// the link's speed where the host memory is pinned; pageable memory is
+/// written through the driver's staging).
 ///
 /// # Safety
-/// `src` is device memory and `dst` pinned host memory of at least `bytes`
-/// bytes each; `dst` is not read or written until the stream has executed
-/// the copy.
-pub unsafe fn copy_to_pinned_async(
+/// `src` is device memory and `dst` host memory of at least `bytes` bytes
+/// each; `dst` is not read or written until the stream has executed the
+/// copy.
+pub unsafe fn copy_to_host_async(
     dst: *mut c_void,
     src: *const c_void,
     bytes: usize,
     stream: Stream,
 ) -> Result<()> {
-    check(
-        unsafe { cudaMemcpyAsync(dst, src, bytes, CUDA_MEMCPY_DEVICE_TO_HOST, stream) },
-        || "copying results to the host".to_string(),
-    )
+    // SAFETY: the caller's promise.
+    unsafe {
+        copy_async(dst, src, bytes, CUDA_MEMCPY_DEVICE_TO_HOST, stream, || {
+            "copying results to the host".to_string()
+        })
+    }
 }
 
 /// Copies device memory to the host and waits for it.
@@ -259,18 +284,9 @@ pub unsafe fn copy_to_pinned_async(
 /// # Safety
 /// `src` is device memory of at least `dst.len()` bytes.
 pub unsafe fn copy_to_host(dst: &mut [u8], src: *const c_void, stream: Stream) -> Result<()> {
-    check(
-        unsafe {
-            cudaMemcpyAsync(
-                dst.as_mut_ptr().cast(),
-                src,
-                dst.len(),
-                CUDA_MEMCPY_DEVICE_TO_HOST,
-                stream,
-            )
-        },
-        || "copying results to the host".to_string(),
-    )?;
+    // SAFETY: the caller's promise for src; dst is a live slice, read only
+    // after the wait below.
+    unsafe { copy_to_host_async(dst.as_mut_ptr().cast(), src, dst.len(), stream)? };
     check(unsafe { cudaStreamSynchronize(stream) }, || {
         "waiting for the device".to_string()
     })
@@ -284,10 +300,17 @@ pub unsafe fn copy_on_device(
     bytes: usize,
     stream: Stream,
 ) -> Result<()> {
-    check(
-        unsafe { cudaMemcpyAsync(dst, src, bytes, CUDA_MEMCPY_DEVICE_TO_DEVICE, stream) },
-        || "copying on the device".to_string(),
-    )
+    // SAFETY: the caller's promise.
+    unsafe {
+        copy_async(
+            dst,
+            src,
+            bytes,
+            CUDA_MEMCPY_DEVICE_TO_DEVICE,
+            stream,
+            || "copying on the device".to_string(),
+        )
+    }
 }
 
 /// # Safety

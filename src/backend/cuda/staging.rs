@@ -120,7 +120,7 @@ impl State {
             // least as many; the pinned values are read only after the
             // piece's event has passed.
             unsafe {
-                runtime::copy_to_pinned_async(
+                runtime::copy_to_host_async(
                     pinned.add(first).cast(),
                     buffer.as_ptr().add(first).cast(),
                     n * 4,
