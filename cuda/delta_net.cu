@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(S *M40_DELTA_PARTS)
         const float v_r = v, pre = al + bias, be_r = be;
         __syncthreads();
         if (r + 1 < end) load(r + 1, x_qk, v, al, be);
-        const float softplus = pre > 20.0f ? pre : logf(1.0f + expf(pre));
+        const float softplus = m40_softplus(pre);
         const float decay = expf(softplus * neg_a);
         const float strength = m40_sigmoid(be_r);
         const float4 *k4 = reinterpret_cast<const float4 *>(k[buf]) + part;
@@ -273,6 +273,42 @@ struct DeltaScratch {
     }
 };
 
+// Rows t < n of `src` (WIDTH floats each, `stride` floats apart) into the
+// ROWS rows of `dst`, PITCH floats apart, zeros past n, each row scaled by
+// scale[t] where scale is given: every thread's float4 loads issued before
+// its stores, so that a block waits out the loads' latency once. A pitch
+// that is not whole float4s (padded against bank conflicts) takes scalar
+// stores.
+template <int ROWS, int WIDTH, int NT, int PITCH = WIDTH>
+__device__ __forceinline__ void m40_load_rows(float *dst, const float *__restrict__ src, size_t stride, int n,
+                                              const float *scale) {
+    static_assert(WIDTH % 4 == 0, "rows of whole float4s");
+    constexpr int QUADS = ROWS * WIDTH / 4, PER = (QUADS + NT - 1) / NT;
+    float4 v[PER];
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int e = threadIdx.x + k * NT, t = e / (WIDTH / 4), m = e % (WIDTH / 4);
+        v[k] = e < QUADS && t < n ? reinterpret_cast<const float4 *>(src + t * stride)[m]
+                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int e = threadIdx.x + k * NT, t = e / (WIDTH / 4), m = e % (WIDTH / 4);
+        if (e < QUADS) {
+            if (scale) {
+                const float f = scale[t];
+                v[k].x *= f, v[k].y *= f, v[k].z *= f, v[k].w *= f;
+            }
+            if constexpr (PITCH % 4 == 0) {
+                reinterpret_cast<float4 *>(dst + t * PITCH)[m] = v[k];
+            } else {
+                float *d = dst + t * PITCH + 4 * m;
+                d[0] = v[k].x, d[1] = v[k].y, d[2] = v[k].z, d[3] = v[k].w;
+            }
+        }
+    }
+}
+
 // One block per (chunk, value head, run): the chunk's decays, its rows'
 // decayed q·k values, T = (I + A)⁻¹, and W's and U's rows (see the top of
 // this file). Nothing here depends on the state, so every chunk of every
@@ -293,25 +329,9 @@ __global__ void __launch_bounds__(M40_DELTA_PREPARE_THREADS)
     if (first >= end) return;
     const int n = min(C, end - first);
     const int kh = h % n_k_heads, key_width = n_k_heads * S, channels = 2 * key_width + n_v_heads * S;
-    // A chunk's rows of `offset` (S values from each conv row) into `dst`,
-    // the loads all issued before the stores.
+    // A chunk's rows of `offset` (S values of each conv row) into `dst`.
     auto load_rows = [&](float *dst, int offset) {
-        constexpr int QUADS = C * S / 4, PER = (QUADS + NT - 1) / NT;
-        float4 v[PER];
-#pragma unroll
-        for (int k = 0; k < PER; k++) {
-            const int e = tid + k * NT, t = e / (S / 4), m = e % (S / 4);
-            v[k] = e < QUADS && t < n ? reinterpret_cast<const float4 *>(conv + size_t(first + t) * channels + offset)[m]
-                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int k = 0; k < PER; k++) {
-            const int e = tid + k * NT, t = e / (S / 4), m = 4 * (e % (S / 4));
-            if (e < QUADS) {
-                float *d = dst + t * LD + m;
-                d[0] = v[k].x, d[1] = v[k].y, d[2] = v[k].z, d[3] = v[k].w;
-            }
-        }
+        m40_load_rows<C, S, NT, LD>(dst, conv + size_t(first) * channels + offset, channels, n, nullptr);
     };
     load_rows(ks, key_width + kh * S);
     load_rows(qs, kh * S);
@@ -411,35 +431,6 @@ __device__ __forceinline__ void m40_exchange_halves(float *sums, int part) {
         sums[i] = keep + __shfl_xor_sync(0xffffffffu, send, BIT);
     }
     if constexpr (BIT > 1) m40_exchange_halves<HALF / 2, BIT / 2>(sums, part);
-}
-
-// Rows t < n of `src` (WIDTH floats each, `stride` floats apart) into the
-// ROWS × WIDTH floats of `dst`, zeros past n, each row scaled by scale[t]
-// where scale is given: every thread's float4 loads issued before its
-// stores, so that a block waits out the loads' latency once.
-template <int ROWS, int WIDTH, int NT>
-__device__ __forceinline__ void m40_load_rows(float *dst, const float *__restrict__ src, size_t stride, int n,
-                                              const float *scale) {
-    static_assert(WIDTH % 4 == 0, "rows of whole float4s");
-    constexpr int QUADS = ROWS * WIDTH / 4, PER = (QUADS + NT - 1) / NT;
-    float4 v[PER];
-#pragma unroll
-    for (int k = 0; k < PER; k++) {
-        const int e = threadIdx.x + k * NT, t = e / (WIDTH / 4), m = e % (WIDTH / 4);
-        v[k] = e < QUADS && t < n ? reinterpret_cast<const float4 *>(src + t * stride)[m]
-                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int k = 0; k < PER; k++) {
-        const int e = threadIdx.x + k * NT, t = e / (WIDTH / 4), m = e % (WIDTH / 4);
-        if (e < QUADS) {
-            if (scale) {
-                const float f = scale[t];
-                v[k].x *= f, v[k].y *= f, v[k].z *= f, v[k].w *= f;
-            }
-            reinterpret_cast<float4 *>(dst + t * WIDTH)[m] = v[k];
-        }
-    }
 }
 
 // One block per (tile of COLS value columns, value head, run): the run's

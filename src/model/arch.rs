@@ -157,15 +157,11 @@ fn tensor_specs(arch: Architecture, hp: &HyperParams) -> Vec<TensorSpec> {
         specs.push(spec(b("attn_norm.weight"), &[d], true));
         match hp.delta_net.filter(|_| hp.is_linear_layer(i as usize)) {
             Some(net) => {
-                let (key, value) = (net.key_width(), net.value_width());
+                let (channels, value) = (net.conv_channels(), net.value_width());
                 specs.extend([
-                    spec(b("attn_qkv.weight"), &[d, 2 * key + value], true),
+                    spec(b("attn_qkv.weight"), &[d, channels], true),
                     spec(b("attn_gate.weight"), &[d, value], true),
-                    spec(
-                        b("ssm_conv1d.weight"),
-                        &[net.conv_kernel, 2 * key + value],
-                        true,
-                    ),
+                    spec(b("ssm_conv1d.weight"), &[net.conv_kernel, channels], true),
                     spec(b("ssm_dt.bias"), &[net.n_v_heads], true),
                     spec(b("ssm_a"), &[net.n_v_heads], true),
                     spec(b("ssm_beta.weight"), &[d, net.n_v_heads], true),

@@ -230,30 +230,9 @@ pub unsafe fn copy_to_device(
     bytes: usize,
     stream: Stream,
 ) -> Result<()> {
-    // SAFETY: the caller's promise.
-    unsafe {
-        copy_async(dst, src, bytes, CUDA_MEMCPY_HOST_TO_DEVICE, stream, || {
-            format!("copying {} to the device", super::memory::human(bytes))
-        })
-    }
-}
-
-/// cudaMemcpyAsync of `bytes` in direction `kind`, its failure described
-/// by `what`.
-///
-/// # Safety
-/// As the caller's own copy function states for dst and src.
-unsafe fn copy_async(
-    dst: *mut c_void,
-    src: *const c_void,
-    bytes: usize,
-    kind: c_int,
-    stream: Stream,
-    what: impl FnOnce() -> String,
-) -> Result<()> {
     check(
-        unsafe { cudaMemcpyAsync(dst, src, bytes, kind, stream) },
-        what,
+        unsafe { cudaMemcpyAsync(dst, src, bytes, CUDA_MEMCPY_HOST_TO_DEVICE, stream) },
+        || format!("copying {} to the device", super::memory::human(bytes)),
     )
 }
 
@@ -271,12 +250,10 @@ pub unsafe fn copy_to_host_async(
     bytes: usize,
     stream: Stream,
 ) -> Result<()> {
-    // SAFETY: the caller's promise.
-    unsafe {
-        copy_async(dst, src, bytes, CUDA_MEMCPY_DEVICE_TO_HOST, stream, || {
-            "copying results to the host".to_string()
-        })
-    }
+    check(
+        unsafe { cudaMemcpyAsync(dst, src, bytes, CUDA_MEMCPY_DEVICE_TO_HOST, stream) },
+        || "copying results to the host".to_string(),
+    )
 }
 
 /// Copies device memory to the host and waits for it.
@@ -300,17 +277,10 @@ pub unsafe fn copy_on_device(
     bytes: usize,
     stream: Stream,
 ) -> Result<()> {
-    // SAFETY: the caller's promise.
-    unsafe {
-        copy_async(
-            dst,
-            src,
-            bytes,
-            CUDA_MEMCPY_DEVICE_TO_DEVICE,
-            stream,
-            || "copying on the device".to_string(),
-        )
-    }
+    check(
+        unsafe { cudaMemcpyAsync(dst, src, bytes, CUDA_MEMCPY_DEVICE_TO_DEVICE, stream) },
+        || "copying on the device".to_string(),
+    )
 }
 
 /// # Safety

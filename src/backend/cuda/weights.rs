@@ -299,7 +299,6 @@ fn upload(pieces: &[(&[u8], usize)], dst: &mut DevicePtr<u8>) -> Result<()> {
     runtime::synchronize(&stream)
 }
 
-/// One-row weights (norms, biases, RoPE factors), which the backend keeps as f32.
 /// A weight converted to f32 whole at load rather than multiplied as a
 /// matrix: one row (norms, biases), or a Gated DeltaNet layer's convolution
 /// taps (a few values a channel). Any other matrix is multiplied, and must
