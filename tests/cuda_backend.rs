@@ -99,11 +99,7 @@ fn pair(arch: &str, ty: &str, use_cublas: bool) -> Pair {
         ty,
         CudaOptions {
             use_cublas,
-            gemv_rows_per_warp: None,
-            integer_products: true,
-            overlap_launches: true,
-            graph_decode: true,
-            offload_cpu_products: true,
+            ..CudaOptions::default()
         },
     )
 }
@@ -207,25 +203,37 @@ fn dequantized(file: &GgufFile, w: &Weight) -> Vec<f32> {
     out
 }
 
-/// The decode kernel's paths a matrix product test takes: (cuBLAS, integer).
-const PRODUCT_PATHS: [(bool, bool); 3] = [(true, true), (false, true), (false, false)];
+/// The product paths a matrix product test takes: (cuBLAS, integer, the
+/// least bytes a full decode batch takes on the tensor cores, the most a
+/// batch takes as one-row slices). The first three keep every batch of up
+/// to 8 rows on the batched decode kernel; the fourth puts every full batch
+/// on the tensor cores where the format has them and the others, like the
+/// fifth's on the FP32 path, in slices.
+const PRODUCT_PATHS: [(bool, bool, usize, usize); 5] = [
+    (true, true, usize::MAX, 0),
+    (false, true, usize::MAX, 0),
+    (false, false, usize::MAX, 0),
+    (true, true, 0, usize::MAX),
+    (false, false, usize::MAX, usize::MAX),
+];
 
-/// The backend pairs of `path` on every decode product path, each with
-/// whether it has cuBLAS.
+/// The backend pairs of `path` on every product path, each with whether it
+/// has cuBLAS.
 fn product_pairs(path: &Path) -> Vec<(bool, Pair)> {
     PRODUCT_PATHS
         .iter()
-        .map(|&(use_cublas, integer_products)| {
-            let options = CudaOptions {
-                use_cublas,
-                gemv_rows_per_warp: None,
-                integer_products,
-                overlap_launches: true,
-                graph_decode: true,
-                offload_cpu_products: true,
-            };
-            (use_cublas, pair_of("llama", path, options))
-        })
+        .map(
+            |&(use_cublas, integer_products, batch_tensor_core_bytes, row_slice_bytes)| {
+                let options = CudaOptions {
+                    use_cublas,
+                    integer_products,
+                    batch_tensor_core_bytes,
+                    row_slice_bytes,
+                    ..CudaOptions::default()
+                };
+                (use_cublas, pair_of("llama", path, options))
+            },
+        )
         .collect()
 }
 
@@ -266,7 +274,7 @@ fn product_errors(pairs: &[(bool, Pair)], w: &Weight, row_counts: &[usize]) -> (
             let mut out = p.gpu.buffer(rows * w.rows).unwrap();
             p.gpu.matmul(w, &xd, rows, &mut out).unwrap();
             let got = download(&p.gpu, &out, rows * w.rows);
-            let tensor_cores = p.gpu.tensor_core_products(w.ty, rows);
+            let tensor_cores = p.gpu.tensor_core_products(w, rows);
             let rounded = tensor_cores || (*use_cublas && rows >= 16);
             let what = format!(
                 "{:?} {}×{} × {rows} rows (cuBLAS {use_cublas}, integer {integer}, tensor cores {tensor_cores})",
@@ -521,12 +529,8 @@ fn qkv_products<'a>(
 
 fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
     let options = CudaOptions {
-        use_cublas: true,
         gemv_rows_per_warp: Some(gemv_rows_per_warp),
-        integer_products: true,
-        overlap_launches: true,
-        graph_decode: true,
-        offload_cpu_products: true,
+        ..CudaOptions::default()
     };
     let p = pair_with(arch, ty, options);
     let g = &p.gpu;
@@ -609,7 +613,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         }
         if [&attn(l).wq, &attn(l).wk, &attn(l).wv]
             .iter()
-            .all(|w| g.tensor_core_products(w.ty, rows))
+            .all(|w| g.tensor_core_products(w, rows))
         {
             for i in 0..3 {
                 assert_same_bits("norm + Q/K/V", &fused_out[i], &composed_out[i], widths[i]);
@@ -777,7 +781,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         );
         if [ffn.gate, ffn.up]
             .iter()
-            .all(|w| g.tensor_core_products(w.ty, rows))
+            .all(|w| g.tensor_core_products(w, rows))
         {
             assert_same_bits(
                 "norm + gate/up + activation",
@@ -1228,7 +1232,10 @@ fn batched_decode_across_sessions_matches_single_cpu_sessions() {
     let path = synth("llama", "q4_k");
     // Twelve sessions: more rows than one decode launch takes, so that the
     // step's products run on tensor cores where the GPU has them (sm_80+).
-    let errors = batched_step_errors(&path, 12, "llama q4_k", LOGIT_BOUND);
+    // Eight: one decode launch, whose products of the tiny model's small
+    // matrices take their rows as one-row slices.
+    let mut errors = batched_step_errors(&path, 12, "llama q4_k", LOGIT_BOUND);
+    errors.extend(batched_step_errors(&path, 8, "llama q4_k", LOGIT_BOUND));
     let worst = errors.iter().fold(0f64, |m, &e| m.max(e));
     println!("batched decode, largest logit error: {:.3}%", worst * 100.0);
 }
@@ -1755,12 +1762,8 @@ fn overlapping_launches_change_no_logit() {
         };
         let model = load(&path, -1);
         let options = |overlap_launches| CudaOptions {
-            use_cublas: true,
-            gemv_rows_per_warp: None,
-            integer_products: true,
             overlap_launches,
-            graph_decode: true,
-            offload_cpu_products: true,
+            ..CudaOptions::default()
         };
         let (overlapped, with) = decode_logits(&model, &path, options(true));
         let (serial, without) = decode_logits(&model, &path, options(false));
@@ -1795,12 +1798,8 @@ fn overlapping_launches_change_no_logit() {
 fn stepped_logits(model: &Model, path: &Path, graph_decode: bool) -> (GraphStats, Vec<Vec<f32>>) {
     let file = Arc::new(open_mapped(path));
     let options = CudaOptions {
-        use_cublas: true,
-        gemv_rows_per_warp: None,
-        integer_products: true,
-        overlap_launches: true,
         graph_decode,
-        offload_cpu_products: true,
+        ..CudaOptions::default()
     };
     let gpu = CudaBackend::new(file, 0, options, &|_| true).unwrap();
     let (_, hp) = model.config();

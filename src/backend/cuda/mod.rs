@@ -34,6 +34,7 @@ mod offload;
 mod ops;
 mod options;
 mod products;
+mod readback;
 mod route;
 pub mod runtime;
 mod staging;
@@ -52,7 +53,7 @@ use crate::json::JsonObject;
 use crate::quant::GgmlType;
 pub use graph::GraphStats;
 use graph::{Capture, DecodeGraphs};
-use kernels::{m40_launch_overlap, prepared_bytes, GEMV_MAX_X};
+use kernels::{m40_launch_overlap, prepared_bytes, ExpertWork, GEMV_MAX_X};
 use memory::Arena;
 pub use memory::{DeviceAllocator, DevicePtr, MemoryStats};
 pub use offload::GpuProducts;
@@ -90,6 +91,12 @@ pub struct CudaBackend {
     /// sessions do), not through the `Backend` operations directly.
     capture_exclusion: RwLock<()>,
     bandwidth: OnceLock<f64>,
+    /// Work pieces (expert 0, row t, 1 row) for t < GEMV_MAX_X: a batch's
+    /// small products as one-row slices of one launch (`gemv`).
+    row_pieces: DevicePtr<ExpertWork>,
+    /// A batch's launches whose matrices total at most this many bytes take
+    /// their rows as one-row slices (`CudaOptions::row_slice_bytes`).
+    row_slice_bytes: usize,
     state: Mutex<State>,
 }
 
@@ -105,6 +112,9 @@ struct State {
     readback: PinnedBuffer,
     /// One event per piece of a large read (see `State::read_rows`).
     readback_events: Vec<OwnedEvent>,
+    /// The threads that move a large read's pieces into their rows,
+    /// started on the first such read.
+    copy_workers: Option<readback::CopyWorkers>,
     /// The row table of the rows RoPE was last given (positions only).
     positions: RowTable,
     /// The row table of the rows the KV kernels were last given.
@@ -241,7 +251,7 @@ impl CudaBackend {
         } else {
             None
         };
-        let routes = Routes::new(&file, &info, cublas.as_ref(), options.integer_products);
+        let routes = Routes::new(&file, &info, cublas.as_ref(), &options);
         let widest = weights::matrices(&file)
             .map(|t| t.dims[0] as usize)
             .max()
@@ -263,7 +273,29 @@ impl CudaBackend {
                 )))
             }
         };
+        let mut row_pieces = allocator.alloc::<ExpertWork>(GEMV_MAX_X)?;
+        let pieces: Vec<ExpertWork> = (0..GEMV_MAX_X as c_int)
+            .map(|t| ExpertWork {
+                expert: 0,
+                first: t,
+                count: 1,
+            })
+            .collect();
+        // SAFETY: row_pieces holds GEMV_MAX_X pieces; the copy from pageable
+        // memory is staged before it returns, and the stream is waited for
+        // below, before any kernel can read them.
+        unsafe {
+            runtime::copy_to_device(
+                row_pieces.as_mut_ptr().cast(),
+                pieces.as_ptr().cast(),
+                std::mem::size_of_val(pieces.as_slice()),
+                stream.raw(),
+            )?;
+        }
+        runtime::synchronize(&stream)?;
         Ok(CudaBackend {
+            row_pieces,
+            row_slice_bytes: options.row_slice_bytes,
             info,
             allocator,
             weights,
@@ -280,6 +312,7 @@ impl CudaBackend {
                 staging: Staging::new()?,
                 readback: PinnedBuffer::new(Staging::INITIAL)?,
                 readback_events: Vec::new(),
+                copy_workers: None,
                 cublas,
                 positions: RowTable::new(),
                 cache_rows: RowTable::new(),
@@ -371,16 +404,28 @@ impl CudaBackend {
         self.routes.dp4a() && self.routes.route(ty, 1) == ProductRoute::Decode { prepared: true }
     }
 
-    /// Whether a product of `rows` activation rows with a matrix of type
-    /// `ty` runs on f16 tensor cores straight from the quantized weights
+    /// Whether a product of `rows` activation rows with `w` (on its own)
+    /// runs on f16 tensor cores straight from the quantized weights
     /// (`m40_mmq`; the tensor-core route).
-    pub fn tensor_core_products(&self, ty: GgmlType, rows: usize) -> bool {
-        self.routes.route(ty, rows) == ProductRoute::TensorCores
+    pub fn tensor_core_products(&self, w: &Weight, rows: usize) -> bool {
+        self.route(w, rows) == ProductRoute::TensorCores
     }
 
     /// The kernel that takes a product of `rows` activation rows with `w`.
     fn route(&self, w: &Weight, rows: usize) -> ProductRoute {
-        self.routes.route(w.ty, rows)
+        self.routes.shared_rows_routes(&[(w.ty, w.n_bytes)], rows)[0]
+    }
+
+    /// The kernels that take products of the same `rows` rows with each of
+    /// `weights` (`Routes::shared_rows_routes`).
+    fn shared_rows_routes<'w>(
+        &self,
+        weights: impl IntoIterator<Item = &'w Weight>,
+        rows: usize,
+    ) -> Vec<ProductRoute> {
+        let matrices: Vec<(GgmlType, usize)> =
+            weights.into_iter().map(|w| (w.ty, w.n_bytes)).collect();
+        self.routes.shared_rows_routes(&matrices, rows)
     }
 
     /// Whether decode kernels overlap their predecessors on this device.

@@ -528,7 +528,7 @@ impl Backend for CudaBackend {
             assert!(p.w.cols == width && p.out.len() >= rows * p.w.rows);
         }
         assert!(x.len() >= rows * width);
-        let routes: Vec<ProductRoute> = products.iter().map(|p| self.route(p.w, rows)).collect();
+        let routes = self.shared_rows_routes(products.iter().map(|p| p.w), rows);
         if !routes.is_empty()
             && routes
                 .iter()
@@ -609,7 +609,7 @@ impl Backend for CudaBackend {
             heads.n_head_kv * heads.head_dim_k,
             heads.n_head_kv * heads.head_dim_v,
         ];
-        let routes = qkv.each_ref().map(|p| self.route(p.w, n));
+        let routes = self.shared_rows_routes(qkv.iter().map(|p| p.w), n);
         // The decode products' epilogue takes the attention-input step where
         // its RoPE pairs are adjacent rows, without frequency factors
         // (m40_rope_angle_reduced in cuda/ops.cuh says why), and the heads
@@ -651,7 +651,7 @@ impl Backend for CudaBackend {
         let (gate, up) = (ffn.gate, ffn.up);
         let same_shape = gate.rows == up.rows && gate.cols == up.cols;
         let width = norm.weight.cols * norm.weight.rows;
-        let routes = [self.route(gate, rows), self.route(up, rows)];
+        let routes = self.shared_rows_routes([gate, up], rows);
         if same_shape && routes == [ProductRoute::TensorCores; 2] {
             // Both products read one f16 conversion of the rows, which
             // takes the norm.

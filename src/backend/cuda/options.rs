@@ -18,9 +18,33 @@ pub struct CudaOptions {
     /// with dp4a where the device runs this build's sm_61+ code, scaled FP32
     /// values with masked codes (the M40's path) where it runs sm_52 code or
     /// the compute_52 PTX; false keeps them on the plain FP32 path (tests
-    /// set it to cover that path). Products of 9–64 rows take the f16
-    /// tensor cores where the GPU has them (sm_80+) either way.
+    /// set it to cover that path). Products of 9–64 rows, and a full batch's
+    /// large ones (`batch_tensor_core_bytes`), take the f16 tensor cores
+    /// where the GPU has them (sm_80+) either way.
     pub integer_products: bool,
+    /// A decode batch of 8 rows (the decode kernel's most, GEMV_MAX_X)
+    /// takes the f16 tensor cores (sm_80+) for products that read the same
+    /// rows (a layer's Q, K and V; a gated FFN's gate and up; …) where
+    /// their matrices total at least this many bytes. The decode kernel
+    /// multiplies each weight by 8 rows of activations from its L1 cache,
+    /// well under the memory's speed; the tensor cores read each weight once
+    /// for a 16-row tile, after a conversion of the rows that the products
+    /// share. On the H200, at 8 sessions, they took qwen35-27b from 1,285 to
+    /// 1,473 tok/s (matrices of 18–50 MB) and qwen35-35b-a3b's 248,320-row
+    /// output from 0.35 to 0.19 ms a step, but made its 5–14 MB groups
+    /// slower, and fewer rows slower everywhere. Tests set 0 to cover the
+    /// path.
+    pub batch_tensor_core_bytes: usize,
+    /// A decode batch's launch (2 to 8 rows) whose matrices total at most
+    /// this many bytes runs each row as a slice of one launch of the
+    /// one-session kernel. A small matrix gives the batched kernel too few
+    /// row groups to keep the GPU busy, and each of its warps walks its rows
+    /// one activation row after another; the slices read the matrix once a
+    /// row, from L2. A mixture of experts' router (256 × 2048 F32) took 20
+    /// µs a step at 8 rows and its shared expert's gate (1 × 2048) 18 µs on
+    /// the H200; as slices qwen35-35b-a3b's 8 sessions ran 11% faster. Tests
+    /// set it to cover both forms.
+    pub row_slice_bytes: usize,
     /// Decode kernels that start while the stream's previous kernel
     /// finishes (programmatic dependent launch), on GPUs that have it (sm_90
     /// and newer) in builds that carry sm_90 code; false launches each
@@ -41,6 +65,8 @@ impl Default for CudaOptions {
             use_cublas: true,
             gemv_rows_per_warp: None,
             integer_products: true,
+            batch_tensor_core_bytes: 16 << 20,
+            row_slice_bytes: 4 << 20,
             overlap_launches: true,
             graph_decode: true,
             offload_cpu_products: true,

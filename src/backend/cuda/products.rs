@@ -426,7 +426,17 @@ impl CudaBackend {
         let input_quantized = input_quantized || prepared_before;
         // The scratch holds one launch's rows.
         assert!(!input_quantized || n_x <= GEMV_MAX_X);
+        // Small matrices take a batch's rows as one-row slices of the
+        // one-session kernel (`CudaOptions::row_slice_bytes` says why): the
+        // slices are the pieces of an expert launch whose experts are all
+        // matrix 0, piece t row t. The attention epilogue addresses its
+        // caches by launch row, so those launches keep the batched kernel.
+        let matrix_bytes =
+            matrices.iter().map(|m| m.rows as usize).sum::<usize>() * (like.n_bytes / like.rows);
+        let row_slices = attention.rows.is_null() && matrix_bytes <= self.row_slice_bytes;
         for first in (0..n_x).step_by(GEMV_MAX_X) {
+            let launch_rows = GEMV_MAX_X.min(n_x - first);
+            let sliced = row_slices && launch_rows > 1;
             let mut m = [GemvMatrix::NONE; 3];
             for (slot, matrix) in m.iter_mut().zip(matrices) {
                 *slot = GemvMatrix {
@@ -441,7 +451,7 @@ impl CudaBackend {
                 cols: dim(like.cols, "a matrix width")?,
                 // SAFETY: row `first` of x.
                 x: unsafe { x.add(first * like.cols) },
-                n_x: GEMV_MAX_X.min(n_x - first) as c_int,
+                n_x: if sliced { 1 } else { launch_rows as c_int },
                 epilogue,
                 norm: norm.map_or(std::ptr::null(), |n| n.0),
                 eps: norm.map_or(0.0, |n| n.1),
@@ -463,7 +473,18 @@ impl CudaBackend {
                     },
                     ..*attention
                 },
-                experts: ExpertView::NONE,
+                experts: if sliced {
+                    ExpertView {
+                        work: self.row_pieces.as_ptr(),
+                        expert_bytes: 0,
+                        n_work: launch_rows as c_int,
+                        x_shared: 0,
+                        x_rows: launch_rows as c_int,
+                        unused: 0,
+                    }
+                } else {
+                    ExpertView::NONE
+                },
             };
             // SAFETY: the launch names live device memory (see above).
             unsafe { self.launch_gemv(st, like.ty, &launch, "matrix × vector")? };

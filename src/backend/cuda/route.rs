@@ -11,6 +11,7 @@ use super::cublas::Cublas;
 use super::kernels::{
     m40_gemv_dp4a_code, m40_gemv_prepared_path, m40_mmq_expert_rows, m40_mmq_prepare, GEMV_MAX_X,
 };
+use super::options::CudaOptions;
 use super::runtime::DeviceInfo;
 use super::weights::matrices;
 use crate::gguf::GgufFile;
@@ -103,21 +104,24 @@ pub(super) struct Routes {
     /// cuBLAS products on f16 operands (GPUs with f16 tensor cores: Volta,
     /// sm_70, and newer, with cuBLAS 11 or newer).
     prefill_in_f16: bool,
+    /// The least bytes of products sharing their rows that a full decode
+    /// batch takes on the tensor cores (`CudaOptions::batch_tensor_core_bytes`).
+    batch_tensor_core_bytes: usize,
 }
 
 impl Routes {
     /// The routes for the matrices of `file` on the current device, with
-    /// `cublas` where it was loaded; `allow_prepared`: whether the host
-    /// allows the prepared routes (`CudaOptions::integer_products`). Prepares the tensor-core
-    /// kernels of the model's formats.
+    /// `cublas` where it was loaded, as `options` allow (its prepared routes,
+    /// `integer_products`, and its `batch_tensor_core_bytes`). Prepares the
+    /// tensor-core kernels of the model's formats.
     pub fn new(
         file: &GgufFile,
         info: &DeviceInfo,
         cublas: Option<&Cublas>,
-        allow_prepared: bool,
+        options: &CudaOptions,
     ) -> Routes {
         let mut prepared_formats = Vec::new();
-        if allow_prepared {
+        if options.integer_products {
             for t in matrices(file) {
                 if !prepared_formats.contains(&t.ggml_type) && prepared_path(t.ggml_type) {
                     prepared_formats.push(t.ggml_type);
@@ -151,7 +155,37 @@ impl Routes {
             has_cublas: cublas.is_some(),
             prefill_in_f16: info.compute_capability.0 >= 7
                 && cublas.is_some_and(|c| c.has_f16_products()),
+            batch_tensor_core_bytes: options.batch_tensor_core_bytes,
         }
+    }
+
+    /// The routes of products that read the same `rows` rows, each given by
+    /// its matrix's format and bytes: a full decode batch (GEMV_MAX_X rows)
+    /// takes the tensor cores for all of them where every format has the
+    /// kernel and the matrices total at least `batch_tensor_core_bytes` (one
+    /// conversion of the rows serves them all); else each takes `route`.
+    pub fn shared_rows_routes(
+        &self,
+        matrices: &[(GgmlType, usize)],
+        rows: usize,
+    ) -> Vec<ProductRoute> {
+        let total: usize = matrices.iter().map(|&(_, bytes)| bytes).sum();
+        let tensor_cores = rows == GEMV_MAX_X
+            && !matrices.is_empty()
+            && total >= self.batch_tensor_core_bytes
+            && matrices
+                .iter()
+                .all(|(ty, _)| self.tensor_core_formats.contains(ty));
+        matrices
+            .iter()
+            .map(|&(ty, _)| {
+                if tensor_cores {
+                    ProductRoute::TensorCores
+                } else {
+                    self.route(ty, rows)
+                }
+            })
+            .collect()
     }
 
     /// The route of a product of `rows` activation rows with a matrix of
@@ -237,6 +271,7 @@ mod tests {
             expert_piece_rows: vec![(GgmlType::Q4K, [16, 32]), (GgmlType::Q8_0, [16, 32])],
             has_cublas,
             prefill_in_f16: true,
+            batch_tensor_core_bytes: 16 << 20,
         }
     }
 
@@ -265,6 +300,37 @@ mod tests {
         assert_eq!(
             routes(false).route(GgmlType::Q4K, 512),
             ProductRoute::TensorCores
+        );
+    }
+
+    #[test]
+    fn full_decode_batches_take_tensor_cores_for_large_products_sharing_their_rows() {
+        let r = routes(true);
+        let big = 16 << 20;
+        let decode = ProductRoute::Decode { prepared: true };
+        // Together past the bound: all of them, at 8 rows only.
+        assert_eq!(
+            r.shared_rows_routes(
+                &[(GgmlType::Q4K, big - 10), (GgmlType::Q4K, 10)],
+                GEMV_MAX_X
+            ),
+            [ProductRoute::TensorCores; 2]
+        );
+        assert_eq!(
+            r.shared_rows_routes(&[(GgmlType::Q4K, big)], GEMV_MAX_X - 1),
+            [decode]
+        );
+        // Short of it, or a format without the kernel: each its own route.
+        assert_eq!(
+            r.shared_rows_routes(
+                &[(GgmlType::Q4K, big - 11), (GgmlType::Q4K, 10)],
+                GEMV_MAX_X
+            ),
+            [decode; 2]
+        );
+        assert_eq!(
+            r.shared_rows_routes(&[(GgmlType::Q4K, big), (GgmlType::Q6K, 10)], GEMV_MAX_X),
+            [decode, ProductRoute::Decode { prepared: false }]
         );
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::kernels::DeviceRow;
 use super::memory::{Arena, DeviceAllocator, DevicePtr};
+use super::readback::{CopyWorkers, ReadPieces};
 use super::runtime::{self, OwnedEvent, OwnedStream, PinnedBuffer};
 use super::{fill_rows, DeviceBuffer, State};
 use crate::error::{Error, Result};
@@ -78,8 +79,9 @@ impl State {
 
     /// The first rows.len() rows of `buffer` (`row_len` values each) into
     /// `rows`. A large read goes in pieces of half a megabyte, each copied
-    /// into the pinned buffer with an event after it, and host threads move
-    /// each piece into its rows as soon as its event has passed: the host's
+    /// into the pinned buffer with an event after it, and the backend's
+    /// read-back threads (`readback.rs`, started on the first large read)
+    /// move each piece into its rows as soon as its event has passed: the host's
     /// copies run under the device's instead of after them (8 sessions'
     /// logits of a 248,320-token vocabulary are 8 MB a step), and the last
     /// piece's copy is short. Waits for the stream, as `read_to_pinned`
@@ -98,10 +100,15 @@ impl State {
         let len = row_len * rows.len();
         assert!(len <= buffer.len());
         let n_pieces = len.div_ceil(PIECE_VALUES);
-        let threads = (n_pieces / 2)
-            .min(MAX_THREADS)
-            .min(std::thread::available_parallelism().map_or(1, |n| n.get()));
-        if threads <= 1 {
+        let threads_available =
+            MAX_THREADS.min(std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let threads = (n_pieces / 2).min(threads_available);
+        if threads > 1 && self.copy_workers.is_none() {
+            // Where the system starts no thread, reads take the one-copy
+            // path below (and the next large read tries again).
+            self.copy_workers = CopyWorkers::new(threads_available).ok();
+        }
+        if threads <= 1 || self.copy_workers.is_none() {
             let pinned = self.read_to_pinned(buffer, len)?;
             fill_rows(pinned, row_len, rows);
             return Ok(());
@@ -129,57 +136,34 @@ impl State {
             };
             event.record(&self.stream)?;
         }
-        let rows_out: Vec<Destination> = rows
+        let destinations: Vec<*mut f32> = rows
             .iter_mut()
             .map(|row| {
                 row.clear();
                 row.reserve(row_len);
-                Destination(row.as_mut_ptr())
+                row.as_mut_ptr()
             })
             .collect();
-        let (pinned, rows_out, events) = (PinnedValues(pinned), &rows_out, &self.readback_events);
-        let results: Vec<Result<()>> = std::thread::scope(|scope| {
-            // Thread t takes pieces t, t + threads, …, in the order they land.
-            let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    let pinned = &pinned;
-                    scope.spawn(move || -> Result<()> {
-                        runtime::ensure_device(device)?;
-                        for piece in (t..n_pieces).step_by(threads) {
-                            events[piece].wait()?;
-                            let (mut at, end) =
-                                (piece * PIECE_VALUES, ((piece + 1) * PIECE_VALUES).min(len));
-                            while at < end {
-                                let (row, offset) = (at / row_len, at % row_len);
-                                let n = (row_len - offset).min(end - at);
-                                // SAFETY: the piece's copy is done (its event
-                                // passed); row `row` has capacity for row_len
-                                // values, and values offset..offset + n of it
-                                // are this piece's alone.
-                                unsafe {
-                                    std::ptr::copy_nonoverlapping(
-                                        pinned.0.add(at),
-                                        rows_out[row].0.add(offset),
-                                        n,
-                                    )
-                                };
-                                at += n;
-                            }
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("a read-back thread panicked"))
-                .collect()
-        });
+        let workers = self.copy_workers.as_ref().expect("started above");
+        let read = ReadPieces {
+            device,
+            pinned: pinned.cast_const(),
+            len,
+            piece_values: PIECE_VALUES,
+            events: self.readback_events.as_ptr(),
+            rows: destinations.as_ptr(),
+            row_len,
+        };
+        // SAFETY: the pinned buffer holds len values, filled piece by piece
+        // by the copies enqueued above, each followed by its event; each
+        // destination has capacity for row_len values; all of it stays
+        // untouched here until the workers are done (`run` waits for them).
+        let copied = unsafe { workers.run(read, threads) };
         // Every piece's event has passed, so the stream's copies are done;
         // the step's staging pieces are free again only once all its work
         // is, which the last event marks.
         let done = self.readback_events[n_pieces - 1].wait();
-        results.into_iter().collect::<Result<()>>().and(done)?;
+        copied.and(done)?;
         self.staging.reset();
         for row in rows.iter_mut() {
             // SAFETY: the pieces wrote each of the row's row_len values.
@@ -300,20 +284,3 @@ impl RowTable {
         Ok(self.device.as_ref().expect("uploaded above").as_ptr())
     }
 }
-
-/// Where `State::read_rows` writes one row: its vector's buffer.
-struct Destination(*mut f32);
-
-// SAFETY: the threads of `State::read_rows` write disjoint ranges of each
-// row, inside its capacity, while the vectors are not otherwise touched.
-unsafe impl Sync for Destination {}
-
-/// The pinned read-back buffer's values, shared with the threads of
-/// `State::read_rows`.
-struct PinnedValues(*const f32);
-
-// SAFETY: the threads read disjoint pieces of the buffer, each only after
-// the device's copy into it has finished; the device's copies go on into
-// the later pieces meanwhile, never into one a thread reads, and nothing
-// else touches the buffer (the state is locked for the whole read).
-unsafe impl Sync for PinnedValues {}
