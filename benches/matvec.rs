@@ -22,7 +22,7 @@ use m40llm::quant::{GgmlType, Isa, Kernels};
 /// Weights cycled through in the cold runs: well past any L3 cache.
 const COLD_BYTES: usize = 1 << 30;
 
-const TYPES: [GgmlType; 13] = GgmlType::SUPPORTED;
+const TYPES: [GgmlType; 16] = GgmlType::SUPPORTED;
 
 /// Weights with valid, small f16 scales in every block (the values do not
 /// change the speed, but NaNs and infinities could).

@@ -13,7 +13,7 @@ use m40llm::quant::{
     Panel, Q8Block, GEMM_MIN_TOKENS, PANEL_ROWS,
 };
 
-const TYPES: [GgmlType; 13] = GgmlType::SUPPORTED;
+const TYPES: [GgmlType; 16] = GgmlType::SUPPORTED;
 
 /// A fixture written by tests/fixtures/make_quant_fixtures.py (gguf-py).
 struct Fixture {
@@ -113,7 +113,9 @@ impl Rng {
 /// Offsets of the f16 scale fields in each block (ggml-common.h).
 fn scale_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Iq4Nl | GgmlType::Iq4Xs => {
+            &[0]
+        }
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
         GgmlType::Q2K => &[80, 82],
         GgmlType::Q3K => &[108],
@@ -143,6 +145,11 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<
                 for &at in scale_fields(ty) {
                     let scale = half::f16::from_f32((rng.uniform() - 0.5) * 0.1);
                     block[at..at + 2].copy_from_slice(&scale.to_le_bytes());
+                }
+                if ty == GgmlType::Mxfp4 {
+                    // The block's power of two, 2^-10 to 2^-3 (its E8M0
+                    // byte, 2^(e − 128)).
+                    block[0] = 118 + (rng.next_u64() % 8) as u8;
                 }
             }
             raw

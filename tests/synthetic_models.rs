@@ -18,9 +18,9 @@ use m40llm::model::{LoadOptions, Model};
 use m40llm::sampling::argmax;
 use m40llm::session::{Session, SessionParams};
 
-const TYPES: [&str; 13] = [
+const TYPES: [&str; 16] = [
     "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k",
-    "q6_k",
+    "q6_k", "iq4_nl", "iq4_xs", "mxfp4",
 ];
 const N_VOCAB: u32 = 1000;
 

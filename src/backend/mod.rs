@@ -21,6 +21,7 @@ use crate::gguf::GgufFile;
 use crate::json::JsonObject;
 use crate::kv_cache::KvCache;
 pub use crate::kv_cache::LayerState;
+use crate::quant::GgmlType;
 use crate::sampling;
 pub use fused::{route, AttentionStep, Experts, GatedFfn, Heads, Norm, Product, Scratch};
 pub use weight::Weight;
@@ -529,9 +530,12 @@ pub trait Backend {
 /// of the same split (partial offload): its weights cross to the GPU for
 /// each batch, which for a prompt chunk costs less than the CPU's compute.
 pub trait ProductHelper: Send + Sync {
+    /// Whether it computes products of weights of type `ty`.
+    fn takes(&self, ty: GgmlType) -> bool;
+
     /// outs[i][..rows × ws[i].rows] = x · ws[i]ᵀ for `rows` rows of x
-    /// (every weight as wide as x's rows). An error of kind `OutOfMemory`
-    /// leaves these products to the caller.
+    /// (every weight as wide as x's rows, of types it takes). An error of
+    /// kind `OutOfMemory` leaves these products to the caller.
     fn products(
         &self,
         ws: &[&Weight],

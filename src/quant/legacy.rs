@@ -75,7 +75,7 @@ pub fn dequantize_q8_0(row: &[u8], out: &mut [f32]) {
 }
 
 /// Σ q·a over one block of 32 weight codes (already unpacked) and activations.
-fn int_dot(q: &[i8; 32], a: &Q8Block) -> i32 {
+pub(super) fn int_dot(q: &[i8; 32], a: &Q8Block) -> i32 {
     q.iter()
         .zip(&a.qs)
         .map(|(&w, &x)| i32::from(w) * i32::from(x))

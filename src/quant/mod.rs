@@ -2,7 +2,7 @@
 //! rows to f32 and dot products of rows with activations.
 //!
 //! Every format has a scalar reference implementation (`float`, `legacy`,
-//! `kquants`), always built and tested. On x86-64 the `x86` module adds AVX2
+//! `kquants`, `lookup`), always built and tested. On x86-64 the `x86` module adds AVX2
 //! and AVX-512 (VNNI) dot products, chosen at run time by [`Kernels::best`].
 //!
 //! Which path computes what:
@@ -18,6 +18,7 @@ mod float;
 pub mod interleaved;
 mod kquants;
 mod legacy;
+mod lookup;
 pub mod panel;
 pub mod q8;
 mod types;
@@ -281,6 +282,9 @@ fn dequantizer(ty: GgmlType) -> Option<DequantizeFn> {
         Q4K => kquants::dequantize_q4_k,
         Q5K => kquants::dequantize_q5_k,
         Q6K => kquants::dequantize_q6_k,
+        Iq4Nl => lookup::dequantize_iq4_nl,
+        Iq4Xs => lookup::dequantize_iq4_xs,
+        Mxfp4 => lookup::dequantize_mxfp4,
         _ => return None,
     })
 }
@@ -302,6 +306,9 @@ fn scalar_dot(ty: GgmlType) -> Option<DotKernel> {
         Q4K => Q8(kquants::dot_q4_k, None),
         Q5K => Q8(kquants::dot_q5_k, None),
         Q6K => Q8(kquants::dot_q6_k, None),
+        Iq4Nl => Q8(lookup::dot_iq4_nl, None),
+        Iq4Xs => Q8(lookup::dot_iq4_xs, None),
+        Mxfp4 => Q8(lookup::dot_mxfp4, None),
         _ => return None,
     })
 }

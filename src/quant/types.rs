@@ -119,8 +119,9 @@ impl GgmlType {
         Self::SUPPORTED.contains(&self)
     }
 
-    /// The types this build computes with.
-    pub const SUPPORTED: [GgmlType; 13] = [
+    /// The types this build computes with (on the CPU; the CUDA backend
+    /// says which of them it takes).
+    pub const SUPPORTED: [GgmlType; 16] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Bf16,
@@ -134,6 +135,9 @@ impl GgmlType {
         GgmlType::Q4K,
         GgmlType::Q5K,
         GgmlType::Q6K,
+        GgmlType::Iq4Nl,
+        GgmlType::Iq4Xs,
+        GgmlType::Mxfp4,
     ];
 
     /// Bytes of a row of `elements` values, or `None` when `elements` is not a
@@ -184,6 +188,9 @@ mod tests {
             (GgmlType::Q5K, 2 + 2 + 12 + 32 + 128),
             (GgmlType::Q6K, 128 + 64 + 16 + 2),
             (GgmlType::Q8K, 4 + 256 + 2 * 16),
+            (GgmlType::Iq4Nl, 2 + 16),
+            (GgmlType::Iq4Xs, 2 + 2 + 4 + 128),
+            (GgmlType::Mxfp4, 1 + 16),
         ];
         for (ty, bytes) in expect {
             assert_eq!(ty.block_bytes(), bytes, "{ty}");

@@ -365,7 +365,11 @@ impl Backend for CpuBackend {
         rows: usize,
         outs: &mut [&mut Vec<f32>],
     ) -> Result<()> {
-        if let Some(helper) = self.helper.as_ref().filter(|_| rows >= HELPER_MIN_ROWS) {
+        if let Some(helper) = self
+            .helper
+            .as_ref()
+            .filter(|h| rows >= HELPER_MIN_ROWS && ws.iter().all(|w| h.takes(w.ty)))
+        {
             match helper.products(ws, x, rows, outs) {
                 // A GPU without room for the batch's weights leaves the
                 // products to the CPU.

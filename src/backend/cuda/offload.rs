@@ -11,6 +11,7 @@ use super::{Backend, CudaBackend, CudaOptions, DeviceBuffer, Weight};
 use crate::backend::ProductHelper;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
+use crate::quant::GgmlType;
 
 /// A CUDA backend that holds no weights of its own and computes products
 /// of weights it is handed for the batch.
@@ -34,6 +35,10 @@ impl GpuProducts {
 }
 
 impl ProductHelper for GpuProducts {
+    fn takes(&self, ty: GgmlType) -> bool {
+        super::weights::computes(ty)
+    }
+
     fn products(
         &self,
         ws: &[&Weight],

@@ -13,6 +13,7 @@ use super::staging::Staging;
 use super::{dim, Weight};
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInfo};
+use crate::quant::GgmlType;
 
 /// Bytes allocated past the data section: the decode kernel reads rows in
 /// 16-byte-aligned pieces, up to 15 bytes past the end of the last row.
@@ -98,6 +99,16 @@ pub(super) fn checked_spans(
     info: &DeviceInfo,
     holds: &dyn Fn(&str) -> bool,
 ) -> Result<(Vec<Span>, usize)> {
+    if let Some(t) = file
+        .tensors()
+        .iter()
+        .find(|t| holds(&t.name) && !computes(t.ggml_type))
+    {
+        return Err(Error::unsupported(format!(
+            "tensor '{}' has type {}, which the CUDA backend does not compute with (the CPU backend does)",
+            t.name, t.ggml_type
+        )));
+    }
     check_tensor_layouts(file)?;
     let held: Vec<(usize, usize)> = file
         .tensors()
@@ -299,6 +310,17 @@ fn upload(pieces: &[(&[u8], usize)], dst: &mut DevicePtr<u8>) -> Result<()> {
     runtime::synchronize(&stream)
 }
 
+/// Whether the CUDA kernels compute with tensors of `ty`: the build's
+/// types but the table-lookup formats (IQ4_NL, IQ4_XS, MXFP4), which only
+/// the CPU backend has yet.
+pub(super) fn computes(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16 | Bf16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K
+    )
+}
+
 /// A weight converted to f32 whole at load rather than multiplied as a
 /// matrix: one row (norms, biases), or a Gated DeltaNet layer's convolution
 /// taps (a few values a channel). Any other matrix is multiplied, and must
@@ -314,7 +336,7 @@ fn is_vector(t: &TensorInfo) -> bool {
 fn check_tensor_layouts(file: &GgufFile) -> Result<()> {
     for t in file.tensors() {
         let ty = t.ggml_type;
-        if !ty.is_supported() {
+        if !computes(ty) {
             continue;
         }
         if is_vector(t) {

@@ -15,6 +15,7 @@
 use std::arch::x86_64::*;
 
 use crate::quant::kquants::{k_scale_min, k_scale_min_words};
+use crate::quant::lookup::{e8m0_half, iq4_xs_scale, IQ4_VALUES, MXFP4_VALUES};
 use crate::quant::Q8Block;
 
 /// Σ of 4 adjacent byte products per i32 lane: `u` unsigned, `s` signed.
@@ -315,6 +316,74 @@ unsafe fn q8_0<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
         let (d, abs_q) = (f16x8(b, 0), _mm256_sign_epi8(q, q));
         for t in 0..T {
             add_signed::<D, T>(&mut acc, t, i, q, abs_q, &acts[t][i], d);
+        }
+    }
+    acc.finish()
+}
+
+// The table-lookup formats: each nibble picks one of 16 signed values,
+// looked up for 32 codes at once by a byte shuffle of the table (the
+// shuffle reads each 128-bit lane's own copy), then dotted as signed codes.
+
+/// 16 bytes of packed 4-bit codes → the 32 signed values they index in
+/// `table` (its 16 bytes in both lanes), low nibbles first.
+#[inline(always)]
+unsafe fn lookup16(bytes: &[u8], table: __m256i) -> __m256i {
+    _mm256_shuffle_epi8(table, nibbles16(bytes))
+}
+
+#[inline(always)]
+unsafe fn table16(values: &[i8; 16]) -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(values.as_ptr().cast()))
+}
+
+/// The 32-value table-lookup formats: `BYTES` a block, its codes from byte
+/// `CODES` on, indexing `values`; `scale` reads the block's scale.
+#[inline(always)]
+unsafe fn lookup_blocks32<D: IntDot, const T: usize, const BYTES: usize, const CODES: usize>(
+    row: &[u8],
+    acts: [&[Q8Block]; T],
+    values: &[i8; 16],
+    scale: impl Fn(&[u8]) -> __m256,
+) -> [f32; T] {
+    let table = table16(values);
+    let mut acc = Acc::<T>::new();
+    for (i, b) in row.chunks_exact(BYTES).enumerate() {
+        prefetch(b);
+        let q = lookup16(&b[CODES..], table);
+        let (d, abs_q) = (scale(b), _mm256_sign_epi8(q, q));
+        for t in 0..T {
+            add_signed::<D, T>(&mut acc, t, i, q, abs_q, &acts[t][i], d);
+        }
+    }
+    acc.finish()
+}
+
+#[inline(always)]
+unsafe fn iq4_nl<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    lookup_blocks32::<D, T, 18, 2>(row, acts, &IQ4_VALUES, |b| f16x8(b, 0))
+}
+
+#[inline(always)]
+unsafe fn mxfp4<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    lookup_blocks32::<D, T, 17, 1>(row, acts, &MXFP4_VALUES, |b| {
+        _mm256_set1_ps(e8m0_half(b[0]))
+    })
+}
+
+#[inline(always)]
+unsafe fn iq4_xs<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
+    let table = table16(&IQ4_VALUES);
+    let mut acc = Acc::<T>::new();
+    for (i, b) in row.chunks_exact(136).enumerate() {
+        prefetch(b);
+        for ib in 0..8 {
+            let k = 8 * i + ib;
+            let q = lookup16(&b[8 + 16 * ib..], table);
+            let (d, abs_q) = (_mm256_set1_ps(iq4_xs_scale(b, ib)), _mm256_sign_epi8(q, q));
+            for t in 0..T {
+                add_signed::<D, T>(&mut acc, t, k, q, abs_q, &acts[t][k], d);
+            }
         }
     }
     acc.finish()
@@ -632,6 +701,9 @@ macro_rules! instantiate {
             one!(q4_k, q4_k_x4, q4_k_rows);
             one!(q5_k, q5_k_x4, q5_k_rows);
             one!(q6_k, q6_k_x4, q6_k_rows);
+            one!(iq4_nl, iq4_nl_x4, iq4_nl_rows);
+            one!(iq4_xs, iq4_xs_x4, iq4_xs_rows);
+            one!(mxfp4, mxfp4_x4, mxfp4_rows);
         }
     };
 }

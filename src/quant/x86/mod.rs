@@ -191,7 +191,9 @@ mod avx2 {
     q8_wrappers!(avx2; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
         q5_0 / q5_0_x4 / q5_0_rows, q5_1 / q5_1_x4 / q5_1_rows, q8_0 / q8_0_x4 / q8_0_rows,
         q2_k / q2_k_x4 / q2_k_rows, q3_k / q3_k_x4 / q3_k_rows, q4_k / q4_k_x4 / q4_k_rows,
-        q5_k / q5_k_x4 / q5_k_rows, q6_k / q6_k_x4 / q6_k_rows);
+        q5_k / q5_k_x4 / q5_k_rows, q6_k / q6_k_x4 / q6_k_rows,
+        iq4_nl / iq4_nl_x4 / iq4_nl_rows, iq4_xs / iq4_xs_x4 / iq4_xs_rows,
+        mxfp4 / mxfp4_x4 / mxfp4_rows);
     f32_wrappers!(avx2; f32, f16, bf16);
     attention_wrappers!(avx2);
     glu_kernels!("avx2,fma,f16c");
@@ -237,7 +239,9 @@ mod avx512 {
     q8_wrappers!(vnni; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
         q5_0 / q5_0_x4 / q5_0_rows, q5_1 / q5_1_x4 / q5_1_rows, q8_0 / q8_0_x4 / q8_0_rows,
         q2_k / q2_k_x4 / q2_k_rows, q3_k / q3_k_x4 / q3_k_rows, q4_k / q4_k_x4 / q4_k_rows,
-        q5_k / q5_k_x4 / q5_k_rows, q6_k / q6_k_x4 / q6_k_rows);
+        q5_k / q5_k_x4 / q5_k_rows, q6_k / q6_k_x4 / q6_k_rows,
+        iq4_nl / iq4_nl_x4 / iq4_nl_rows, iq4_xs / iq4_xs_x4 / iq4_xs_rows,
+        mxfp4 / mxfp4_x4 / mxfp4_rows);
     f32_wrappers!(avx512; f32, f16, bf16);
     attention_wrappers!(avx512);
     glu_kernels!("avx2,fma,f16c,avx512f,avx512bw");
@@ -261,6 +265,9 @@ macro_rules! table {
             Q4K => Q8($module::q4_k, Some($module::q4_k_x4)),
             Q5K => Q8($module::q5_k, Some($module::q5_k_x4)),
             Q6K => Q8($module::q6_k, Some($module::q6_k_x4)),
+            Iq4Nl => Q8($module::iq4_nl, Some($module::iq4_nl_x4)),
+            Iq4Xs => Q8($module::iq4_xs, Some($module::iq4_xs_x4)),
+            Mxfp4 => Q8($module::mxfp4, Some($module::mxfp4_x4)),
             _ => return None,
         })
     }};
@@ -313,6 +320,9 @@ macro_rules! rows_table {
             Q4K => $module::q4_k_rows,
             Q5K => $module::q5_k_rows,
             Q6K => $module::q6_k_rows,
+            Iq4Nl => $module::iq4_nl_rows,
+            Iq4Xs => $module::iq4_xs_rows,
+            Mxfp4 => $module::mxfp4_rows,
             _ => return None,
         })
     }};
