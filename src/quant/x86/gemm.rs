@@ -9,13 +9,15 @@ use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
 use super::int_dot::{
-    crumbs, k_min_codes, load32, masked_bit, nibbles16, q5_codes, q6_codes, IntDot,
+    crumbs, k_min_codes, load32, lookup16, masked_bit, nibbles16, q5_codes, q6_codes, table16,
+    IntDot,
 };
 use crate::quant::interleaved::{
     Q4_0_GROUP_BLOCK, Q4_1_GROUP_BLOCK, Q4_K_GROUP_BLOCK, Q5_0_GROUP_BLOCK, Q6_K_GROUP_BLOCK,
     Q8_0_GROUP_BLOCK,
 };
 use crate::quant::kquants::{k_scale_min, q3k_scales};
+use crate::quant::lookup::{e8m0_half, iq4_xs_scale, IQ4_VALUES, MXFP4_VALUES};
 use crate::quant::panel::{Panel, PANEL_ROWS};
 use crate::quant::Q8Block;
 
@@ -262,6 +264,70 @@ impl Unpack for Q6K {
             scale[g] = d * f32::from(b[192 + g] as i8);
             offset[g] = 32.0 * scale[g];
         }
+    }
+}
+
+// The table-lookup formats: each value v of the table becomes the
+// unsigned code v + OFFSET (IQ4's −127..113 by 128, MXFP4's −12..12 by 12)
+// by the same byte shuffle that looks it up, and the offset comes off as
+// OFFSET · scale. IQ4's codes reach 241: `vpmaddubsw` would saturate their
+// pair sums, so only the VNNI products take those panels.
+
+pub(super) struct Iq4Nl;
+pub(super) struct Iq4Xs;
+pub(super) struct Mxfp4;
+
+impl Unpack for Iq4Nl {
+    const BLOCK_BYTES: usize = 18;
+    const VALUES: usize = 32;
+    const SUB: usize = 32;
+    #[inline(always)]
+    unsafe fn unpack(
+        b: &[u8],
+        codes: &mut [__m256i; 8],
+        scale: &mut [f32; 16],
+        offset: &mut [f32; 16],
+    ) {
+        let d = f16_at(b);
+        codes[0] = lookup16(&b[2..], table16(&IQ4_VALUES, -128));
+        (scale[0], offset[0]) = (d, 128.0 * d);
+    }
+}
+
+impl Unpack for Iq4Xs {
+    const BLOCK_BYTES: usize = 136;
+    const VALUES: usize = 256;
+    const SUB: usize = 32;
+    #[inline(always)]
+    unsafe fn unpack(
+        b: &[u8],
+        codes: &mut [__m256i; 8],
+        scale: &mut [f32; 16],
+        offset: &mut [f32; 16],
+    ) {
+        let table = table16(&IQ4_VALUES, -128);
+        for ib in 0..8 {
+            codes[ib] = lookup16(&b[8 + 16 * ib..], table);
+            scale[ib] = iq4_xs_scale(b, ib);
+            offset[ib] = 128.0 * scale[ib];
+        }
+    }
+}
+
+impl Unpack for Mxfp4 {
+    const BLOCK_BYTES: usize = 17;
+    const VALUES: usize = 32;
+    const SUB: usize = 32;
+    #[inline(always)]
+    unsafe fn unpack(
+        b: &[u8],
+        codes: &mut [__m256i; 8],
+        scale: &mut [f32; 16],
+        offset: &mut [f32; 16],
+    ) {
+        let d = e8m0_half(b[0]);
+        codes[0] = lookup16(&b[1..], table16(&MXFP4_VALUES, 12));
+        (scale[0], offset[0]) = (d, 12.0 * d);
     }
 }
 

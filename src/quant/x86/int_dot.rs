@@ -325,16 +325,19 @@ unsafe fn q8_0<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> 
 // looked up for 32 codes at once by a byte shuffle of the table (the
 // shuffle reads each 128-bit lane's own copy), then dotted as signed codes.
 
-/// 16 bytes of packed 4-bit codes → the 32 signed values they index in
-/// `table` (its 16 bytes in both lanes), low nibbles first.
+/// 16 bytes of packed 4-bit codes → the 32 bytes they index in `table`
+/// (a [`table16`]), low nibbles first.
 #[inline(always)]
-unsafe fn lookup16(bytes: &[u8], table: __m256i) -> __m256i {
+pub(super) unsafe fn lookup16(bytes: &[u8], table: __m256i) -> __m256i {
     _mm256_shuffle_epi8(table, nibbles16(bytes))
 }
 
+/// A shuffle table of `values` + `offset` (wrapping, in bytes) in both lanes:
+/// offset 0 for the signed values, or one that makes them unsigned codes.
 #[inline(always)]
-unsafe fn table16(values: &[i8; 16]) -> __m256i {
-    _mm256_broadcastsi128_si256(_mm_loadu_si128(values.as_ptr().cast()))
+pub(super) unsafe fn table16(values: &[i8; 16], offset: i8) -> __m256i {
+    let t: [i8; 16] = std::array::from_fn(|i| values[i].wrapping_add(offset));
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
 }
 
 /// The 32-value table-lookup formats: `BYTES` a block, its codes from byte
@@ -346,7 +349,7 @@ unsafe fn lookup_blocks32<D: IntDot, const T: usize, const BYTES: usize, const C
     values: &[i8; 16],
     scale: impl Fn(&[u8]) -> __m256,
 ) -> [f32; T] {
-    let table = table16(values);
+    let table = table16(values, 0);
     let mut acc = Acc::<T>::new();
     for (i, b) in row.chunks_exact(BYTES).enumerate() {
         prefetch(b);
@@ -373,7 +376,7 @@ unsafe fn mxfp4<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) ->
 
 #[inline(always)]
 unsafe fn iq4_xs<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -> [f32; T] {
-    let table = table16(&IQ4_VALUES);
+    let table = table16(&IQ4_VALUES, 0);
     let mut acc = Acc::<T>::new();
     for (i, b) in row.chunks_exact(136).enumerate() {
         prefetch(b);

@@ -128,7 +128,8 @@ mod packers {
         )*};
     }
     packers!(q4_0: Q4_0, q4_1: Q4_1, q5_0: Q5_0, q5_1: Q5_1, q8_0: Q8_0,
-        q2_k: Q2K, q3_k: Q3K, q4_k: Q4K, q5_k: Q5K, q6_k: Q6K);
+        q2_k: Q2K, q3_k: Q3K, q4_k: Q4K, q5_k: Q5K, q6_k: Q6K,
+        iq4_nl: Iq4Nl, iq4_xs: Iq4Xs, mxfp4: Mxfp4);
 }
 
 /// Safe wrappers of the panel products with `$dot` (see the SAFETY note
@@ -283,8 +284,10 @@ pub fn avx512_dot(ty: GgmlType) -> Option<DotKernel> {
     table!(avx512, ty)
 }
 
+// `$wide`: the formats whose unsigned codes pass 127, which only products
+// without `vpmaddubsw`'s saturation (VNNI) take.
 macro_rules! gemm_table {
-    ($module:ident, $ty:expr, $($extra:ident)?) => {{
+    ($module:ident, $ty:expr, $($wide:ident: $packer:ident),*) => {{
         use GgmlType::*;
         let p = |sub: usize, pack: fn(&[u8], usize, &mut Panel)| {
             let product = if sub == 16 { $module::product_by16 } else { $module::product_by32 };
@@ -295,12 +298,13 @@ macro_rules! gemm_table {
             Q4_1 => p(32, packers::q4_1),
             Q5_0 => p(32, packers::q5_0),
             Q5_1 => p(32, packers::q5_1),
-            $($extra => p(32, packers::q8_0),)?
+            $($wide => p(32, packers::$packer),)*
             Q2K => p(16, packers::q2_k),
             Q3K => p(16, packers::q3_k),
             Q4K => p(32, packers::q4_k),
             Q5K => p(32, packers::q5_k),
             Q6K => p(16, packers::q6_k),
+            Mxfp4 => p(32, packers::mxfp4),
             _ => None,
         }
     }};
@@ -372,15 +376,16 @@ pub fn avx512_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
 }
 
 /// The AVX2 panel code for `ty`. Call only after `avx2_available()`. Not
-/// Q8_0: `vpmaddubsw` saturates pairs of its unsigned codes (up to 255)
-/// times 127, so its dots keep the signed one-row kernel.
+/// Q8_0, IQ4_NL or IQ4_XS: `vpmaddubsw` saturates pairs of their unsigned
+/// codes (up to 255 and 241) times 127, so their dots keep the signed
+/// one-row kernels.
 pub fn avx2_gemm(ty: GgmlType) -> Option<GemmKernels> {
     gemm_table!(avx2, ty,)
 }
 
 /// The AVX-512 panel code for `ty`. Call only after `avx512_available()`.
 pub fn avx512_gemm(ty: GgmlType) -> Option<GemmKernels> {
-    gemm_table!(avx512, ty, Q8_0)
+    gemm_table!(avx512, ty, Q8_0: q8_0, Iq4Nl: iq4_nl, Iq4Xs: iq4_xs)
 }
 
 /// The AVX2 activation quantizer. Call only after `avx2_available()`.
