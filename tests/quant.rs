@@ -627,6 +627,8 @@ fn interleaved_products_are_within_bound_for_one_to_many_tokens() {
         (GgmlType::Q4_1, 40, 96),
         (GgmlType::Q5_0, 16, 256),
         (GgmlType::Q5_0, 40, 96),
+        (GgmlType::Iq4Nl, 16, 256),
+        (GgmlType::Iq4Nl, 40, 96),
         (GgmlType::Q4K, 16, 256),
         (GgmlType::Q4K, 40, 512),
         (GgmlType::Q6K, 16, 256),

@@ -1,5 +1,5 @@
-//! Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K matrices stored eight rows
-//! interleaved, for the CPU's products.
+//! Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL, Q4_K and Q6_K matrices stored eight
+//! rows interleaved, for the CPU's products.
 //!
 //! A one-token dot over a row spends several vector instructions a block of
 //! weights (unpacking, scale conversion, the dot, its conversion and
@@ -29,6 +29,8 @@
 //! - Q5_0, [`Q5_0_GROUP_BLOCK`] bytes a block: the eight rows' f16 scales,
 //!   their 32 fifth bits (a little-endian u32 each), then four chunks of
 //!   nibbles as in Q4_0. The same size as the rows.
+//! - IQ4_NL, as Q4_0 (its blocks have Q4_0's layout; the codes index its
+//!   table instead of being values).
 //! - Q4_K, [`Q4_K_GROUP_BLOCK`] bytes a super-block: the eight rows' f16 d,
 //!   their f16 dmin, the 6-bit scales as bytes (sub-block j's eight rows at
 //!   32 + 8j), the 6-bit minimums likewise (at 96 + 8j), then for each pair
@@ -72,7 +74,9 @@ pub const Q4_K_GROUP_BLOCK: usize = 32 + 2 * 64 + 4 * 8 * 32;
 pub fn interleaved_group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
     match ty {
         GgmlType::Q8_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q8_0_GROUP_BLOCK),
-        GgmlType::Q4_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q4_0_GROUP_BLOCK),
+        GgmlType::Q4_0 | GgmlType::Iq4Nl if cols.is_multiple_of(32) => {
+            Some(cols / 32 * Q4_0_GROUP_BLOCK)
+        }
         GgmlType::Q4_1 if cols.is_multiple_of(32) => Some(cols / 32 * Q4_1_GROUP_BLOCK),
         GgmlType::Q5_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q5_0_GROUP_BLOCK),
         GgmlType::Q4K if cols.is_multiple_of(256) => Some(cols / 256 * Q4_K_GROUP_BLOCK),
@@ -120,7 +124,7 @@ pub fn interleave_groups(ty: GgmlType, rows: &[u8], cols: usize, out: &mut [u8])
         let row = |r: usize| &group[r * row_bytes..(r + 1) * row_bytes];
         match ty {
             GgmlType::Q8_0 => interleave_block32_group(row, dst, 34, 0, 8, 0x80),
-            GgmlType::Q4_0 => interleave_block32_group(row, dst, 18, 0, 4, 0),
+            GgmlType::Q4_0 | GgmlType::Iq4Nl => interleave_block32_group(row, dst, 18, 0, 4, 0),
             // The minimum follows the scale, as Q5_0's fifth bits do.
             GgmlType::Q4_1 => interleave_block32_group(row, dst, 20, 2, 4, 0),
             GgmlType::Q5_0 => interleave_block32_group(row, dst, 22, 4, 4, 0),

@@ -54,12 +54,17 @@ pub(crate) fn e8m0_half(e: u8) -> f32 {
     f32::from_bits(bits)
 }
 
-/// IQ4_XS sub-block `ib`'s scale, d · (6-bit scale − 32).
-pub(crate) fn iq4_xs_scale(b: &[u8], ib: usize) -> f32 {
-    let high = u16::from_le_bytes([b[2], b[3]]);
-    let low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F;
-    let scale = i32::from(low) | (i32::from((high >> (2 * ib)) & 3) << 4);
-    f16_at(b, 0) * (scale - 32) as f32
+/// An IQ4_XS super-block's eight sub-block scales, d · (6-bit scale − 32):
+/// sub-block ib's low four bits at bits 4·ib of the little-endian u32 at
+/// byte 4, its high two at bits 2·ib of the u16 at byte 2.
+pub(crate) fn iq4_xs_scales(b: &[u8]) -> [f32; 8] {
+    let d = f16_at(b, 0);
+    let high = u32::from(u16::from_le_bytes([b[2], b[3]]));
+    let low = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    std::array::from_fn(|ib| {
+        let scale = ((low >> (4 * ib)) & 0x0F) | (((high >> (2 * ib)) & 3) << 4);
+        d * (scale as i32 - 32) as f32
+    })
 }
 
 pub fn dequantize_iq4_nl(row: &[u8], out: &mut [f32]) {
@@ -76,8 +81,8 @@ pub fn dequantize_iq4_xs(row: &[u8], out: &mut [f32]) {
         .chunks_exact(IQ4_XS_BYTES)
         .zip(out.chunks_exact_mut(256))
     {
-        for (ib, y) in y.chunks_exact_mut(32).enumerate() {
-            let dl = iq4_xs_scale(b, ib);
+        let scales = iq4_xs_scales(b);
+        for (ib, (y, dl)) in y.chunks_exact_mut(32).zip(scales).enumerate() {
             for (v, q) in y.iter_mut().zip(lookup(&b[8 + 16 * ib..], &IQ4_VALUES)) {
                 *v = dl * f32::from(q);
             }
@@ -106,9 +111,9 @@ pub fn dot_iq4_nl(row: &[u8], act: &[Q8Block]) -> f32 {
 pub fn dot_iq4_xs(row: &[u8], act: &[Q8Block]) -> f32 {
     let mut sum = 0.0f32;
     for (b, a8) in row.chunks_exact(IQ4_XS_BYTES).zip(act.chunks_exact(8)) {
-        for (ib, a) in a8.iter().enumerate() {
+        for (ib, (a, dl)) in a8.iter().zip(iq4_xs_scales(b)).enumerate() {
             let isum = int_dot(&lookup(&b[8 + 16 * ib..], &IQ4_VALUES), a);
-            sum += iq4_xs_scale(b, ib) * a.d * isum as f32;
+            sum += dl * a.d * isum as f32;
         }
     }
     sum
@@ -154,7 +159,8 @@ mod tests {
         // at bits 6..8 of scales_h.
         b[5] = 0x70;
         b[2] = 0b1100_0000;
-        assert_eq!(iq4_xs_scale(&b, 3), 0.5 * (0x37 - 32) as f32);
-        assert_eq!(iq4_xs_scale(&b, 0), 0.5 * -32.0);
+        let scales = iq4_xs_scales(&b);
+        assert_eq!(scales[3], 0.5 * (0x37 - 32) as f32);
+        assert_eq!(scales[0], 0.5 * -32.0);
     }
 }

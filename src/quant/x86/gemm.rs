@@ -17,7 +17,7 @@ use crate::quant::interleaved::{
     Q8_0_GROUP_BLOCK,
 };
 use crate::quant::kquants::{k_scale_min, q3k_scales};
-use crate::quant::lookup::{e8m0_half, iq4_xs_scale, IQ4_VALUES, MXFP4_VALUES};
+use crate::quant::lookup::{e8m0_half, iq4_xs_scales, IQ4_VALUES, MXFP4_VALUES};
 use crate::quant::panel::{Panel, PANEL_ROWS};
 use crate::quant::Q8Block;
 
@@ -306,10 +306,9 @@ impl Unpack for Iq4Xs {
         offset: &mut [f32; 16],
     ) {
         let table = table16(&IQ4_VALUES, -128);
-        for ib in 0..8 {
+        for (ib, dl) in iq4_xs_scales(b).into_iter().enumerate() {
             codes[ib] = lookup16(&b[8 + 16 * ib..], table);
-            scale[ib] = iq4_xs_scale(b, ib);
-            offset[ib] = 128.0 * scale[ib];
+            (scale[ib], offset[ib]) = (dl, 128.0 * dl);
         }
     }
 }
@@ -878,6 +877,20 @@ impl Block32 for Q4_0x8 {
     #[inline(always)]
     unsafe fn codes(block: &[u8]) -> [__m256i; 8] {
         nibble_chunks(&block[16..], |_| _mm256_setzero_si256())
+    }
+}
+
+/// IQ4_NL in Q4_0's layout: each nibble looked up as its value + 128.
+pub(super) struct Iq4NlX8;
+
+impl Block32 for Iq4NlX8 {
+    const BLOCK: usize = Q4_0_GROUP_BLOCK;
+    const OFFSET: i32 = 128;
+    #[inline(always)]
+    unsafe fn codes(block: &[u8]) -> [__m256i; 8] {
+        let table = table16(&IQ4_VALUES, -128);
+        nibble_chunks(&block[16..], |_| _mm256_setzero_si256())
+            .map(|c| _mm256_shuffle_epi8(table, c))
     }
 }
 

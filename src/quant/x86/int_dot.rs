@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 
 use crate::quant::kquants::{k_scale_min, k_scale_min_words};
-use crate::quant::lookup::{e8m0_half, iq4_xs_scale, IQ4_VALUES, MXFP4_VALUES};
+use crate::quant::lookup::{e8m0_half, iq4_xs_scales, IQ4_VALUES, MXFP4_VALUES};
 use crate::quant::Q8Block;
 
 /// Σ of 4 adjacent byte products per i32 lane: `u` unsigned, `s` signed.
@@ -380,10 +380,10 @@ unsafe fn iq4_xs<D: IntDot, const T: usize>(row: &[u8], acts: [&[Q8Block]; T]) -
     let mut acc = Acc::<T>::new();
     for (i, b) in row.chunks_exact(136).enumerate() {
         prefetch(b);
-        for ib in 0..8 {
+        for (ib, dl) in iq4_xs_scales(b).into_iter().enumerate() {
             let k = 8 * i + ib;
             let q = lookup16(&b[8 + 16 * ib..], table);
-            let (d, abs_q) = (_mm256_set1_ps(iq4_xs_scale(b, ib)), _mm256_sign_epi8(q, q));
+            let (d, abs_q) = (_mm256_set1_ps(dl), _mm256_sign_epi8(q, q));
             for t in 0..T {
                 add_signed::<D, T>(&mut acc, t, k, q, abs_q, &acts[t][k], d);
             }

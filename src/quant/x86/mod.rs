@@ -229,6 +229,8 @@ mod avx512 {
     interleaved_wrappers!(VnniDot, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni";
         q8_0_interleaved_rows / q8_0_interleaved_pack:
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q8_0x8,
+        iq4_nl_interleaved_rows / iq4_nl_interleaved_pack:
+            interleaved_block32_rows / pack_interleaved_block32 for gemm::Iq4NlX8,
         q4_0_interleaved_rows / q4_0_interleaved_pack:
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_0x8,
         q4_1_interleaved_rows / q4_1_interleaved_pack:
@@ -342,8 +344,10 @@ pub fn avx512_dot_rows(ty: GgmlType) -> Option<Q8RowsFn> {
     rows_table!(avx512, ty)
 }
 
+// `$wide`: the layouts whose unsigned codes pass 127, which only products
+// without `vpmaddubsw`'s saturation (VNNI) take.
 macro_rules! interleaved_table {
-    ($module:ident, $ty:expr, $($extra:ident)?) => {{
+    ($module:ident, $ty:expr, $($wide:ident: $rows:ident / $pack:ident),*) => {{
         use GgmlType::*;
         type DotRows = fn(&[u8], usize, &[Q8Block], &mut [f32]);
         let k = |sub: usize, dot_rows: DotRows, pack: fn(&[u8], &mut Panel)| {
@@ -351,7 +355,7 @@ macro_rules! interleaved_table {
             Some(InterleavedKernels { sub, dot_rows, pack, product, pair: $module::pair(sub) })
         };
         match $ty {
-            $($extra => k(32, $module::q8_0_interleaved_rows, $module::q8_0_interleaved_pack),)?
+            $($wide => k(32, $module::$rows, $module::$pack),)*
             Q4_0 => k(32, $module::q4_0_interleaved_rows, $module::q4_0_interleaved_pack),
             Q4_1 => k(32, $module::q4_1_interleaved_rows, $module::q4_1_interleaved_pack),
             Q5_0 => k(32, $module::q5_0_interleaved_rows, $module::q5_0_interleaved_pack),
@@ -363,7 +367,8 @@ macro_rules! interleaved_table {
 }
 
 /// The AVX2 code for interleaved `ty` matrices: Q4_0, Q4_1, Q5_0, Q4_K and Q6_K (Q8_0's
-/// codes are unsigned bytes up to 255, which `vpmaddubsw` would saturate).
+/// and IQ4_NL's codes are unsigned bytes up to 255 and 241, which
+/// `vpmaddubsw` would saturate).
 /// Call only after `avx2_available()`.
 pub fn avx2_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
     interleaved_table!(avx2, ty,)
@@ -372,7 +377,8 @@ pub fn avx2_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
 /// The AVX-512 code for interleaved `ty` matrices. Call only after
 /// `avx512_available()`.
 pub fn avx512_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
-    interleaved_table!(avx512, ty, Q8_0)
+    interleaved_table!(avx512, ty, Q8_0: q8_0_interleaved_rows / q8_0_interleaved_pack,
+        Iq4Nl: iq4_nl_interleaved_rows / iq4_nl_interleaved_pack)
 }
 
 /// The AVX2 panel code for `ty`. Call only after `avx2_available()`. Not
