@@ -629,12 +629,22 @@ fn interleaved_products_are_within_bound_for_one_to_many_tokens() {
         (GgmlType::Q5_0, 40, 96),
         (GgmlType::Iq4Nl, 16, 256),
         (GgmlType::Iq4Nl, 40, 96),
+        (GgmlType::Mxfp4, 16, 256),
+        (GgmlType::Mxfp4, 40, 96),
         (GgmlType::Q4K, 16, 256),
         (GgmlType::Q4K, 40, 512),
         (GgmlType::Q6K, 16, 256),
         (GgmlType::Q6K, 40, 512),
     ] {
-        let raw = random_weights(ty, rows, cols, &mut rng);
+        let mut raw = random_weights(ty, rows, cols, &mut rng);
+        if ty == GgmlType::Mxfp4 && rows == 40 {
+            // Each row under one exponent, from the subnormal scales (0, 1)
+            // to 2^12, which the interleaved kernels decode eight rows at a
+            // time: every row's result is held to its own scale.
+            for (i, block) in raw.chunks_exact_mut(17).enumerate() {
+                block[0] = [0, 1, 2, 100, 127, 128, 140][i / (cols / 32) % 7];
+            }
+        }
         let w = dequantized(ty, &raw, cols);
         let copy = interleave(ty, &raw, rows, cols).unwrap();
         let matrix = WeightMatrix {
@@ -653,6 +663,47 @@ fn interleaved_products_are_within_bound_for_one_to_many_tokens() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn interleaved_mxfp4_panels_hold_every_exponents_values() {
+    // Block i of row r under exponent (8·r + i) mod 251: every exponent up
+    // to 250 (2^122; past it the values leave f32), the subnormal scales of
+    // 0 and 1 included, each compared with its own magnitude.
+    let mut rng = Rng(0xE8E0);
+    let (rows, cols) = (PANEL_ROWS, 32 * 32);
+    let blocks = cols / 32;
+    let mut tested = 0;
+    for first in (0..251).step_by(rows * blocks) {
+        let mut raw = random_weights(GgmlType::Mxfp4, rows, cols, &mut rng);
+        for (i, block) in raw.chunks_exact_mut(17).enumerate() {
+            block[0] = ((first + i) % 251) as u8;
+        }
+        let w = dequantized(GgmlType::Mxfp4, &raw, cols);
+        let copy = interleave(GgmlType::Mxfp4, &raw, rows, cols).unwrap();
+        for isa in Isa::all_available() {
+            let Some(k) = Kernels::for_isa(isa).unwrap().interleaved(GgmlType::Mxfp4) else {
+                continue;
+            };
+            let mut panel = Panel::new(cols, k.sub);
+            (k.pack)(&copy, &mut panel);
+            for r in 0..rows {
+                for c in 0..cols {
+                    let (got, want) = (panel.value(r, c), w[r * cols + c]);
+                    let block = &w[r * cols + c / 32 * 32..][..32];
+                    let scale = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    assert!(
+                        (got - want).abs() <= scale * 1e-6,
+                        "MXFP4 {isa:?} row {r} column {c}: {got} vs {want}"
+                    );
+                }
+            }
+            tested += 1;
+        }
+    }
+    if tested == 0 {
+        eprintln!("skipped: no instruction set here has interleaved MXFP4 kernels");
     }
 }
 

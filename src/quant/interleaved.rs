@@ -1,5 +1,5 @@
-//! Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL, Q4_K and Q6_K matrices stored eight
-//! rows interleaved, for the CPU's products.
+//! Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL, MXFP4, Q4_K and Q6_K matrices stored
+//! eight rows interleaved, for the CPU's products.
 //!
 //! A one-token dot over a row spends several vector instructions a block of
 //! weights (unpacking, scale conversion, the dot, its conversion and
@@ -31,6 +31,9 @@
 //!   nibbles as in Q4_0. The same size as the rows.
 //! - IQ4_NL, as Q4_0 (its blocks have Q4_0's layout; the codes index its
 //!   table instead of being values).
+//! - MXFP4, [`MXFP4_GROUP_BLOCK`] bytes a block: the eight rows' E8M0
+//!   exponents (a byte each), then four chunks of nibbles as in Q4_0. The
+//!   same size as the rows.
 //! - Q4_K, [`Q4_K_GROUP_BLOCK`] bytes a super-block: the eight rows' f16 d,
 //!   their f16 dmin, the 6-bit scales as bytes (sub-block j's eight rows at
 //!   32 + 8j), the 6-bit minimums likewise (at 96 + 8j), then for each pair
@@ -64,6 +67,9 @@ pub const Q4_1_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 20;
 /// Bytes of one block of 32 columns of a Q5_0 group.
 pub const Q5_0_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 22;
 
+/// Bytes of one block of 32 columns of an MXFP4 group.
+pub const MXFP4_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 17;
+
 /// Bytes of one super-block of 256 columns of a Q6_K group.
 pub const Q6_K_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 210;
 
@@ -79,6 +85,7 @@ pub fn interleaved_group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
         }
         GgmlType::Q4_1 if cols.is_multiple_of(32) => Some(cols / 32 * Q4_1_GROUP_BLOCK),
         GgmlType::Q5_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q5_0_GROUP_BLOCK),
+        GgmlType::Mxfp4 if cols.is_multiple_of(32) => Some(cols / 32 * MXFP4_GROUP_BLOCK),
         GgmlType::Q4K if cols.is_multiple_of(256) => Some(cols / 256 * Q4_K_GROUP_BLOCK),
         GgmlType::Q6K if cols.is_multiple_of(256) => Some(cols / 256 * Q6_K_GROUP_BLOCK),
         _ => None,
@@ -123,11 +130,12 @@ pub fn interleave_groups(ty: GgmlType, rows: &[u8], cols: usize, out: &mut [u8])
     {
         let row = |r: usize| &group[r * row_bytes..(r + 1) * row_bytes];
         match ty {
-            GgmlType::Q8_0 => interleave_block32_group(row, dst, 34, 0, 8, 0x80),
-            GgmlType::Q4_0 | GgmlType::Iq4Nl => interleave_block32_group(row, dst, 18, 0, 4, 0),
+            GgmlType::Q8_0 => interleave_block32_group(row, dst, 34, 2, 0, 8, 0x80),
+            GgmlType::Q4_0 | GgmlType::Iq4Nl => interleave_block32_group(row, dst, 18, 2, 0, 4, 0),
+            GgmlType::Mxfp4 => interleave_block32_group(row, dst, 17, 1, 0, 4, 0),
             // The minimum follows the scale, as Q5_0's fifth bits do.
-            GgmlType::Q4_1 => interleave_block32_group(row, dst, 20, 2, 4, 0),
-            GgmlType::Q5_0 => interleave_block32_group(row, dst, 22, 4, 4, 0),
+            GgmlType::Q4_1 => interleave_block32_group(row, dst, 20, 2, 2, 4, 0),
+            GgmlType::Q5_0 => interleave_block32_group(row, dst, 22, 2, 4, 4, 0),
             GgmlType::Q6K => interleave_q6_k_group(row, dst),
             _ => interleave_q4_k_group(row, dst),
         }
@@ -142,29 +150,34 @@ fn chunk(dst: &mut [u8], four: impl Fn(usize) -> [u8; 4], flip: u8) {
     }
 }
 
-/// A 32-column layout (Q8_0, Q4_0, Q4_1, Q5_0), a block at a time: the
-/// eight rows' f16 scales, then their `high_bytes` bytes that follow the
-/// scale in a block (Q4_1's f16 minimum, Q5_0's fifth bits),
-/// then `chunks` chunks of codes, four bytes of each row a chunk, `flip`
-/// xored into each byte.
+/// A 32-column layout (Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL, MXFP4), a block at a
+/// time: the eight rows' scales (`scale_bytes` each: an f16, or MXFP4's
+/// exponent byte), then their `high_bytes` bytes that follow the scale in a
+/// block (Q4_1's f16 minimum, Q5_0's fifth bits), then `chunks` chunks of
+/// codes, four bytes of each row a chunk, `flip` xored into each byte.
 fn interleave_block32_group<'a>(
     row: impl Fn(usize) -> &'a [u8],
     dst: &mut [u8],
     src_bytes: usize,
+    scale_bytes: usize,
     high_bytes: usize,
     chunks: usize,
     flip: u8,
 ) {
-    let (codes_from, codes_to) = (2 + high_bytes, 16 + INTERLEAVED_ROWS * high_bytes);
+    let scales_to = INTERLEAVED_ROWS * scale_bytes;
+    let (codes_from, codes_to) = (
+        scale_bytes + high_bytes,
+        scales_to + INTERLEAVED_ROWS * high_bytes,
+    );
     for (b, block) in dst
         .chunks_exact_mut(INTERLEAVED_ROWS * src_bytes)
         .enumerate()
     {
         let src = |r: usize| &row(r)[b * src_bytes..(b + 1) * src_bytes];
         for r in 0..INTERLEAVED_ROWS {
-            block[2 * r..2 * r + 2].copy_from_slice(&src(r)[..2]);
-            block[16 + high_bytes * r..16 + high_bytes * (r + 1)]
-                .copy_from_slice(&src(r)[2..codes_from]);
+            block[scale_bytes * r..scale_bytes * (r + 1)].copy_from_slice(&src(r)[..scale_bytes]);
+            block[scales_to + high_bytes * r..scales_to + high_bytes * (r + 1)]
+                .copy_from_slice(&src(r)[scale_bytes..codes_from]);
         }
         for k in 0..chunks {
             let at = codes_from + 4 * k;

@@ -13,8 +13,8 @@ use super::int_dot::{
     IntDot,
 };
 use crate::quant::interleaved::{
-    Q4_0_GROUP_BLOCK, Q4_1_GROUP_BLOCK, Q4_K_GROUP_BLOCK, Q5_0_GROUP_BLOCK, Q6_K_GROUP_BLOCK,
-    Q8_0_GROUP_BLOCK,
+    MXFP4_GROUP_BLOCK, Q4_0_GROUP_BLOCK, Q4_1_GROUP_BLOCK, Q4_K_GROUP_BLOCK, Q5_0_GROUP_BLOCK,
+    Q6_K_GROUP_BLOCK, Q8_0_GROUP_BLOCK,
 };
 use crate::quant::kquants::{k_scale_min, q3k_scales};
 use crate::quant::lookup::{e8m0_half, iq4_xs_scales, IQ4_VALUES, MXFP4_VALUES};
@@ -835,6 +835,12 @@ pub(super) trait Block32 {
     const MINS: bool = false;
     /// The block's eight chunks of codes.
     unsafe fn codes(block: &[u8]) -> [__m256i; 8];
+
+    /// The eight rows' scales d.
+    #[inline(always)]
+    unsafe fn scales(block: &[u8]) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()))
+    }
 }
 
 /// The eight rows' f16 minimums of a [`Block32::MINS`] block.
@@ -880,6 +886,13 @@ impl Block32 for Q4_0x8 {
     }
 }
 
+/// The table-lookup layouts' four chunks of nibbles (as Q4_0's), each
+/// nibble replaced by its entry of `table`.
+#[inline(always)]
+unsafe fn looked_up_chunks(nibbles: &[u8], table: __m256i) -> [__m256i; 8] {
+    nibble_chunks(nibbles, |_| _mm256_setzero_si256()).map(|c| _mm256_shuffle_epi8(table, c))
+}
+
 /// IQ4_NL in Q4_0's layout: each nibble looked up as its value + 128.
 pub(super) struct Iq4NlX8;
 
@@ -888,9 +901,32 @@ impl Block32 for Iq4NlX8 {
     const OFFSET: i32 = 128;
     #[inline(always)]
     unsafe fn codes(block: &[u8]) -> [__m256i; 8] {
-        let table = table16(&IQ4_VALUES, -128);
-        nibble_chunks(&block[16..], |_| _mm256_setzero_si256())
-            .map(|c| _mm256_shuffle_epi8(table, c))
+        looked_up_chunks(&block[16..], table16(&IQ4_VALUES, -128))
+    }
+}
+
+/// MXFP4: the eight rows' exponent bytes, then Q4_0's nibbles, each looked
+/// up as its value + 12.
+pub(super) struct Mxfp4X8;
+
+impl Block32 for Mxfp4X8 {
+    const BLOCK: usize = MXFP4_GROUP_BLOCK;
+    const OFFSET: i32 = 12;
+    #[inline(always)]
+    unsafe fn codes(block: &[u8]) -> [__m256i; 8] {
+        looked_up_chunks(&block[8..], table16(&MXFP4_VALUES, 12))
+    }
+
+    /// 2^(e − 128) for each row's exponent e, as `e8m0_half` computes it:
+    /// (e − 1) as the float's exponent field, or for e < 2 the subnormal
+    /// 2^21 << e.
+    #[inline(always)]
+    unsafe fn scales(block: &[u8]) -> __m256 {
+        let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(block.as_ptr().cast()));
+        let normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+        let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+        let is_normal = _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1));
+        _mm256_castsi256_ps(_mm256_blendv_epi8(subnormal, normal, is_normal))
     }
 }
 
@@ -928,7 +964,7 @@ pub(super) unsafe fn interleaved_block32_rows<D: IntDot, L: Block32>(
         let mut acc = [_mm256_setzero_ps(); 2];
         for (b, (block, a)) in group.chunks_exact(L::BLOCK).zip(act).enumerate() {
             prefetch_ahead(block, far, &[2048]);
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()));
+            let d = L::scales(block);
             let codes = L::codes(block);
             let q = a.qs.as_ptr();
             // Codes are q + OFFSET: Σ (q + OFFSET)·a − OFFSET·Σ a. Two
@@ -964,7 +1000,7 @@ pub(super) unsafe fn pack_interleaved_block32<L: Block32>(group: &[u8], panel: &
     );
     let offset = _mm256_set1_ps(L::OFFSET as f32);
     for (b, block) in group.chunks_exact(L::BLOCK).enumerate() {
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()));
+        let d = L::scales(block);
         let f = &mut panel.factors[b * 2 * PANEL_ROWS..(b + 1) * 2 * PANEL_ROWS];
         _mm256_storeu_ps(f.as_mut_ptr(), d);
         // A panel subtracts its offsets: d · OFFSET, or a minimum's −m.

@@ -187,6 +187,8 @@ mod avx2 {
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_1x8,
         q5_0_interleaved_rows / q5_0_interleaved_pack:
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q5_0x8,
+        mxfp4_interleaved_rows / mxfp4_interleaved_pack:
+            interleaved_block32_rows / pack_interleaved_block32 for gemm::Mxfp4X8,
         q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k,
         q6_k_interleaved_rows / q6_k_interleaved_pack: interleaved_q6_k_rows / pack_interleaved_q6_k);
     q8_wrappers!(avx2; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
@@ -237,6 +239,8 @@ mod avx512 {
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_1x8,
         q5_0_interleaved_rows / q5_0_interleaved_pack:
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q5_0x8,
+        mxfp4_interleaved_rows / mxfp4_interleaved_pack:
+            interleaved_block32_rows / pack_interleaved_block32 for gemm::Mxfp4X8,
         q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k,
         q6_k_interleaved_rows / q6_k_interleaved_pack: interleaved_q6_k_rows / pack_interleaved_q6_k);
     q8_wrappers!(vnni; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
@@ -359,6 +363,7 @@ macro_rules! interleaved_table {
             Q4_0 => k(32, $module::q4_0_interleaved_rows, $module::q4_0_interleaved_pack),
             Q4_1 => k(32, $module::q4_1_interleaved_rows, $module::q4_1_interleaved_pack),
             Q5_0 => k(32, $module::q5_0_interleaved_rows, $module::q5_0_interleaved_pack),
+            Mxfp4 => k(32, $module::mxfp4_interleaved_rows, $module::mxfp4_interleaved_pack),
             Q4K => k(32, $module::q4_k_interleaved_rows, $module::q4_k_interleaved_pack),
             Q6K => k(16, $module::q6_k_interleaved_rows, $module::q6_k_interleaved_pack),
             _ => None,
@@ -366,7 +371,7 @@ macro_rules! interleaved_table {
     }};
 }
 
-/// The AVX2 code for interleaved `ty` matrices: Q4_0, Q4_1, Q5_0, Q4_K and Q6_K (Q8_0's
+/// The AVX2 code for interleaved `ty` matrices: Q4_0, Q4_1, Q5_0, MXFP4, Q4_K and Q6_K (Q8_0's
 /// and IQ4_NL's codes are unsigned bytes up to 255 and 241, which
 /// `vpmaddubsw` would saturate).
 /// Call only after `avx2_available()`.
