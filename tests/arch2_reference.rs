@@ -157,8 +157,12 @@ fn qwen35moe_q4_k_matches_llama_cpp() {
 // within their bound of an f64 reference, the dequantization is gguf-py's
 // bit for bit (tests/quant.rs), and LLaMA, Qwen2 and Gemma 3 models in
 // IQ4_XS match an f64 forward pass over gguf-py's weights within 0.6% of
-// the logit scale (tests/synthetic_models.rs); the rest of the difference
-// was not traced. Ignored until it is.
+// the logit scale (tests/synthetic_models.rs). A copy of this model with
+// every IQ4_XS tensor dequantized to F32 by gguf-py, run on our F32 path
+// (no activation rounding in its products), lands as far from llama.cpp's
+// logits: median 1.28%, p95 2.40%. So the gap is llama.cpp's rounding of
+// this model, not our format code; ignored until the reference or the
+// bound accounts for it.
 #[test]
 #[ignore = "over the median bound against llama.cpp's coarser activations; see the comment"]
 fn qwen35moe_iq4_xs_matches_llama_cpp() {

@@ -274,7 +274,7 @@ fn product_errors(pairs: &[(bool, Pair)], w: &Weight, row_counts: &[usize]) -> (
             let mut out = p.gpu.buffer(rows * w.rows).unwrap();
             p.gpu.matmul(w, &xd, rows, &mut out).unwrap();
             let got = download(&p.gpu, &out, rows * w.rows);
-            let tensor_cores = p.gpu.tensor_core_products(w, rows);
+            let tensor_cores = p.gpu.tensor_core_products(&[w], rows);
             let rounded = tensor_cores || (*use_cublas && rows >= 16);
             let what = format!(
                 "{:?} {}×{} × {rows} rows (cuBLAS {use_cublas}, integer {integer}, tensor cores {tensor_cores})",
@@ -611,10 +611,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         for i in 0..3 {
             compare("norm + Q/K/V", &fused_out[i], &composed_out[i], widths[i]);
         }
-        if [&attn(l).wq, &attn(l).wk, &attn(l).wv]
-            .iter()
-            .all(|w| g.tensor_core_products(w, rows))
-        {
+        if g.tensor_core_products(&[&attn(l).wq, &attn(l).wk, &attn(l).wv], rows) {
             for i in 0..3 {
                 assert_same_bits("norm + Q/K/V", &fused_out[i], &composed_out[i], widths[i]);
             }
@@ -779,10 +776,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
             a_composed,
             rows * ff,
         );
-        if [ffn.gate, ffn.up]
-            .iter()
-            .all(|w| g.tensor_core_products(w, rows))
-        {
+        if g.tensor_core_products(&[ffn.gate, ffn.up], rows) {
             assert_same_bits(
                 "norm + gate/up + activation",
                 a_fused,
@@ -1970,6 +1964,26 @@ fn sessions_on_several_threads_get_the_logits_they_get_alone() {
         "4 threads × 141 steps identical to running alone; {:?}",
         b.graph_stats()
     );
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn table_lookup_formats_are_refused_by_name_on_the_gpu() {
+    if !have_gpu() {
+        return;
+    }
+    for ty in ["iq4_nl", "iq4_xs", "mxfp4"] {
+        let file = Arc::new(open_mapped(&synth("llama", ty)));
+        let err = CudaBackend::new(file, 0, CudaOptions::default(), &|_| true)
+            .err()
+            .unwrap_or_else(|| panic!("a {ty} model loaded on the GPU"));
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{ty}: {err}");
+        let message = err.to_string();
+        assert!(
+            message.contains(&ty.to_uppercase()) && message.contains("does not compute with"),
+            "{ty}: {message}"
+        );
+    }
 }
 
 #[test]

@@ -404,11 +404,14 @@ impl CudaBackend {
         self.routes.dp4a() && self.routes.route(ty, 1) == ProductRoute::Decode { prepared: true }
     }
 
-    /// Whether a product of `rows` activation rows with `w` (on its own)
-    /// runs on f16 tensor cores straight from the quantized weights
-    /// (`m40_mmq`; the tensor-core route).
-    pub fn tensor_core_products(&self, w: &Weight, rows: usize) -> bool {
-        self.route(w, rows) == ProductRoute::TensorCores
+    /// Whether products of the same `rows` activation rows with each of
+    /// `weights` (a fused step's group, or one product alone) run on f16
+    /// tensor cores straight from the quantized weights (`m40_mmq`; the
+    /// tensor-core route).
+    pub fn tensor_core_products(&self, weights: &[&Weight], rows: usize) -> bool {
+        self.shared_rows_routes(weights.iter().copied(), rows)
+            .iter()
+            .all(|&r| r == ProductRoute::TensorCores)
     }
 
     /// The kernel that takes a product of `rows` activation rows with `w`.

@@ -44,6 +44,7 @@ unsafe impl Send for Job {}
 
 struct Worker {
     jobs: Sender<Job>,
+    thread: Option<thread::JoinHandle<()>>,
 }
 
 /// A pool of read-back threads, each waiting for a share of a read.
@@ -77,7 +78,10 @@ impl CopyWorkers {
                     }
                 });
             match started {
-                Ok(_) => workers.push(Worker { jobs }),
+                Ok(thread) => workers.push(Worker {
+                    jobs,
+                    thread: Some(thread),
+                }),
                 Err(e) => {
                     failure = Some(e);
                     break;
@@ -127,6 +131,24 @@ impl CopyWorkers {
             outcome = outcome.and(result);
         }
         outcome
+    }
+}
+
+impl Drop for CopyWorkers {
+    /// Ends the threads and waits for them: none may still run library
+    /// code once the backend is gone (a host may unload the library next).
+    fn drop(&mut self) {
+        for worker in &mut self.workers {
+            // A closed channel ends the worker's loop.
+            let (closed, _) = channel();
+            drop(std::mem::replace(&mut worker.jobs, closed));
+        }
+        for worker in &mut self.workers {
+            if let Some(thread) = worker.thread.take() {
+                // A worker that panicked outside a job has nothing to report.
+                let _ = thread.join();
+            }
+        }
     }
 }
 

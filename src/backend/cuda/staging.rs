@@ -159,6 +159,10 @@ impl State {
         // destination has capacity for row_len values; all of it stays
         // untouched here until the workers are done (`run` waits for them).
         let copied = unsafe { workers.run(read, threads) };
+        if copied.is_err() {
+            // A pool that lost a thread is started again by the next read.
+            self.copy_workers = None;
+        }
         // Every piece's event has passed, so the stream's copies are done;
         // the step's staging pieces are free again only once all its work
         // is, which the last event marks.
