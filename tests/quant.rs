@@ -633,6 +633,8 @@ fn interleaved_products_are_within_bound_for_one_to_many_tokens() {
         (GgmlType::Mxfp4, 40, 96),
         (GgmlType::Q4K, 16, 256),
         (GgmlType::Q4K, 40, 512),
+        (GgmlType::Iq4Xs, 16, 256),
+        (GgmlType::Iq4Xs, 40, 512),
         (GgmlType::Q6K, 16, 256),
         (GgmlType::Q6K, 40, 512),
     ] {

@@ -1,5 +1,5 @@
-//! Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL, MXFP4, Q4_K and Q6_K matrices stored
-//! eight rows interleaved, for the CPU's products.
+//! Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL, MXFP4, Q4_K, IQ4_XS and Q6_K matrices
+//! stored eight rows interleaved, for the CPU's products.
 //!
 //! A one-token dot over a row spends several vector instructions a block of
 //! weights (unpacking, scale conversion, the dot, its conversion and
@@ -41,6 +41,10 @@
 //!   sub-block 2p in the low nibble and the same column's code of 2p + 1 in
 //!   the high one: exactly how Q4_K stores them, four bytes of a row at a
 //!   time. 2.8% larger than the rows (the scales unpacked).
+//! - IQ4_XS, [`IQ4_XS_GROUP_BLOCK`] bytes a super-block: the eight rows'
+//!   f16 d, their sub-block scales less 32 as signed bytes (sub-block j's
+//!   eight rows at 16 + 8j), then per sub-block four chunks of its nibbles
+//!   as in Q4_0. 1.5% larger than the rows.
 //! - Q6_K, [`Q6_K_GROUP_BLOCK`] bytes a super-block: the eight rows' f16 d,
 //!   their 16 scales (scale i's eight rows at 16 + 8i), then for each half
 //!   h of the super-block and column group k (0..8) three chunks: bytes
@@ -49,6 +53,7 @@
 //!   the rows.
 
 use crate::quant::kquants::k_scale_min;
+use crate::quant::lookup::iq4_xs_scale_codes;
 use crate::quant::GgmlType;
 
 /// Rows interleaved together.
@@ -70,6 +75,9 @@ pub const Q5_0_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 22;
 /// Bytes of one block of 32 columns of an MXFP4 group.
 pub const MXFP4_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 17;
 
+/// Bytes of one super-block of 256 columns of an IQ4_XS group.
+pub const IQ4_XS_GROUP_BLOCK: usize = 16 + 64 + 8 * 4 * 32;
+
 /// Bytes of one super-block of 256 columns of a Q6_K group.
 pub const Q6_K_GROUP_BLOCK: usize = INTERLEAVED_ROWS * 210;
 
@@ -87,6 +95,7 @@ pub fn interleaved_group_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
         GgmlType::Q5_0 if cols.is_multiple_of(32) => Some(cols / 32 * Q5_0_GROUP_BLOCK),
         GgmlType::Mxfp4 if cols.is_multiple_of(32) => Some(cols / 32 * MXFP4_GROUP_BLOCK),
         GgmlType::Q4K if cols.is_multiple_of(256) => Some(cols / 256 * Q4_K_GROUP_BLOCK),
+        GgmlType::Iq4Xs if cols.is_multiple_of(256) => Some(cols / 256 * IQ4_XS_GROUP_BLOCK),
         GgmlType::Q6K if cols.is_multiple_of(256) => Some(cols / 256 * Q6_K_GROUP_BLOCK),
         _ => None,
     }
@@ -137,6 +146,7 @@ pub fn interleave_groups(ty: GgmlType, rows: &[u8], cols: usize, out: &mut [u8])
             GgmlType::Q4_1 => interleave_block32_group(row, dst, 20, 2, 2, 4, 0),
             GgmlType::Q5_0 => interleave_block32_group(row, dst, 22, 2, 4, 4, 0),
             GgmlType::Q6K => interleave_q6_k_group(row, dst),
+            GgmlType::Iq4Xs => interleave_iq4_xs_group(row, dst),
             _ => interleave_q4_k_group(row, dst),
         }
     }
@@ -234,6 +244,29 @@ fn interleave_q4_k_group<'a>(row: impl Fn(usize) -> &'a [u8], dst: &mut [u8]) {
                     src(r)[at..at + 4].try_into().unwrap()
                 };
                 let at = 160 + (8 * p + k) * 32;
+                chunk(&mut block[at..at + 32], four, 0);
+            }
+        }
+    }
+}
+
+fn interleave_iq4_xs_group<'a>(row: impl Fn(usize) -> &'a [u8], dst: &mut [u8]) {
+    for (s, block) in dst.chunks_exact_mut(IQ4_XS_GROUP_BLOCK).enumerate() {
+        let src = |r: usize| &row(r)[s * 136..(s + 1) * 136];
+        for r in 0..INTERLEAVED_ROWS {
+            let b = src(r);
+            block[2 * r..2 * r + 2].copy_from_slice(&b[..2]);
+            for (j, scale) in iq4_xs_scale_codes(b).into_iter().enumerate() {
+                block[16 + 8 * j + r] = scale as u8;
+            }
+        }
+        for j in 0..8 {
+            for k in 0..4 {
+                let four = |r: usize| {
+                    let at = 8 + 16 * j + 4 * k;
+                    src(r)[at..at + 4].try_into().unwrap()
+                };
+                let at = 80 + (4 * j + k) * 32;
                 chunk(&mut block[at..at + 32], four, 0);
             }
         }

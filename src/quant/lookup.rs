@@ -54,17 +54,22 @@ pub(crate) fn e8m0_half(e: u8) -> f32 {
     f32::from_bits(bits)
 }
 
-/// An IQ4_XS super-block's eight sub-block scales, d · (6-bit scale − 32):
+/// An IQ4_XS super-block's eight sub-block scales less 32 (−32..31):
 /// sub-block ib's low four bits at bits 4·ib of the little-endian u32 at
 /// byte 4, its high two at bits 2·ib of the u16 at byte 2.
-pub(crate) fn iq4_xs_scales(b: &[u8]) -> [f32; 8] {
-    let d = f16_at(b, 0);
+pub(crate) fn iq4_xs_scale_codes(b: &[u8]) -> [i8; 8] {
     let high = u32::from(u16::from_le_bytes([b[2], b[3]]));
     let low = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
     std::array::from_fn(|ib| {
         let scale = ((low >> (4 * ib)) & 0x0F) | (((high >> (2 * ib)) & 3) << 4);
-        d * (scale as i32 - 32) as f32
+        scale as i8 - 32
     })
+}
+
+/// An IQ4_XS super-block's eight sub-block scales, d · (6-bit scale − 32).
+pub(crate) fn iq4_xs_scales(b: &[u8]) -> [f32; 8] {
+    let d = f16_at(b, 0);
+    iq4_xs_scale_codes(b).map(|scale| d * f32::from(scale))
 }
 
 pub fn dequantize_iq4_nl(row: &[u8], out: &mut [f32]) {

@@ -13,8 +13,8 @@ use super::int_dot::{
     IntDot,
 };
 use crate::quant::interleaved::{
-    MXFP4_GROUP_BLOCK, Q4_0_GROUP_BLOCK, Q4_1_GROUP_BLOCK, Q4_K_GROUP_BLOCK, Q5_0_GROUP_BLOCK,
-    Q6_K_GROUP_BLOCK, Q8_0_GROUP_BLOCK,
+    IQ4_XS_GROUP_BLOCK, MXFP4_GROUP_BLOCK, Q4_0_GROUP_BLOCK, Q4_1_GROUP_BLOCK, Q4_K_GROUP_BLOCK,
+    Q5_0_GROUP_BLOCK, Q6_K_GROUP_BLOCK, Q8_0_GROUP_BLOCK,
 };
 use crate::quant::kquants::{k_scale_min, q3k_scales};
 use crate::quant::lookup::{e8m0_half, iq4_xs_scales, IQ4_VALUES, MXFP4_VALUES};
@@ -768,17 +768,23 @@ fn far_prefetch() -> bool {
     })
 }
 
+/// Checks that `group` holds `block` bytes for each 256 columns of
+/// `panel`, made with sub-blocks of `sub` columns (the super-block layouts'
+/// packing).
+fn check_super_block_panel(group: &[u8], block: usize, panel: &Panel, sub: usize, what: &str) {
+    assert!(
+        panel.sub == sub && group.len() == panel.cols / 256 * block,
+        "an interleaved {what} group of {} bytes for a panel of {} columns",
+        group.len(),
+        panel.cols
+    );
+}
+
 /// Eight interleaved Q4_K rows as a panel.
 #[inline(always)]
 pub(super) unsafe fn pack_interleaved_q4_k(group: &[u8], panel: &mut Panel) {
     const BLOCK: usize = Q4_K_GROUP_BLOCK;
-    let supers = panel.cols / 256;
-    assert!(
-        panel.sub == 32 && group.len() == supers * BLOCK,
-        "an interleaved Q4_K group of {} bytes for a panel of {} columns",
-        group.len(),
-        panel.cols
-    );
+    check_super_block_panel(group, BLOCK, panel, 32, "Q4_K");
     let m4 = _mm256_set1_epi8(0x0F);
     for (s, block) in group.chunks_exact(BLOCK).enumerate() {
         let b = block.as_ptr();
@@ -1036,6 +1042,77 @@ unsafe fn scales8_to_f32(p: *const u8) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())))
 }
 
+/// The eight rows' scales of an interleaved IQ4_XS super-block's
+/// sub-block `j`: d · (scale − 32), as `iq4_xs_scales` computes them.
+#[inline(always)]
+unsafe fn iq4_xs_row_scales(b: *const u8, j: usize) -> __m256 {
+    let d = _mm256_cvtph_ps(_mm_loadu_si128(b.cast()));
+    _mm256_mul_ps(d, scales8_to_f32(b.add(16 + 8 * j)))
+}
+
+/// Interleaved IQ4_XS rows (`crate::quant::interleaved`) dotted with one
+/// token: `out[r]` = row r · act. The codes are looked up as value + 128,
+/// so only VNNI takes them (see `interleaved_table!`).
+#[inline(always)]
+pub(super) unsafe fn interleaved_iq4_xs_rows<D: IntDot>(
+    data: &[u8],
+    cols: usize,
+    act: &[Q8Block],
+    out: &mut [f32],
+) {
+    const BLOCK: usize = IQ4_XS_GROUP_BLOCK;
+    let table = table16(&IQ4_VALUES, -128);
+    let far = far_prefetch();
+    for (group, y) in row_groups(data, cols, 256, BLOCK, act, out, "IQ4_XS") {
+        let mut acc = [_mm256_setzero_ps(); 2];
+        for (s, block) in group.chunks_exact(BLOCK).enumerate() {
+            prefetch_ahead(block, far, &[2 * BLOCK, 2 * BLOCK + 512]);
+            let b = block.as_ptr();
+            for (j, a) in act[s * 8..s * 8 + 8].iter().enumerate() {
+                let codes = looked_up_chunks(&block[80 + 128 * j..], table);
+                let q = a.qs.as_ptr();
+                // Codes are v + 128: Σ (v + 128)·a − 128·Σ a.
+                let mut isum = [_mm256_set1_epi32(-128 * a.sum()), _mm256_setzero_si256()];
+                for (k, c) in codes.into_iter().enumerate() {
+                    // SAFETY: activation bytes 4k..4k + 4 are in bounds (k < 8).
+                    let four = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
+                    isum[k % 2] = D::dot_add(isum[k % 2], c, four);
+                }
+                let sums = _mm256_cvtepi32_ps(_mm256_add_epi32(isum[0], isum[1]));
+                // SAFETY: the scale bytes of sub-block j are in the block.
+                let scale = _mm256_mul_ps(iq4_xs_row_scales(b, j), _mm256_set1_ps(a.d));
+                acc[j % 2] = _mm256_fmadd_ps(sums, scale, acc[j % 2]);
+            }
+        }
+        _mm256_storeu_ps(y.as_mut_ptr(), _mm256_add_ps(acc[0], acc[1]));
+    }
+}
+
+/// Eight interleaved IQ4_XS rows as a panel.
+#[inline(always)]
+pub(super) unsafe fn pack_interleaved_iq4_xs(group: &[u8], panel: &mut Panel) {
+    const BLOCK: usize = IQ4_XS_GROUP_BLOCK;
+    check_super_block_panel(group, BLOCK, panel, 32, "IQ4_XS");
+    let table = table16(&IQ4_VALUES, -128);
+    for (s, block) in group.chunks_exact(BLOCK).enumerate() {
+        for j in 0..8 {
+            let sub = s * 8 + j;
+            let scale = iq4_xs_row_scales(block.as_ptr(), j);
+            let f = &mut panel.factors[sub * 2 * PANEL_ROWS..][..2 * PANEL_ROWS];
+            _mm256_storeu_ps(f.as_mut_ptr(), scale);
+            let offset = _mm256_mul_ps(scale, _mm256_set1_ps(128.0));
+            _mm256_storeu_ps(f[PANEL_ROWS..].as_mut_ptr(), offset);
+            let codes = &mut panel.codes[sub * 256..(sub + 1) * 256];
+            for (k, c) in looked_up_chunks(&block[80 + 128 * j..], table)
+                .into_iter()
+                .enumerate()
+            {
+                _mm256_storeu_si256(codes[32 * k..].as_mut_ptr().cast(), c);
+            }
+        }
+    }
+}
+
 /// Interleaved Q6_K rows (`crate::quant::interleaved`) dotted with one
 /// token: `out[r]` = row r · act.
 #[inline(always)]
@@ -1094,13 +1171,7 @@ pub(super) unsafe fn interleaved_q6_k_rows<D: IntDot>(
 #[inline(always)]
 pub(super) unsafe fn pack_interleaved_q6_k(group: &[u8], panel: &mut Panel) {
     const BLOCK: usize = Q6_K_GROUP_BLOCK;
-    let supers = panel.cols / 256;
-    assert!(
-        panel.sub == 16 && group.len() == supers * BLOCK,
-        "an interleaved Q6_K group of {} bytes for a panel of {} columns",
-        group.len(),
-        panel.cols
-    );
+    check_super_block_panel(group, BLOCK, panel, 16, "Q6_K");
     for (s, block) in group.chunks_exact(BLOCK).enumerate() {
         let b = block.as_ptr();
         let d = _mm256_cvtph_ps(_mm_loadu_si128(b.cast()));

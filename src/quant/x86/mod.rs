@@ -233,6 +233,8 @@ mod avx512 {
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q8_0x8,
         iq4_nl_interleaved_rows / iq4_nl_interleaved_pack:
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Iq4NlX8,
+        iq4_xs_interleaved_rows / iq4_xs_interleaved_pack:
+            interleaved_iq4_xs_rows / pack_interleaved_iq4_xs,
         q4_0_interleaved_rows / q4_0_interleaved_pack:
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_0x8,
         q4_1_interleaved_rows / q4_1_interleaved_pack:
@@ -383,7 +385,8 @@ pub fn avx2_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
 /// `avx512_available()`.
 pub fn avx512_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
     interleaved_table!(avx512, ty, Q8_0: q8_0_interleaved_rows / q8_0_interleaved_pack,
-        Iq4Nl: iq4_nl_interleaved_rows / iq4_nl_interleaved_pack)
+        Iq4Nl: iq4_nl_interleaved_rows / iq4_nl_interleaved_pack,
+        Iq4Xs: iq4_xs_interleaved_rows / iq4_xs_interleaved_pack)
 }
 
 /// The AVX2 panel code for `ty`. Call only after `avx2_available()`. Not
