@@ -82,7 +82,9 @@ pub(super) fn int_dot(q: &[i8; 32], a: &Q8Block) -> i32 {
         .sum()
 }
 
-fn unpack_q4(qs: &[u8]) -> [i8; 32] {
+/// A block's 32 nibble codes: value j in the low nibble of byte j, value
+/// j + 16 in its high nibble.
+pub(super) fn unpack_q4(qs: &[u8]) -> [i8; 32] {
     let mut q = [0i8; 32];
     for j in 0..16 {
         let (lo, hi) = nibbles(qs, j);

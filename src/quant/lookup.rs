@@ -10,7 +10,7 @@
 //! Q8 activations, one float scale a block.
 
 use super::f16_at;
-use super::legacy::int_dot;
+use super::legacy::{int_dot, unpack_q4};
 use super::q8::Q8Block;
 
 /// IQ4_NL's and IQ4_XS's values (ggml's `kvalues_iq4nl`).
@@ -32,15 +32,8 @@ const IQ4_XS_BYTES: usize = 136;
 
 /// The 32 values of a block's 16 code bytes: byte j's low nibble is value
 /// j, its high nibble value j + 16.
-pub(crate) fn lookup(qs: &[u8], table: &[i8; 16]) -> [i8; 32] {
-    std::array::from_fn(|j| {
-        let code = if j < 16 {
-            qs[j] & 0x0F
-        } else {
-            qs[j - 16] >> 4
-        };
-        table[usize::from(code)]
-    })
+fn lookup(qs: &[u8], table: &[i8; 16]) -> [i8; 32] {
+    unpack_q4(qs).map(|code| table[code as usize])
 }
 
 /// MXFP4's block scale, 2^(e − 127) / 2 (ggml's `ggml_e8m0_to_fp32_half`):

@@ -416,19 +416,18 @@ impl CudaBackend {
 
     /// The kernel that takes a product of `rows` activation rows with `w`.
     fn route(&self, w: &Weight, rows: usize) -> ProductRoute {
-        self.routes.shared_rows_routes(&[(w.ty, w.n_bytes)], rows)[0]
+        self.shared_rows_routes([w], rows)[0]
     }
 
     /// The kernels that take products of the same `rows` rows with each of
     /// `weights` (`Routes::shared_rows_routes`).
-    fn shared_rows_routes<'w>(
-        &self,
-        weights: impl IntoIterator<Item = &'w Weight>,
-        rows: usize,
-    ) -> Vec<ProductRoute> {
-        let matrices: Vec<(GgmlType, usize)> =
-            weights.into_iter().map(|w| (w.ty, w.n_bytes)).collect();
-        self.routes.shared_rows_routes(&matrices, rows)
+    fn shared_rows_routes<'w, I>(&self, weights: I, rows: usize) -> Vec<ProductRoute>
+    where
+        I: IntoIterator<Item = &'w Weight>,
+        I::IntoIter: Clone,
+    {
+        let matrices = weights.into_iter().map(|w| (w.ty, w.n_bytes));
+        self.routes.shared_rows_routes(matrices, rows)
     }
 
     /// Whether decode kernels overlap their predecessors on this device.

@@ -97,6 +97,11 @@ impl CopyWorkers {
         Ok(CopyWorkers { workers, results })
     }
 
+    /// The workers started.
+    pub fn threads(&self) -> usize {
+        self.workers.len()
+    }
+
     /// Copies every piece of `read` into its rows on the first `threads`
     /// workers (thread t takes pieces t, t + threads, …, in the order they
     /// land) and waits for all of them; the first failure, if any.

@@ -166,19 +166,18 @@ impl Routes {
     /// conversion of the rows serves them all); else each takes `route`.
     pub fn shared_rows_routes(
         &self,
-        matrices: &[(GgmlType, usize)],
+        matrices: impl Iterator<Item = (GgmlType, usize)> + Clone,
         rows: usize,
     ) -> Vec<ProductRoute> {
-        let total: usize = matrices.iter().map(|&(_, bytes)| bytes).sum();
+        let total: usize = matrices.clone().map(|(_, bytes)| bytes).sum();
         let tensor_cores = rows == GEMV_MAX_X
-            && !matrices.is_empty()
+            && matrices.clone().next().is_some()
             && total >= self.batch_tensor_core_bytes
             && matrices
-                .iter()
-                .all(|(ty, _)| self.tensor_core_formats.contains(ty));
+                .clone()
+                .all(|(ty, _)| self.tensor_core_formats.contains(&ty));
         matrices
-            .iter()
-            .map(|&(ty, _)| {
+            .map(|(ty, _)| {
                 if tensor_cores {
                     ProductRoute::TensorCores
                 } else {
@@ -311,25 +310,28 @@ mod tests {
         // Together past the bound: all of them, at 8 rows only.
         assert_eq!(
             r.shared_rows_routes(
-                &[(GgmlType::Q4K, big - 10), (GgmlType::Q4K, 10)],
+                [(GgmlType::Q4K, big - 10), (GgmlType::Q4K, 10)].into_iter(),
                 GEMV_MAX_X
             ),
             [ProductRoute::TensorCores; 2]
         );
         assert_eq!(
-            r.shared_rows_routes(&[(GgmlType::Q4K, big)], GEMV_MAX_X - 1),
+            r.shared_rows_routes([(GgmlType::Q4K, big)].into_iter(), GEMV_MAX_X - 1),
             [decode]
         );
         // Short of it, or a format without the kernel: each its own route.
         assert_eq!(
             r.shared_rows_routes(
-                &[(GgmlType::Q4K, big - 11), (GgmlType::Q4K, 10)],
+                [(GgmlType::Q4K, big - 11), (GgmlType::Q4K, 10)].into_iter(),
                 GEMV_MAX_X
             ),
             [decode; 2]
         );
         assert_eq!(
-            r.shared_rows_routes(&[(GgmlType::Q4K, big), (GgmlType::Q6K, 10)], GEMV_MAX_X),
+            r.shared_rows_routes(
+                [(GgmlType::Q4K, big), (GgmlType::Q6K, 10)].into_iter(),
+                GEMV_MAX_X
+            ),
             [decode, ProductRoute::Decode { prepared: false }]
         );
     }

@@ -100,15 +100,21 @@ impl State {
         let len = row_len * rows.len();
         assert!(len <= buffer.len());
         let n_pieces = len.div_ceil(PIECE_VALUES);
-        let threads_available =
-            MAX_THREADS.min(std::thread::available_parallelism().map_or(1, |n| n.get()));
-        let threads = (n_pieces / 2).min(threads_available);
-        if threads > 1 && self.copy_workers.is_none() {
+        let wanted = n_pieces / 2;
+        if wanted > 1 && self.copy_workers.is_none() {
             // Where the system starts no thread, reads take the one-copy
             // path below (and the next large read tries again).
-            self.copy_workers = CopyWorkers::new(threads_available).ok();
+            let available =
+                MAX_THREADS.min(std::thread::available_parallelism().map_or(1, |n| n.get()));
+            if available > 1 {
+                self.copy_workers = CopyWorkers::new(available).ok();
+            }
         }
-        if threads <= 1 || self.copy_workers.is_none() {
+        let threads = self
+            .copy_workers
+            .as_ref()
+            .map_or(1, |w| wanted.min(w.threads()));
+        if threads <= 1 {
             let pinned = self.read_to_pinned(buffer, len)?;
             fill_rows(pinned, row_len, rows);
             return Ok(());

@@ -956,6 +956,22 @@ impl Block32 for Q5_0x8 {
     }
 }
 
+/// Eight rows' 32 codes q + `offset` (chunk k: columns 4k..4k + 4, row r
+/// at bytes 4r..4r + 4) dotted with one Q8 block: Σ q·a per row, as f32.
+/// Σ (q + offset)·a − offset·Σ a; two chains of four dots, half the latency
+/// of one of eight.
+#[inline(always)]
+unsafe fn offset_codes_dot<D: IntDot>(codes: [__m256i; 8], a: &Q8Block, offset: i32) -> __m256 {
+    let q = a.qs.as_ptr();
+    let mut isum = [_mm256_set1_epi32(-offset * a.sum()), _mm256_setzero_si256()];
+    for (k, c) in codes.into_iter().enumerate() {
+        // SAFETY: activation bytes 4k..4k + 4 are in bounds (k < 8).
+        let four = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
+        isum[k % 2] = D::dot_add(isum[k % 2], c, four);
+    }
+    _mm256_cvtepi32_ps(_mm256_add_epi32(isum[0], isum[1]))
+}
+
 /// Interleaved rows of a 32-column layout dotted with one token: `out[r]` =
 /// row r · act.
 #[inline(always)]
@@ -971,18 +987,7 @@ pub(super) unsafe fn interleaved_block32_rows<D: IntDot, L: Block32>(
         for (b, (block, a)) in group.chunks_exact(L::BLOCK).zip(act).enumerate() {
             prefetch_ahead(block, far, &[2048]);
             let d = L::scales(block);
-            let codes = L::codes(block);
-            let q = a.qs.as_ptr();
-            // Codes are q + OFFSET: Σ (q + OFFSET)·a − OFFSET·Σ a. Two
-            // chains of four dots, half the latency of one of eight.
-            let offset = -L::OFFSET * a.sum();
-            let mut isum = [_mm256_set1_epi32(offset), _mm256_setzero_si256()];
-            for (k, c) in codes.into_iter().enumerate() {
-                // SAFETY: activation bytes 4k..4k + 4 are in bounds (k < 8).
-                let four = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
-                isum[k % 2] = D::dot_add(isum[k % 2], c, four);
-            }
-            let sums = _mm256_cvtepi32_ps(_mm256_add_epi32(isum[0], isum[1]));
+            let sums = offset_codes_dot::<D>(L::codes(block), a, L::OFFSET);
             acc[b % 2] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, _mm256_set1_ps(a.d)), acc[b % 2]);
             if L::MINS {
                 // Σ m · a = m · (the block's activation scale × Σ codes).
@@ -1043,10 +1048,10 @@ unsafe fn scales8_to_f32(p: *const u8) -> __m256 {
 }
 
 /// The eight rows' scales of an interleaved IQ4_XS super-block's
-/// sub-block `j`: d · (scale − 32), as `iq4_xs_scales` computes them.
+/// sub-block `j`: d · (scale − 32), as `iq4_xs_scales` computes them, `d`
+/// the rows' d (the block's first 16 bytes, loaded once a super-block).
 #[inline(always)]
-unsafe fn iq4_xs_row_scales(b: *const u8, j: usize) -> __m256 {
-    let d = _mm256_cvtph_ps(_mm_loadu_si128(b.cast()));
+unsafe fn iq4_xs_row_scales(b: *const u8, d: __m256, j: usize) -> __m256 {
     _mm256_mul_ps(d, scales8_to_f32(b.add(16 + 8 * j)))
 }
 
@@ -1068,19 +1073,12 @@ pub(super) unsafe fn interleaved_iq4_xs_rows<D: IntDot>(
         for (s, block) in group.chunks_exact(BLOCK).enumerate() {
             prefetch_ahead(block, far, &[2 * BLOCK, 2 * BLOCK + 512]);
             let b = block.as_ptr();
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(b.cast()));
             for (j, a) in act[s * 8..s * 8 + 8].iter().enumerate() {
                 let codes = looked_up_chunks(&block[80 + 128 * j..], table);
-                let q = a.qs.as_ptr();
-                // Codes are v + 128: Σ (v + 128)·a − 128·Σ a.
-                let mut isum = [_mm256_set1_epi32(-128 * a.sum()), _mm256_setzero_si256()];
-                for (k, c) in codes.into_iter().enumerate() {
-                    // SAFETY: activation bytes 4k..4k + 4 are in bounds (k < 8).
-                    let four = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
-                    isum[k % 2] = D::dot_add(isum[k % 2], c, four);
-                }
-                let sums = _mm256_cvtepi32_ps(_mm256_add_epi32(isum[0], isum[1]));
+                let sums = offset_codes_dot::<D>(codes, a, 128);
                 // SAFETY: the scale bytes of sub-block j are in the block.
-                let scale = _mm256_mul_ps(iq4_xs_row_scales(b, j), _mm256_set1_ps(a.d));
+                let scale = _mm256_mul_ps(iq4_xs_row_scales(b, d, j), _mm256_set1_ps(a.d));
                 acc[j % 2] = _mm256_fmadd_ps(sums, scale, acc[j % 2]);
             }
         }
@@ -1095,9 +1093,10 @@ pub(super) unsafe fn pack_interleaved_iq4_xs(group: &[u8], panel: &mut Panel) {
     check_super_block_panel(group, BLOCK, panel, 32, "IQ4_XS");
     let table = table16(&IQ4_VALUES, -128);
     for (s, block) in group.chunks_exact(BLOCK).enumerate() {
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()));
         for j in 0..8 {
             let sub = s * 8 + j;
-            let scale = iq4_xs_row_scales(block.as_ptr(), j);
+            let scale = iq4_xs_row_scales(block.as_ptr(), d, j);
             let f = &mut panel.factors[sub * 2 * PANEL_ROWS..][..2 * PANEL_ROWS];
             _mm256_storeu_ps(f.as_mut_ptr(), scale);
             let offset = _mm256_mul_ps(scale, _mm256_set1_ps(128.0));
