@@ -116,9 +116,11 @@ __device__ __forceinline__ float m40_bf16(const uint8_t *p) {
     return __uint_as_float(bits);
 }
 
-__device__ __forceinline__ float m40_warp_sum(float v) {
+// The sum over the warp, or over each run of LANES lanes (every lane of the
+// warp takes part either way).
+template <int LANES = 32> __device__ __forceinline__ float m40_warp_sum(float v) {
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    for (int offset = LANES / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
     return v;
 }
 

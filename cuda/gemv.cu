@@ -34,6 +34,8 @@
 
 #define M40_GEMV_MAX_X 8
 #define M40_GEMV_WARPS 4
+// Waves of resident blocks the one-row kernel's expert slices share.
+#define M40_GEMV_EXPERT_WAVES 4
 
 enum M40GemvEpilogue { M40_GEMV_STORE = 0, M40_GEMV_ACCUMULATE = 1, M40_GEMV_GLU_SILU = 2, M40_GEMV_GLU_GELU = 3 };
 
@@ -945,9 +947,16 @@ template <int R> struct M40RowGroup {
     bool valid[R];
 };
 
+// The weights of a launch's matrices for the block (expert 0's, or those
+// of its work piece's expert).
+struct M40Matrices {
+    const uint8_t *w[3];
+    __device__ const uint8_t *operator[](int m) const { return m == 0 ? w[0] : m == 1 ? w[1] : w[2]; }
+};
+
 template <int R>
 __device__ __forceinline__ void m40_row_group(const M40Gemv &p, bool glu, int group, size_t row_bytes,
-                                              size_t expert_offset, M40RowGroup<R> &g) {
+                                              const M40Matrices &w, M40RowGroup<R> &g) {
 #pragma unroll
     for (int j = 0; j < R; j++) {
         if (glu) {
@@ -962,7 +971,7 @@ __device__ __forceinline__ void m40_row_group(const M40Gemv &p, bool glu, int gr
             g.valid[j] = s < m40_matrix(p, m).rows;
         }
         if (!g.valid[j]) g.row[j] = 0;
-        g.w[j] = m40_matrix(p, g.mat[j]).w + expert_offset + g.row[j] * row_bytes;
+        g.w[j] = w[g.mat[j]] + g.row[j] * row_bytes;
     }
 }
 
@@ -973,9 +982,9 @@ template <int R> struct M40RowStream {
 };
 
 // Blocks per staged chunk: about CHUNK_ROW_BYTES of each row, in whole
-// rounds of the warp's 32 lanes (each lane takes one unit per round).
-template <class G, int CHUNK_ROW_BYTES> __host__ __device__ constexpr int m40_chunk_blocks() {
-    constexpr int round = G::UNITS >= 32 ? 1 : 32 / G::UNITS;
+// rounds of a row group's LANES lanes (each lane takes one unit per round).
+template <class G, int CHUNK_ROW_BYTES, int LANES = 32> __host__ __device__ constexpr int m40_chunk_blocks() {
+    constexpr int round = G::UNITS >= LANES ? 1 : LANES / G::UNITS;
     constexpr int blocks = CHUNK_ROW_BYTES / G::BYTES / round * round;
     return blocks < round ? round : blocks;
 }
@@ -997,20 +1006,30 @@ template <class G, int CHUNK_ROW_BYTES> __host__ __device__ constexpr int m40_ch
 // matrix has too few row groups for the warps (m40_gemv_split).
 // A template parameter rather than an argument: as an argument it made the
 // kernels that do not split slower (more registers, run-time column bounds).
-template <class G, int R, int NX, bool NORM, int CHUNK_ROW_BYTES, bool SPLIT>
+//
+// LANES: lanes a row group takes, 32 or 16. At 16 each half of a warp
+// walks a row group of its own (the warp's item is two consecutive groups),
+// for rows of 16 units or fewer, which would leave half of a warp's lanes
+// without a unit (a mixture of experts' down rows of 512 values): the
+// warp's loads, reductions and stores then serve twice the rows.
+template <class G, int R, int NX, bool NORM, int CHUNK_ROW_BYTES, bool SPLIT, int LANES>
 __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    static_assert(LANES == 32 || (LANES == 16 && NX == 1 && !SPLIT), "half-warp row groups: one session, no split");
+    constexpr int HALVES = 32 / LANES;
+    const int warp = threadIdx.x / 32, half = threadIdx.x % 32 / LANES, lane = threadIdx.x % LANES;
     const int cols = p.cols;
     int n_x = NX == 1 ? 1 : p.n_x;
     // An expert product: this block's slice of the grid takes one work
     // piece, whose expert (and so whose weights) the routing kernel chose.
-    size_t expert_offset = 0;
+    M40Matrices matrices = {{p.m[0].w, p.m[1].w, p.m[2].w}};
     int x_row0 = 0, y_row0 = 0, q8_rows = n_x;
     if (p.experts.work) {
         m40_wait_for_prior_kernels();
         const M40ExpertWork work = p.experts.work[blockIdx.y];
         if (work.count == 0) return;
-        expert_offset = size_t(work.expert) * size_t(p.experts.expert_bytes);
+#pragma unroll
+        for (int m = 0; m < 3; m++)
+            if (m < p.n_matrices) matrices.w[m] = m40_expert_matrix(p.experts, p.m[m].w, m, work.expert);
         y_row0 = work.first;
         x_row0 = p.experts.x_shared ? 0 : work.first;
         if (NX > 1) n_x = work.count;
@@ -1021,9 +1040,13 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
     const int rows_per_warp = glu ? R / 2 : R;
     int total_rows = p.m[0].rows;
     if (!glu) total_rows += p.m[1].rows + p.m[2].rows;
+    // A warp's items are HALVES row groups each, half h taking the
+    // item's h-th (a group past the end has no valid rows).
     const int n_groups = (total_rows + rows_per_warp - 1) / rows_per_warp;
-    const int first_group = SPLIT ? blockIdx.x : blockIdx.x * M40_GEMV_WARPS + warp;
-    const int group_stride = SPLIT ? gridDim.x : gridDim.x * M40_GEMV_WARPS;
+    const int n_items = (n_groups + HALVES - 1) / HALVES;
+    const int first_item = SPLIT ? blockIdx.x : blockIdx.x * M40_GEMV_WARPS + warp;
+    const int item_stride = SPLIT ? gridDim.x : gridDim.x * M40_GEMV_WARPS;
+    const auto group_of = [&](int item) { return item * HALVES + half; };
 
     // With overlapping launches, everything a prior kernel writes (x, x_q8,
     // the outputs) is touched only after the wait; the weights, which
@@ -1128,17 +1151,17 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
         }
     };
 
-    // The row group's sums, reduced across the warp, through the epilogue;
-    // lane t writes activation row t's results.
+    // The row group's sums, reduced across its lanes, through the
+    // epilogue; lane t (of the group's) writes activation row t's results.
     const auto finish = [&](const M40RowGroup<R> &g) {
 #pragma unroll
         for (int j = 0; j < R; j++)
 #pragma unroll
             for (int t = 0; t < NX; t++)
                 if (t < n_x)
-                    acc[j][t] = m40_warp_sum(acc[j][t]) * (NORM && !RMS_INLINE ? inv_rms[t] : 1.0f) *
+                    acc[j][t] = m40_warp_sum<LANES>(acc[j][t]) * (NORM && !RMS_INLINE ? inv_rms[t] : 1.0f) *
                                 (m40_scaled<G> ? M40_SCALED_RESULT : 1.0f);
-        if (RMS_INLINE && measuring) sum_squares = m40_warp_sum(sum_squares);
+        if (RMS_INLINE && measuring) sum_squares = m40_warp_sum<LANES>(sum_squares);
         if constexpr (SPLIT) {
             __shared__ float partial[M40_GEMV_WARPS][R][NX];
             __shared__ float partial_squares[M40_GEMV_WARPS];
@@ -1234,9 +1257,9 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
         constexpr int UNROLL = 4;
         const int units = block_end * G::UNITS;
         inputs_ready();
-        for (int group = first_group; group < n_groups; group += group_stride) {
+        for (int item = first_item; item < n_items; item += item_stride) {
             M40RowGroup<R> g;
-            m40_row_group(p, glu, group, row_bytes, expert_offset, g);
+            m40_row_group(p, glu, group_of(item), row_bytes, matrices, g);
             clear();
             const auto direct = [&](int i) {
                 const int block = i / G::UNITS;
@@ -1246,11 +1269,11 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
                 step(blocks, block, i % G::UNITS);
             };
             int i = block_begin * G::UNITS + lane;
-            for (; i + 32 * (UNROLL - 1) < units; i += 32 * UNROLL) {
+            for (; i + LANES * (UNROLL - 1) < units; i += LANES * UNROLL) {
 #pragma unroll
-                for (int k = 0; k < UNROLL; k++) direct(i + 32 * k);
+                for (int k = 0; k < UNROLL; k++) direct(i + LANES * k);
             }
-            for (; i < units; i += 32) direct(i);
+            for (; i < units; i += LANES) direct(i);
             finish(g);
         }
     } else {
@@ -1258,14 +1281,14 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
         // blocks at a time, read with 16-byte loads (the blocks of these
         // formats are only 2- or 4-byte aligned, and loads that narrow
         // cannot keep enough bytes in flight). The warp's work is one
-        // sequence of (row group, chunk) items, and the next item's loads
-        // are issued before this item's math, across row groups too: the
-        // loads never stop while the warp has rows left.
-        constexpr int CHUNK_BLOCKS = m40_chunk_blocks<G, CHUNK_ROW_BYTES>();
+        // sequence of (item, chunk) steps, and the next step's loads are
+        // issued before this step's math, across items too: the loads
+        // never stop while the warp has rows left.
+        constexpr int CHUNK_BLOCKS = m40_chunk_blocks<G, CHUNK_ROW_BYTES, LANES>();
         constexpr int CHUNK_VECTORS = (CHUNK_BLOCKS * G::BYTES + 15) / 16 + 1;
-        constexpr int CHUNK_VECTORS_PER_LANE = (CHUNK_VECTORS + 31) / 32;
-        constexpr int ROUNDS = CHUNK_BLOCKS * G::UNITS / 32;
-        __shared__ uint4 staged[M40_GEMV_WARPS][R][CHUNK_VECTORS];
+        constexpr int CHUNK_VECTORS_PER_LANE = (CHUNK_VECTORS + LANES - 1) / LANES;
+        constexpr int ROUNDS = CHUNK_BLOCKS * G::UNITS / LANES;
+        __shared__ uint4 staged[M40_GEMV_WARPS][HALVES][R][CHUNK_VECTORS];
         const int n_chunks = (block_end - block_begin + CHUNK_BLOCKS - 1) / CHUNK_BLOCKS;
 
         uint4 next[R][CHUNK_VECTORS_PER_LANE];
@@ -1306,7 +1329,7 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
                     for (int j = 0; j < R; j++) {
 #pragma unroll
                         for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++)
-                            if (lane + 32 * k < CHUNK_VECTORS) next[j][k] = load(s.next[j] + 32 * k);
+                            if (lane + LANES * k < CHUNK_VECTORS) next[j][k] = load(s.next[j] + LANES * k);
                         s.next[j] += CHUNK_BYTES / 16;
                     }
                 } else {
@@ -1315,7 +1338,7 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
                         const int vectors = (s.misalignment[j] + bytes + 15) >> 4;
 #pragma unroll
                         for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++)
-                            if (lane + 32 * k < vectors) next[j][k] = load(s.next[j] + 32 * k);
+                            if (lane + LANES * k < vectors) next[j][k] = load(s.next[j] + LANES * k);
                     }
                 }
                 return;
@@ -1329,23 +1352,23 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
                 const int vectors = (misalignment + bytes + 15) >> 4;
 #pragma unroll
                 for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++) {
-                    const int index = lane + 32 * k;
+                    const int index = lane + LANES * k;
                     if (index < vectors) next[j][k] = load(aligned + index);
                 }
             }
         };
 
-        int group = first_group, chunk = 0;
+        int item = first_item, chunk = 0;
         M40RowGroup<R> g, fetched;
         // The first chunk's loads go out before the wait: with overlapping
         // launches they are in flight while the previous kernel finishes.
-        if (group < n_groups) {
-            m40_row_group(p, glu, group, row_bytes, expert_offset, g);
+        if (item < n_items) {
+            m40_row_group(p, glu, group_of(item), row_bytes, matrices, g);
             begin_rows(g, stream);
             fetch(g, stream, 0);
         }
         inputs_ready();
-        if (group >= n_groups) return;
+        if (item >= n_items) return;
         clear();
         for (;;) {
             __syncwarp();
@@ -1353,14 +1376,14 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
             for (int j = 0; j < R; j++)
 #pragma unroll
                 for (int k = 0; k < CHUNK_VECTORS_PER_LANE; k++)
-                    if (lane + 32 * k < CHUNK_VECTORS) staged[warp][j][lane + 32 * k] = next[j][k];
+                    if (lane + LANES * k < CHUNK_VECTORS) staged[warp][half][j][lane + LANES * k] = next[j][k];
             __syncwarp();
-            // The next item: this group's next chunk, or the next group's first.
+            // What comes next: this item's next chunk, or the next item's first.
             const bool last_chunk = chunk + 1 == n_chunks;
-            const int next_group = last_chunk ? group + group_stride : group;
-            if (next_group < n_groups) {
+            const int next_item = last_chunk ? item + item_stride : item;
+            if (next_item < n_items) {
                 if (last_chunk) {
-                    m40_row_group(p, glu, next_group, row_bytes, expert_offset, fetched);
+                    m40_row_group(p, glu, group_of(next_item), row_bytes, matrices, fetched);
                     begin_rows(fetched, fetched_stream);
                     fetch(fetched, fetched_stream, 0);
                 } else {
@@ -1374,11 +1397,11 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
             for (int j = 0; j < R; j++) {
                 const int misalignment =
                     WHOLE_VECTORS ? stream.misalignment[j] : int(uintptr_t(g.w[j] + first_block * G::BYTES) & 15);
-                stage_base[j] = reinterpret_cast<const uint8_t *>(staged[warp][j]) + misalignment;
+                stage_base[j] = reinterpret_cast<const uint8_t *>(staged[warp][half][j]) + misalignment;
             }
 #pragma unroll 2
             for (int k = 0; k < ROUNDS; k++) {
-                const int i = lane + 32 * k;
+                const int i = lane + LANES * k;
                 if (i >= chunk_units) break;
                 const int block = i / G::UNITS;
                 const uint8_t *blocks[R];
@@ -1391,11 +1414,11 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
                 continue;
             }
             finish(g);
-            if (next_group >= n_groups) break;
+            if (next_item >= n_items) break;
             clear();
             g = fetched;
             stream = fetched_stream;
-            group = next_group;
+            item = next_item;
             chunk = 0;
         }
     }
@@ -1405,17 +1428,18 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
 // integer path's for code with dp4a (sm_61+), the scaled path's for code
 // without (sm_52–sm_60, the compute_52 PTX), every other path everywhere
 // (m40_gemv_prepared_path).
-template <class G, int R, int NX, bool NORM, int CHUNK_ROW_BYTES, bool SPLIT>
+template <class G, int R, int NX, bool NORM, int CHUNK_ROW_BYTES, bool SPLIT, int LANES>
 __global__ void __launch_bounds__(32 * M40_GEMV_WARPS) gemv_kernel(M40Gemv p) {
     if constexpr (m40_integer<G> ? M40_DP4A_CODE : m40_scaled<G> ? !M40_DP4A_CODE : true)
-        m40_gemv_body<G, R, NX, NORM, CHUNK_ROW_BYTES, SPLIT>(p);
+        m40_gemv_body<G, R, NX, NORM, CHUNK_ROW_BYTES, SPLIT, LANES>(p);
 }
 
 // Resident blocks of a kernel per SM on the current device.
-template <class G, int R, int NX, bool NORM, int CHUNK, bool SPLIT> static int m40_gemv_blocks_per_sm() {
+template <class G, int R, int NX, bool NORM, int CHUNK, bool SPLIT, int LANES = 32>
+static int m40_gemv_blocks_per_sm() {
     return m40_per_device([](int) {
         int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<G, R, NX, NORM, CHUNK, SPLIT>,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<G, R, NX, NORM, CHUNK, SPLIT, LANES>,
                                                           32 * M40_GEMV_WARPS, 0) != cudaSuccess ||
             n < 1) {
             cudaGetLastError();  // a failed query leaves no error for the launch to report
@@ -1458,32 +1482,43 @@ static size_t m40_gemv_sms(const M40Gemv &p) { return size_t(p.sm_count > 0 ? p.
 
 // Enough blocks to fill every SM as far as the kernel's occupancy allows
 // (the blocks loop over the rest).
-template <class G, int R, int NX, bool NORM, int CHUNK>
+template <class G, int R, int NX, bool NORM, int CHUNK, int LANES = 32>
 static void m40_gemv_launch(const M40Gemv &p, cudaStream_t stream) {
     const size_t groups = m40_gemv_groups(p, R), sms = m40_gemv_sms(p);
-    // Expert products: a slice of the grid (its y) per work piece, each as
-    // wide as its matrix needs. Slices of pieces the routing left empty
-    // exit at once, so the grid is not held to the resident blocks: a
-    // batch's experts have few rows each, and a slice with a share of the
-    // resident warps would walk its matrix a row group after another.
+    const size_t items = (groups + 32 / LANES - 1) / (32 / LANES);
+    // Expert products: a slice of the grid (its y) per work piece. The
+    // batched kernel's slices are as wide as their matrix needs: slices of
+    // pieces the routing left empty exit at once, so the grid is not held to
+    // the resident blocks (a batch's experts have few rows each, and a slice
+    // with a share of the resident warps would walk its matrix a row group
+    // after another). The one-row kernel's pieces (one session's, or a
+    // batch's one-row pieces) all have their row, and its slices share
+    // M40_GEMV_EXPERT_WAVES waves of the resident blocks: each warp then
+    // takes several items, whose loads run ahead across them, rather than
+    // one (8 sessions of qwen35-35b-a3b, H200: 1,038–1,042 → 1,070 tok/s).
     const bool experts = p.experts.work != nullptr;
     const size_t slices = m40_gemv_slices(p);
-    const auto per_slice = [&](size_t resident) { return experts ? ~size_t(0) : resident; };
-    const size_t resident = size_t(m40_gemv_blocks_per_sm<G, R, NX, NORM, CHUNK, false>()) * sms;
+    const auto per_slice = [&](size_t resident) {
+        if (!experts) return resident;
+        if (NX > 1) return ~size_t(0);
+        const size_t share = resident * M40_GEMV_EXPERT_WAVES / slices;
+        return share > 0 ? share : size_t(1);
+    };
+    const size_t resident = size_t(m40_gemv_blocks_per_sm<G, R, NX, NORM, CHUNK, false, LANES>()) * sms;
     // The batched kernels, short of registers already, and the integer
     // path are built without the split.
-    if constexpr (NX == 1 && !m40_prepared<G>) {
+    if constexpr (NX == 1 && !m40_prepared<G> && LANES == 32) {
         if (m40_gemv_split<G>(p, groups * slices, resident * M40_GEMV_WARPS)) {
             const size_t split_resident =
                 per_slice(size_t(m40_gemv_blocks_per_sm<G, R, NX, NORM, CHUNK, true>()) * sms);
-            m40_launch(p.overlap, gemv_kernel<G, R, NX, NORM, CHUNK, true>,
+            m40_launch(p.overlap, gemv_kernel<G, R, NX, NORM, CHUNK, true, 32>,
                        dim3(unsigned(groups < split_resident ? groups : split_resident), unsigned(slices)),
                        32 * M40_GEMV_WARPS, stream, p);
             return;
         }
     }
-    const size_t needed = (groups + M40_GEMV_WARPS - 1) / M40_GEMV_WARPS, share = per_slice(resident);
-    m40_launch(p.overlap, gemv_kernel<G, R, NX, NORM, CHUNK, false>,
+    const size_t needed = (items + M40_GEMV_WARPS - 1) / M40_GEMV_WARPS, share = per_slice(resident);
+    m40_launch(p.overlap, gemv_kernel<G, R, NX, NORM, CHUNK, false, LANES>,
                dim3(unsigned(needed < share ? needed : share), unsigned(slices)), 32 * M40_GEMV_WARPS, stream, p);
 }
 
@@ -1540,6 +1575,18 @@ static void m40_gemv_shapes(const M40Gemv &p, int rows_per_warp, cudaStream_t st
     }
     if (rows_per_warp == 0)
         rows_per_warp = m40_scaled<G> ? m40_scaled_rows<G, TYPE, NORM>(p) : m40_single_rows<G, TYPE>();
+    if constexpr (m40_prepared<G>) {
+        // Rows of 16 units or fewer take a row group a half-warp: a
+        // mixture's down rows of 512 values (8 sessions of qwen35-35b-a3b,
+        // H200: 912 → 1,040 tok/s; one session 306 → 316).
+        if (p.cols / G::VALUES * G::UNITS <= 16) {
+            if (rows_per_warp == 4)
+                m40_gemv_launch<G, 4, 1, NORM, CHUNK / 2, 16>(p, stream);
+            else
+                m40_gemv_launch<G, 2, 1, NORM, CHUNK / 2, 16>(p, stream);
+            return;
+        }
+    }
     if (rows_per_warp == 4)
         m40_gemv_launch<G, 4, 1, NORM, CHUNK>(p, stream);
     else
@@ -1596,6 +1643,9 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
     if (p.experts.work && (p.experts.n_work < 1 || p.experts.n_work > 65535 || p.experts.x_rows < 1 ||
                            p.experts.expert_bytes < 0 || p.attention.rows))
         return cudaErrorInvalidValue;
+    if (p.experts.shared[0])
+        for (int m = 1; m < p.n_matrices; m++)
+            if (!p.experts.shared[m]) return cudaErrorInvalidValue;
     const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
     if (glu && (p.n_matrices != 2 || p.m[0].rows != p.m[1].rows)) return cudaErrorInvalidValue;
     if (type == M40_Q2_K || type == M40_Q3_K || type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K) {

@@ -52,7 +52,7 @@ M40_FIELD(M40AttentionInputs, rope_dims, 84);
 M40_FIELD(M40AttentionInputs, overlap, 88);
 
 // GemvLaunch (gemv.cu)
-M40_SIZE(M40Gemv, 280, 8);
+M40_SIZE(M40Gemv, 304, 8);
 M40_FIELD(M40Gemv, m, 0);
 M40_FIELD(M40Gemv, n_matrices, 96);
 M40_FIELD(M40Gemv, cols, 100);
@@ -69,7 +69,7 @@ M40_FIELD(M40Gemv, attention, 152);
 M40_FIELD(M40Gemv, experts, 248);
 
 // MmqLaunch (mmq.cu)
-M40_SIZE(M40Mmq, 112, 8);
+M40_SIZE(M40Mmq, 136, 8);
 M40_FIELD(M40Mmq, w, 0);
 M40_FIELD(M40Mmq, rows, 8);
 M40_FIELD(M40Mmq, cols, 12);
@@ -89,12 +89,14 @@ M40_SIZE(M40ExpertWork, 12, 4);
 M40_FIELD(M40ExpertWork, expert, 0);
 M40_FIELD(M40ExpertWork, first, 4);
 M40_FIELD(M40ExpertWork, count, 8);
-M40_SIZE(M40Experts, 32, 8);
+M40_SIZE(M40Experts, 56, 8);
 M40_FIELD(M40Experts, work, 0);
 M40_FIELD(M40Experts, expert_bytes, 8);
 M40_FIELD(M40Experts, n_work, 16);
 M40_FIELD(M40Experts, x_shared, 20);
 M40_FIELD(M40Experts, x_rows, 24);
+M40_FIELD(M40Experts, shared_expert, 28);
+M40_FIELD(M40Experts, shared, 32);
 
 // ProjectionRole, GemvEpilogue (fields of type int here, repr(i32) there)
 static_assert(M40_PLAIN_OUTPUT == 0 && M40_QUERIES == 1 && M40_KEYS == 2 && M40_VALUES == 3,
@@ -102,8 +104,10 @@ static_assert(M40_PLAIN_OUTPUT == 0 && M40_QUERIES == 1 && M40_KEYS == 2 && M40_
 static_assert(M40_GEMV_STORE == 0 && M40_GEMV_ACCUMULATE == 1 && M40_GEMV_GLU_SILU == 2 && M40_GEMV_GLU_GELU == 3,
               "M40GemvEpilogue differs from src/backend/cuda/layout.rs");
 
-// GEMV_MAX_X, ATTENTION_MAX_HEAD_DIM
+// GEMV_MAX_X, ATTENTION_MAX_HEAD_DIM, MOE_MAX_EXPERTS, MOE_MAX_USED
 static_assert(M40_GEMV_MAX_X == 8, "M40_GEMV_MAX_X differs from src/backend/cuda/layout.rs");
+static_assert(M40_MOE_MAX_EXPERTS == 1024 && M40_MOE_MAX_USED == 32,
+              "M40_MOE_MAX_EXPERTS or M40_MOE_MAX_USED differs from src/backend/cuda/layout.rs");
 static_assert(M40_MAX_HEAD_DIM == 256, "M40_MAX_HEAD_DIM differs from src/backend/cuda/layout.rs");
 
 // The prepared activations' scratch (m40_scaled_bytes, scaled.cuh; prepared_bytes there)

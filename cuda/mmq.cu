@@ -299,7 +299,7 @@ template <class M, int X> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) 
         m40_wait_for_prior_kernels();
         const M40ExpertWork work = p.experts.work[blockIdx.z];
         if (work.count == 0) return;
-        w += size_t(work.expert) * size_t(p.experts.expert_bytes);
+        w = m40_expert_matrix(p.experts, w, 0, work.expert);
         x0 = work.first;
         n_x = work.first + work.count;  // the bound of x's rows below
     }

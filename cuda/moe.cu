@@ -58,12 +58,18 @@ struct M40MoeQuantize {
 //   3. per (row, slot): its sorted row, and the sorted row's source row.
 // The launch's other blocks, if any, prepare rows (M40MoeQuantize).
 //
+// A shared expert (shared_logit not null: one logit a row) is routed as
+// expert n_expert, every row's last slot, weighted σ(its logit): its
+// products then run as pieces of the experts' launches, and its output is
+// summed with theirs.
+//
 // PER_LANE: experts per lane of a row's warp, the fewest that hold the
 // model's (a row's selection is a chain of n_used warp-wide rounds over
 // them, and in a one-session step that chain is the kernel's time).
 template <int PER_LANE>
 __global__ void __launch_bounds__(M40_MOE_THREADS)
-    moe_route_kernel(const float *__restrict__ logits, int n_rows, int n_expert, int n_used, int piece_rows,
+    moe_route_kernel(const float *__restrict__ logits, const float *__restrict__ shared_logit, int n_rows,
+                     int n_expert, int n_used, int piece_rows,
                      float *__restrict__ slot_weight, int *__restrict__ slot_row, int *__restrict__ sorted_source,
                      M40ExpertWork *__restrict__ work, int n_work, M40MoeQuantize quantize) {
     m40_wait_for_prior_kernels();
@@ -76,7 +82,9 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
     __shared__ int count[M40_MOE_MAX_EXPERTS], next[M40_MOE_MAX_EXPERTS];
     __shared__ int n_pieces;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
+    // Slots a row, and experts, the shared one included.
+    const int per_row = n_used + (shared_logit ? 1 : 0), n_total = n_expert + (shared_logit ? 1 : 0);
+    for (int e = threadIdx.x; e < n_total; e += blockDim.x) count[e] = 0;
     __syncthreads();
 
     for (int r = warp; r < n_rows; r += M40_MOE_WARPS) {
@@ -148,9 +156,13 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
         }
         chosen_sum = fmaxf(chosen_sum, M40_MOE_MIN_WEIGHT_SUM);
         if (lane < n_used) {
-            slot_weight[r * n_used + lane] = mine_p / chosen_sum;
-            slot_row[r * n_used + lane] = mine;  // the expert, until its sorted row replaces it below
+            slot_weight[r * per_row + lane] = mine_p / chosen_sum;
+            slot_row[r * per_row + lane] = mine;  // the expert, until its sorted row replaces it below
             atomicAdd(&count[mine], 1);
+        } else if (shared_logit && lane == n_used) {
+            slot_weight[r * per_row + lane] = m40_sigmoid(shared_logit[r]);
+            slot_row[r * per_row + lane] = n_expert;
+            atomicAdd(&count[n_expert], 1);
         }
     }
     __syncthreads();
@@ -158,8 +170,8 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
     if (warp == 0) {
         // Lane i's run of experts, its rows and pieces, then exclusive
         // scans of both across the warp.
-        const int per_lane = (n_expert + 31) / 32, first_e = lane * per_lane;
-        const int last_e = min(n_expert, first_e + per_lane);
+        const int per_lane = (n_total + 31) / 32, first_e = lane * per_lane;
+        const int last_e = min(n_total, first_e + per_lane);
         int rows = 0, pieces = 0;
         for (int e = first_e; e < last_e; e++) {
             rows += count[e];
@@ -187,35 +199,41 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
     }
     __syncthreads();
     for (int i = n_pieces + threadIdx.x; i < n_work; i += blockDim.x) work[i] = {0, 0, 0};
-    for (int i = threadIdx.x; i < n_rows * n_used; i += blockDim.x) {
+    for (int i = threadIdx.x; i < n_rows * per_row; i += blockDim.x) {
         const int sorted = atomicAdd(&next[slot_row[i]], 1);
         slot_row[i] = sorted;
-        sorted_source[sorted] = i / n_used;
+        sorted_source[sorted] = i / per_row;
     }
 }
 
 // Routes n_rows rows by their router logits (n_rows × n_expert) to n_used
-// experts each: slot_weight and slot_row (n_rows × n_used) get each
-// (row, slot)'s weight and sorted row, sorted_source (n_rows × n_used) the
-// source row of each sorted row, and work its n_work pieces. n_work must
-// be at least m40_moe_pieces(n_rows, n_expert, n_used, piece_rows). Where
+// experts each, and, where shared_logit is not null, to the shared expert
+// as expert n_expert (see moe_route_kernel): with S slots a row (n_used,
+// or n_used + 1 with the shared expert), slot_weight and slot_row
+// (n_rows × S) get each (row, slot)'s weight and sorted row,
+// sorted_source (n_rows × S) the source row of each sorted row, and work
+// its n_work pieces. n_work must be at least m40_moe_pieces(n_rows,
+// n_expert, n_used, piece_rows), counting the shared expert as one more
+// expert and one more used. Where
 // x_q8 is not null the launch also prepares x's x_rows rows of `cols`
 // (normalized with `norm` and eps where norm is given) into x_q8, as the
 // decode products read them (prepare.cuh). overlap: see m40_launch.
-M40_EXPORT cudaError_t m40_moe_route(int overlap, const float *logits, int n_rows, int n_expert, int n_used,
-                                     int piece_rows, float *slot_weight, int *slot_row, int *sorted_source,
+M40_EXPORT cudaError_t m40_moe_route(int overlap, const float *logits, const float *shared_logit, int n_rows,
+                                     int n_expert, int n_used, int piece_rows, float *slot_weight, int *slot_row, int *sorted_source,
                                      M40ExpertWork *work, int n_work, const float *x, const float *norm, float eps,
                                      int cols, int x_rows, int8_t *x_q8, cudaStream_t stream) {
     if (n_rows < 1 || n_expert < 1 || n_expert > M40_MOE_MAX_EXPERTS || n_used < 1 || n_used > n_expert ||
         n_used > M40_MOE_MAX_USED || piece_rows < 1 || n_work < 1)
+        return cudaErrorInvalidValue;
+    if (shared_logit && (n_expert + 1 > M40_MOE_MAX_EXPERTS || n_used + 1 > M40_MOE_MAX_USED))
         return cudaErrorInvalidValue;
     if (x_q8 && (!x || cols < 32 || cols % 32 != 0 || x_rows < 1 || x_rows > 65535))
         return cudaErrorInvalidValue;
     const M40MoeQuantize quantize = {x, norm, eps, cols, x_rows, x_q8};
     const unsigned quantize_blocks = x_q8 ? unsigned(x_rows) * m40_blocks(size_t(cols), M40_NORM_THREADS) : 0;
     const auto launch = [&](auto kernel) {
-        m40_launch(overlap, kernel, dim3(1 + quantize_blocks), M40_MOE_THREADS, stream, logits, n_rows, n_expert,
-                   n_used, piece_rows, slot_weight, slot_row, sorted_source, work, n_work, quantize);
+        m40_launch(overlap, kernel, dim3(1 + quantize_blocks), M40_MOE_THREADS, stream, logits, shared_logit, n_rows,
+                   n_expert, n_used, piece_rows, slot_weight, slot_row, sorted_source, work, n_work, quantize);
     };
     if (n_expert <= 32) launch(moe_route_kernel<1>);
     else if (n_expert <= 64) launch(moe_route_kernel<2>);

@@ -116,7 +116,10 @@ struct M40ExpertWork {
 
 // How a product launch (M40Gemv, M40Mmq) multiplies expert matrices: one
 // grid slice per work piece, its weights `expert_bytes` × expert past the
-// launch's matrix (expert 0 of the stacked 3-D tensor). Output rows are the
+// launch's matrix (expert 0 of the stacked 3-D tensor), or, for the pieces
+// of expert `shared_expert` where shared[0] is not null, the shared
+// expert's matrices shared[m] (one per matrix of the launch: a shared
+// expert every row uses, routed as one more expert). Output rows are the
 // pieces' sorted rows; input rows too, unless x_shared (every piece reads
 // x's rows from 0: one session's decode, whose pieces all take its one
 // row). work null: a plain product. Mirrors `ExpertView` in
@@ -128,5 +131,13 @@ struct M40Experts {
     int x_shared;
     // Rows of x (and of its 8-bit copy, whose layout depends on the count).
     int x_rows;
-    int unused;
+    int shared_expert;
+    const uint8_t *shared[3];
 };
+
+// Matrix m's weights for a work piece of expert `expert` (see M40Experts),
+// given the launch's matrix `w` (expert 0's).
+__device__ __forceinline__ const uint8_t *m40_expert_matrix(const M40Experts &e, const uint8_t *w, int m, int expert) {
+    if (e.shared[0] && expert == e.shared_expert) return m == 0 ? e.shared[0] : m == 1 ? e.shared[1] : e.shared[2];
+    return w + size_t(expert) * size_t(e.expert_bytes);
+}

@@ -51,6 +51,27 @@ impl Experts {
     }
 }
 
+/// An expert every row uses beside its routed ones, its output scaled by
+/// σ(gate_inp · h) (Qwen3.5 MoE).
+#[derive(Clone, Copy, Debug)]
+pub struct SharedExpert {
+    /// One row: the gate's projection.
+    pub gate_inp: Weight,
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
+}
+
+/// The shared expert's intermediates, one buffer each.
+pub struct SharedScratch<'a, Buf> {
+    pub gate: &'a mut Buf,
+    pub up: &'a mut Buf,
+    pub act: &'a mut Buf,
+    /// gate_inp · h, one value a row.
+    pub logit: &'a mut Buf,
+    pub out: &'a mut Buf,
+}
+
 /// The smallest sum of the chosen experts' probabilities that their
 /// renormalization divides by (llama.cpp's clamp: 2^-14, the smallest
 /// normal f16).
@@ -148,6 +169,36 @@ pub fn norm_gated_ffn<B: Backend + ?Sized>(
         rows * ffn.gate.rows,
         out,
     )
+}
+
+/// x += post_norm(mixture(h)) + σ(gate_inp · h) · shared(h) for `rows`
+/// rows of h = norm(x): the shared expert reads h before the mixture adds
+/// to x.
+#[allow(clippy::too_many_arguments)]
+pub fn norm_moe_shared_ffn_residual<B: Backend + ?Sized>(
+    b: &B,
+    x: &mut B::Buffer,
+    norm: Norm,
+    rows: usize,
+    experts: &Experts,
+    shared: &SharedExpert,
+    glu: Glu,
+    post_norm: Option<Norm>,
+    scratch: Scratch<B::Buffer>,
+    shared_scratch: SharedScratch<B::Buffer>,
+) -> Result<()> {
+    let s = shared_scratch;
+    let mut products = [
+        (&shared.gate, &mut *s.gate),
+        (&shared.up, &mut *s.up),
+        (&shared.gate_inp, &mut *s.logit),
+    ]
+    .map(|(w, out)| Product { w, bias: None, out });
+    b.norm_matmuls(x, norm, rows, scratch.normed, &mut products)?;
+    b.glu(glu, s.gate, s.up, rows * shared.gate.rows, s.act)?;
+    b.matmul(&shared.down, s.act, rows, s.out)?;
+    b.norm_moe_ffn_residual(x, norm, rows, experts, glu, post_norm, scratch)?;
+    b.gated_add(x, s.out, s.logit, rows, experts.router.cols)
 }
 
 /// x += post_norm(a · Wᵀ) (the norm only where the model has one).

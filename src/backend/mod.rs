@@ -23,7 +23,10 @@ use crate::kv_cache::KvCache;
 pub use crate::kv_cache::LayerState;
 use crate::quant::GgmlType;
 use crate::sampling;
-pub use fused::{route, AttentionStep, Experts, GatedFfn, Heads, Norm, Product, Scratch};
+pub use fused::{
+    route, AttentionStep, Experts, GatedFfn, Heads, Norm, Product, Scratch, SharedExpert,
+    SharedScratch,
+};
 pub use weight::Weight;
 
 /// How RoPE pairs the dimensions of a head.
@@ -481,6 +484,35 @@ pub trait Backend {
         out: &mut Self::Buffer,
     ) -> Result<()> {
         fused::norm_gated_ffn(self, x, norm, rows, ffn, scratch, out)
+    }
+
+    /// x += post_norm(mixture(h)) + σ(gate_inp · h) · shared(h), h =
+    /// norm(x): a mixture of experts with a shared expert (Qwen3.5 MoE).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_moe_shared_ffn_residual(
+        &self,
+        x: &mut Self::Buffer,
+        norm: Norm,
+        rows: usize,
+        experts: &Experts,
+        shared: &SharedExpert,
+        glu: Glu,
+        post_norm: Option<Norm>,
+        scratch: Scratch<Self::Buffer>,
+        shared_scratch: SharedScratch<Self::Buffer>,
+    ) -> Result<()> {
+        fused::norm_moe_shared_ffn_residual(
+            self,
+            x,
+            norm,
+            rows,
+            experts,
+            shared,
+            glu,
+            post_norm,
+            scratch,
+            shared_scratch,
+        )
     }
 
     /// x += post_norm(a · Wᵀ); `product` is scratch.

@@ -16,7 +16,8 @@ use std::ops::Range;
 use super::{ArchTraits, FeedForward, HyperParams, Mixer, Model, Weights};
 use crate::backend::{
     AttentionShape, AttentionStep, Backend, Batch, DeltaNetShape, DeltaNetStep, ForwardPass,
-    GatedFfn, Glu, Heads, Norm, Product, Rope, Scratch, SeqPos, SequenceCache, StepOutput,
+    GatedFfn, Glu, Heads, Norm, Product, Rope, Scratch, SeqPos, SequenceCache, SharedScratch,
+    StepOutput,
 };
 use crate::error::Result;
 
@@ -333,28 +334,36 @@ fn stage_on_device<B: Backend>(
                 b.matmul_residual(w_down, &act, n, post_ffn, &mut o, &mut x)?;
             }
             FeedForward::Experts(experts) => {
-                // The shared expert reads norm(x) before the mixture adds to x.
-                if let Some(sh) = &lw.shared_expert {
-                    let mut products = [
-                        (&sh.gate, &mut shared_gate),
-                        (&sh.up, &mut shared_up),
-                        (&sh.gate_inp, &mut shared_logit),
-                    ]
-                    .map(|(w, out)| Product { w, bias: None, out });
-                    b.norm_matmuls(&x, norm(&lw.ffn_norm), n, &mut h, &mut products)?;
-                    let width = n * sh.gate.rows;
-                    b.glu(t.glu, &shared_gate, &shared_up, width, &mut shared_act)?;
-                    b.matmul(&sh.down, &shared_act, n, &mut shared_out)?;
-                }
                 let scratch = Scratch {
                     normed: &mut h,
                     product: &mut o,
                     product2: &mut up,
                 };
                 let ffn_norm = norm(&lw.ffn_norm);
-                b.norm_moe_ffn_residual(&mut x, ffn_norm, n, experts, t.glu, post_ffn, scratch)?;
-                if lw.shared_expert.is_some() {
-                    b.gated_add(&mut x, &shared_out, &shared_logit, n, d)?;
+                match &lw.shared_expert {
+                    Some(shared) => {
+                        let shared_scratch = SharedScratch {
+                            gate: &mut shared_gate,
+                            up: &mut shared_up,
+                            act: &mut shared_act,
+                            logit: &mut shared_logit,
+                            out: &mut shared_out,
+                        };
+                        b.norm_moe_shared_ffn_residual(
+                            &mut x,
+                            ffn_norm,
+                            n,
+                            experts,
+                            shared,
+                            t.glu,
+                            post_ffn,
+                            scratch,
+                            shared_scratch,
+                        )?
+                    }
+                    None => b.norm_moe_ffn_residual(
+                        &mut x, ffn_norm, n, experts, t.glu, post_ffn, scratch,
+                    )?,
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! tensor plays which part of each layer.
 
 use super::HyperParams;
-use crate::backend::{Experts, Weight};
+use crate::backend::{Experts, SharedExpert, Weight};
 use crate::gguf::GgufFile;
 
 /// A layer's feed-forward block: down(act(gate · h) · (up · h)), or a
@@ -60,16 +60,6 @@ pub struct DeltaNetWeights {
 pub enum Mixer {
     Attention(AttentionWeights),
     DeltaNet(DeltaNetWeights),
-}
-
-/// An expert every row uses beside its routed ones, its output scaled by
-/// σ(gate · h) (Qwen3.5 MoE).
-pub struct SharedExpert {
-    /// One row: the gate's projection.
-    pub gate_inp: Weight,
-    pub gate: Weight,
-    pub up: Weight,
-    pub down: Weight,
 }
 
 pub struct LayerWeights {

@@ -8,6 +8,12 @@
 //! the decode kernel in pieces of 8 rows), and the weighted sum of each
 //! row's expert outputs into the residual. No value comes back to the host, so a
 //! decode step with experts is recorded and replayed like any other.
+//!
+//! A shared expert (Qwen3.5 MoE) of the routed experts' shapes and formats
+//! joins a decode step's mixture as one more expert that every row uses,
+//! weighted σ(its gate's logit): its products are pieces of the experts'
+//! launches, its logit a row of the router's, and its output part of their
+//! weighted sum, where on its own it would take seven launches a layer.
 
 use std::ffi::c_int;
 
@@ -16,19 +22,21 @@ use super::memory::Arena;
 use super::route::{ExpertRoute, ProductRoute};
 use super::runtime::check;
 use super::{dim, Backend, CudaBackend, DeviceBuffer, Experts, Glu, Norm, Product, Scratch, State};
-use super::{Weight, GEMV_MAX_X};
+use super::{SharedExpert, Weight, GEMV_MAX_X};
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
 
 /// The routing of one step's rows, in device memory.
 struct Routing {
-    /// Each (row, slot)'s weight and sorted row (rows × n_used).
+    /// Each (row, slot)'s weight and sorted row (rows × slots a row).
     slot_weight: *mut f32,
     slot_row: *mut c_int,
     /// Each sorted row's source row.
     sorted_source: *mut c_int,
     work: *mut ExpertWork,
     n_work: c_int,
+    /// The expert index the shared expert's pieces carry (n_expert).
+    shared_expert: c_int,
 }
 
 /// One expert product: the matrices (expert 0's parts of the stacked
@@ -38,10 +46,40 @@ struct ExpertProduct<'a> {
     epilogue: GemvEpilogue,
     /// Bytes from one expert's matrix to the next.
     expert_bytes: usize,
+    /// The shared expert's matrix beside each of `matrices`, where the
+    /// step routes a shared expert.
+    shared: Option<&'a [Weight]>,
 }
 
 impl CudaBackend {
-    /// x += post_norm(Σ w_e · expert_e(norm(x))): `Backend::norm_moe_ffn_residual`.
+    /// Whether a step of `rows` rows takes `shared` into the mixture
+    /// (`moe_ffn_residual`): decode steps (up to GEMV_MAX_X rows, on the
+    /// decode kernel) with no norm after the block, whose shared expert has
+    /// the routed experts' shapes and formats and fits the routing's limits.
+    pub(super) fn mixes_shared_expert(
+        &self,
+        ex: &Experts,
+        shared: &SharedExpert,
+        rows: usize,
+        post_norm: bool,
+    ) -> bool {
+        let same = |a: &Weight, b: &Weight| a.ty == b.ty && a.rows == b.rows && a.cols == b.cols;
+        let [gate, up, down] = ex.expert(0);
+        rows <= GEMV_MAX_X
+            && !post_norm
+            && same(&shared.gate, &gate)
+            && same(&shared.up, &up)
+            && same(&shared.down, &down)
+            && shared.gate_inp.rows == 1
+            && shared.gate_inp.cols == ex.router.cols
+            && ex.n_expert < MOE_MAX_EXPERTS
+            && ex.n_used < MOE_MAX_USED
+    }
+
+    /// x += post_norm(Σ w_e · expert_e(norm(x))), plus σ(gate_inp · h) ·
+    /// shared(h) where `shared` is given (see `mixes_shared_expert`):
+    /// `Backend::norm_moe_ffn_residual` and, for the steps that mix it,
+    /// `Backend::norm_moe_shared_ffn_residual`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_ffn_residual(
         &self,
@@ -49,11 +87,14 @@ impl CudaBackend {
         norm: Norm,
         rows: usize,
         ex: &Experts,
+        shared: Option<&SharedExpert>,
         glu: Glu,
         post_norm: Option<Norm>,
         scratch: Scratch<DeviceBuffer>,
     ) -> Result<()> {
-        let (d, k, n_expert) = (ex.router.cols, ex.n_used, ex.n_expert);
+        let (d, n_expert) = (ex.router.cols, ex.n_expert);
+        // Slots a row: the routed experts, then the shared one.
+        let k = ex.n_used + usize::from(shared.is_some());
         let [gate, up, down] = ex.expert(0);
         let ff = gate.rows;
         assert!(
@@ -72,14 +113,25 @@ impl CudaBackend {
         // product to read (each expert would otherwise normalize again
         // the few rows it takes).
         let mut logits = self.buffer(rows * n_expert)?;
+        let mut shared_logit = self.buffer(if shared.is_some() { rows } else { 0 })?;
         let router_route = self.route(&ex.router, rows);
         if rows == 1 {
-            let mut router = [Product {
+            let router = Product {
                 w: &ex.router,
                 bias: None,
                 out: &mut logits,
-            }];
-            self.norm_matmuls(x, norm, rows, scratch.normed, &mut router)?;
+            };
+            match shared {
+                Some(sh) => {
+                    let gate_inp = Product {
+                        w: &sh.gate_inp,
+                        bias: None,
+                        out: &mut shared_logit,
+                    };
+                    self.norm_matmuls(x, norm, rows, scratch.normed, &mut [router, gate_inp])?
+                }
+                None => self.norm_matmuls(x, norm, rows, scratch.normed, &mut [router])?,
+            }
         } else {
             let mut state = self.lock();
             // SAFETY: x and normed hold rows × d values (checked above),
@@ -119,6 +171,17 @@ impl CudaBackend {
                         logits.as_mut_ptr(),
                     )?,
                 }
+                if let Some(sh) = shared {
+                    // SAFETY: normed holds rows × d values, shared_logit rows.
+                    self.product(
+                        &mut state,
+                        self.route(&sh.gate_inp, rows),
+                        &sh.gate_inp,
+                        scratch.normed.as_ptr(),
+                        rows,
+                        shared_logit.as_mut_ptr(),
+                    )?;
+                }
             }
         }
         let h = scratch.normed.as_ptr();
@@ -129,13 +192,16 @@ impl CudaBackend {
             ExpertRoute::Decode { piece_rows, .. } => piece_rows,
         };
         let n_rows = dim(rows, "a row count")?;
-        let (e, used, piece) = (
+        let (e, used, slots, piece) = (
             dim(n_expert, "an expert count")?,
+            dim(ex.n_used, "an experts-used count")?,
             dim(k, "an experts-used count")?,
             dim(piece_rows, "a piece size")?,
         );
+        // The shared expert counts as one more expert, and one more used.
+        let extra = c_int::from(shared.is_some());
         // SAFETY: host arithmetic.
-        let n_work = unsafe { m40_moe_pieces(n_rows, e, used, piece) };
+        let n_work = unsafe { m40_moe_pieces(n_rows, e + extra, slots, piece) };
         if !(1..=65_535).contains(&n_work) {
             return Err(Error::unsupported(format!(
                 "{rows} rows routed to {k} of {n_expert} experts make {n_work} work pieces; the CUDA kernels take 1 to 65535"
@@ -175,6 +241,7 @@ impl CudaBackend {
             sorted_source: arena.take::<c_int>(n_slots),
             work: arena.take::<ExpertWork>(n_work as usize),
             n_work,
+            shared_expert: e,
         };
         let (sorted, act) = (
             arena.take::<f32>(n_slots * d),
@@ -202,6 +269,11 @@ impl CudaBackend {
                 m40_moe_route(
                     c_int::from(self.overlap_launches),
                     logits.as_ptr(),
+                    if shared.is_some() {
+                        shared_logit.as_ptr()
+                    } else {
+                        std::ptr::null()
+                    },
                     n_rows,
                     e,
                     used,
@@ -235,10 +307,24 @@ impl CudaBackend {
                 self.gather_sorted(st, h, d, &routing, n_slots, sorted)?;
                 self.to_f16(st, sorted, None, n_slots, d, x_f16, x_scales)?;
                 self.experts_on_tensor_cores(
-                    st, &gate, x_f16, x_scales, piece_rows, &routing, act,
+                    st,
+                    &gate,
+                    shared.map(|s| &s.gate),
+                    x_f16,
+                    x_scales,
+                    piece_rows,
+                    &routing,
+                    act,
                 )?;
                 self.experts_on_tensor_cores(
-                    st, &up, x_f16, x_scales, piece_rows, &routing, up_out,
+                    st,
+                    &up,
+                    shared.map(|s| &s.up),
+                    x_f16,
+                    x_scales,
+                    piece_rows,
+                    &routing,
+                    up_out,
                 )?;
                 check(
                     m40_glu(glu_activation(glu), act, up_out, n_slots * ff, act, stream),
@@ -246,7 +332,14 @@ impl CudaBackend {
                 )?;
                 self.to_f16(st, act, None, n_slots, ff, x_f16, x_scales)?;
                 self.experts_on_tensor_cores(
-                    st, &down, x_f16, x_scales, piece_rows, &routing, sorted,
+                    st,
+                    &down,
+                    shared.map(|s| &s.down),
+                    x_f16,
+                    x_scales,
+                    piece_rows,
+                    &routing,
+                    sorted,
                 )?;
             }
         } else {
@@ -266,10 +359,12 @@ impl CudaBackend {
                 std::ptr::null_mut()
             };
             if gate.ty == up.ty {
+                let shared_gate_up = shared.map(|s| [s.gate, s.up]);
                 let product = ExpertProduct {
                     matrices: &[(gate, act), (up, act)],
                     epilogue: GemvEpilogue::gated(glu),
                     expert_bytes: gate.n_bytes,
+                    shared: shared_gate_up.as_ref().map(|m| &m[..]),
                 };
                 // SAFETY: input holds x_rows × d values, act n_slots × ff.
                 unsafe {
@@ -288,11 +383,13 @@ impl CudaBackend {
                 };
             } else {
                 let up_out = arena.take::<f32>(n_slots * ff);
-                for (w, out) in [(gate, act), (up, up_out)] {
+                let shared_gate_up = shared.map(|s| [s.gate, s.up]);
+                for (i, (w, out)) in [(gate, act), (up, up_out)].into_iter().enumerate() {
                     let product = ExpertProduct {
                         matrices: &[(w, out)],
                         epilogue: GemvEpilogue::Store,
                         expert_bytes: w.n_bytes,
+                        shared: shared_gate_up.as_ref().map(|m| &m[i..=i]),
                     };
                     let q8 = if self.routes.route(w.ty, 1)
                         == (ProductRoute::Decode { prepared: true })
@@ -315,10 +412,12 @@ impl CudaBackend {
                     || "expert activations".to_string(),
                 )?;
             }
+            let shared_down = shared.map(|s| [s.down]);
             let product = ExpertProduct {
                 matrices: &[(down, sorted)],
                 epilogue: GemvEpilogue::Store,
                 expert_bytes: down.n_bytes,
+                shared: shared_down.as_ref().map(|m| &m[..]),
             };
             let q8_down = if prepared[1] {
                 q8
@@ -350,7 +449,7 @@ impl CudaBackend {
                     routing.slot_weight,
                     routing.slot_row,
                     n_rows,
-                    used,
+                    slots,
                     width,
                     accumulate,
                     stream,
@@ -454,6 +553,7 @@ impl CudaBackend {
         &self,
         st: &State,
         w: &Weight,
+        shared: Option<&Weight>,
         x_f16: *const u16,
         x_scales: *const f32,
         piece_rows: usize,
@@ -477,9 +577,13 @@ impl CudaBackend {
                 work: routing.work,
                 expert_bytes: w.n_bytes as i64,
                 n_work: routing.n_work,
-                x_shared: 0,
-                x_rows: 0,
-                unused: 0,
+                shared_expert: routing.shared_expert,
+                shared: [
+                    shared.map_or(std::ptr::null(), |s| self.weights.matrix(s)),
+                    std::ptr::null(),
+                    std::ptr::null(),
+                ],
+                ..ExpertView::NONE
             },
         };
         // SAFETY: as the caller promises; the struct is read before the
@@ -519,6 +623,10 @@ impl CudaBackend {
         for (slot, &(w, out)) in m.iter_mut().zip(product.matrices) {
             *slot = self.gemv_matrix(&w, None, out)?;
         }
+        let mut shared = [std::ptr::null(); 3];
+        for (slot, w) in shared.iter_mut().zip(product.shared.unwrap_or(&[])) {
+            *slot = self.weights.matrix(w);
+        }
         let launch = GemvLaunch {
             m,
             n_matrices: product.matrices.len() as c_int,
@@ -543,7 +651,8 @@ impl CudaBackend {
                 n_work: routing.n_work,
                 x_shared: c_int::from(x_shared),
                 x_rows: dim(x_rows, "a row count")?,
-                unused: 0,
+                shared_expert: routing.shared_expert,
+                shared,
             },
         };
         // SAFETY: as the caller promises.

@@ -23,6 +23,10 @@ pub struct DeviceRow {
 
 /// Activation rows one `m40_gemv` launch multiplies (M40_GEMV_MAX_X).
 pub const GEMV_MAX_X: usize = 8;
+/// Most experts a mixture routed by `m40_moe_route` may have, and most a
+/// row may use (M40_MOE_MAX_EXPERTS, M40_MOE_MAX_USED in cuda/moe.cu).
+pub const MOE_MAX_EXPERTS: usize = 1024;
+pub const MOE_MAX_USED: usize = 32;
 
 /// What a `m40_gemv` launch does with each result (M40GemvEpilogue).
 #[repr(i32)]
@@ -121,8 +125,9 @@ pub struct ExpertWork {
 
 /// How a product launch multiplies expert matrices (M40Experts in
 /// cuda/ops.cuh): a grid slice per work piece, its weights `expert_bytes` ×
-/// expert past the launch's matrix; output rows (and input rows, unless
-/// `x_shared`) are the pieces' sorted rows.
+/// expert past the launch's matrix, or the shared expert's for pieces of
+/// expert `shared_expert`; output rows (and input rows, unless `x_shared`)
+/// are the pieces' sorted rows.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ExpertView {
@@ -134,7 +139,12 @@ pub struct ExpertView {
     pub x_shared: c_int,
     /// Rows of x (a prepared route prepares them all).
     pub x_rows: c_int,
-    pub unused: c_int,
+    /// The expert index the routing gives the shared expert's pieces
+    /// (read only where `shared[0]` is not null).
+    pub shared_expert: c_int,
+    /// The shared expert's matrix for each of the launch's matrices, or
+    /// null: no shared expert.
+    pub shared: [*const u8; 3],
 }
 
 impl ExpertView {
@@ -144,7 +154,8 @@ impl ExpertView {
         n_work: 0,
         x_shared: 0,
         x_rows: 0,
-        unused: 0,
+        shared_expert: 0,
+        shared: [std::ptr::null(); 3],
     };
 }
 
@@ -330,16 +341,21 @@ extern "C" {
     /// tensor-core kernel on this device.
     pub fn m40_mmq_expert_rows(ty: c_int, n_rows: c_int) -> c_int;
     /// Routes `n_rows` rows by their router logits (`n_rows × n_expert`) to
-    /// `n_used` experts each: `slot_weight`, `slot_row` (`n_rows × n_used`:
-    /// each (row, slot)'s weight and sorted row), `sorted_source` (the
-    /// source row of each sorted row) and `n_work` work pieces of at most
-    /// `piece_rows` rows (at least `m40_moe_pieces` of them). Where `x_q8`
+    /// `n_used` experts each, and where `shared_logit` (one a row) is not
+    /// null to the shared expert as expert `n_expert`, weighted σ(logit):
+    /// with S slots a row (`n_used`, plus one for the shared expert),
+    /// `slot_weight`, `slot_row` (`n_rows × S`: each (row, slot)'s weight
+    /// and sorted row), `sorted_source` (the source row of each sorted row)
+    /// and `n_work` work pieces of at most `piece_rows` rows (at least
+    /// `m40_moe_pieces` of them, the shared expert counted as one more
+    /// expert and one more used). Where `x_q8`
     /// is not null the launch also prepares `x_rows` rows of `x` (`cols`
     /// wide, normalized first where `norm` is not null) into it, as
     /// `m40_gemv` would.
     pub fn m40_moe_route(
         overlap: c_int,
         logits: *const f32,
+        shared_logit: *const f32,
         n_rows: c_int,
         n_expert: c_int,
         n_used: c_int,

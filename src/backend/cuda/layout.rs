@@ -9,7 +9,8 @@ use std::mem::{align_of, offset_of, size_of};
 
 use super::kernels::{
     prepared_bytes, AttentionInputs, DeviceRow, ExpertView, ExpertWork, GemvEpilogue, GemvLaunch,
-    GemvMatrix, MmqLaunch, ProjectionRole, ATTENTION_MAX_HEAD_DIM, GEMV_MAX_X,
+    GemvMatrix, MmqLaunch, ProjectionRole, ATTENTION_MAX_HEAD_DIM, GEMV_MAX_X, MOE_MAX_EXPERTS,
+    MOE_MAX_USED,
 };
 
 /// Asserts, at compile time, a struct's size and alignment and then each
@@ -59,7 +60,7 @@ layout!(AttentionInputs, size 96, align 8, {
 });
 
 // M40Gemv (cuda/gemv.cu)
-layout!(GemvLaunch, size 280, align 8, {
+layout!(GemvLaunch, size 304, align 8, {
     m: 0,
     n_matrices: 96,
     cols: 100,
@@ -77,7 +78,7 @@ layout!(GemvLaunch, size 280, align 8, {
 });
 
 // M40Mmq (cuda/mmq.cu)
-layout!(MmqLaunch, size 112, align 8, {
+layout!(MmqLaunch, size 136, align 8, {
     w: 0,
     rows: 8,
     cols: 12,
@@ -95,12 +96,14 @@ layout!(MmqLaunch, size 112, align 8, {
 
 // M40ExpertWork, M40Experts (cuda/ops.cuh)
 layout!(ExpertWork, size 12, align 4, { expert: 0, first: 4, count: 8 });
-layout!(ExpertView, size 32, align 8, {
+layout!(ExpertView, size 56, align 8, {
     work: 0,
     expert_bytes: 8,
     n_work: 16,
     x_shared: 20,
     x_rows: 24,
+    shared_expert: 28,
+    shared: 32,
 });
 
 // M40ProjectionRole, M40GemvEpilogue (fields of type int on the C++ side)
@@ -121,8 +124,12 @@ const _: () = assert!(
     "GemvEpilogue differs from cuda/layout.cuh"
 );
 
-// M40_GEMV_MAX_X, M40_MAX_HEAD_DIM
+// M40_GEMV_MAX_X, M40_MAX_HEAD_DIM, M40_MOE_MAX_EXPERTS, M40_MOE_MAX_USED
 const _: () = assert!(GEMV_MAX_X == 8, "GEMV_MAX_X differs from cuda/layout.cuh");
+const _: () = assert!(
+    MOE_MAX_EXPERTS == 1024 && MOE_MAX_USED == 32,
+    "MOE_MAX_EXPERTS or MOE_MAX_USED differs from cuda/layout.cuh"
+);
 const _: () = assert!(
     ATTENTION_MAX_HEAD_DIM == 256,
     "ATTENTION_MAX_HEAD_DIM differs from cuda/layout.cuh"

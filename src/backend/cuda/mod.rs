@@ -45,7 +45,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 
 use super::{
     fill_rows, fused, AttentionShape, AttentionStep, Backend, CandidateRequest, Candidates,
-    DeltaNetStep, Experts, GatedFfn, Glu, Norm, Product, Rope, RopeMode, Scratch, SeqPos, Weight,
+    DeltaNetStep, Experts, GatedFfn, Glu, Norm, Product, Rope, RopeMode, Scratch, SeqPos,
+    SharedExpert, SharedScratch, Weight,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;

@@ -15,7 +15,7 @@ use super::staging::{as_bytes, RowTableKind};
 use super::{
     dim, fused, AttentionShape, AttentionStep, Backend, CandidateRequest, Candidates, CudaBackend,
     CudaKvCache, DeltaNetStep, DeviceBuffer, Experts, GatedFfn, Glu, Norm, PreparedInput, Product,
-    Rope, RopeMode, Scratch, SeqPos, Weight,
+    Rope, RopeMode, Scratch, SeqPos, SharedExpert, SharedScratch, Weight,
 };
 use crate::error::{Error, Result};
 use crate::kv_cache::LayerState;
@@ -34,7 +34,36 @@ impl Backend for CudaBackend {
         post_norm: Option<Norm>,
         scratch: Scratch<DeviceBuffer>,
     ) -> Result<()> {
-        self.moe_ffn_residual(x, norm, rows, experts, glu, post_norm, scratch)
+        self.moe_ffn_residual(x, norm, rows, experts, None, glu, post_norm, scratch)
+    }
+
+    fn norm_moe_shared_ffn_residual(
+        &self,
+        x: &mut DeviceBuffer,
+        norm: Norm,
+        rows: usize,
+        experts: &Experts,
+        shared: &SharedExpert,
+        glu: Glu,
+        post_norm: Option<Norm>,
+        scratch: Scratch<DeviceBuffer>,
+        shared_scratch: SharedScratch<DeviceBuffer>,
+    ) -> Result<()> {
+        if self.mixes_shared_expert(experts, shared, rows, post_norm.is_some()) {
+            return self.moe_ffn_residual(x, norm, rows, experts, Some(shared), glu, None, scratch);
+        }
+        fused::norm_moe_shared_ffn_residual(
+            self,
+            x,
+            norm,
+            rows,
+            experts,
+            shared,
+            glu,
+            post_norm,
+            scratch,
+            shared_scratch,
+        )
     }
 
     fn buffer(&self, len: usize) -> Result<DeviceBuffer> {

@@ -480,7 +480,7 @@ impl CudaBackend {
                         n_work: launch_rows as c_int,
                         x_shared: 0,
                         x_rows: launch_rows as c_int,
-                        unused: 0,
+                        ..ExpertView::NONE
                     }
                 } else {
                     ExpertView::NONE
