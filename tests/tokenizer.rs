@@ -246,6 +246,13 @@ fn qwen35_vocab_tokenizes_every_input_as_llama_cpp() {
     every_input_gives_llama_cpp_ids("qwen35");
 }
 
+/// Gemma 4's vocabulary (`tokenizer.ggml.model` "gemma4": BPE over raw
+/// UTF-8 with spaces as `▁` and `<0xXX>` byte tokens).
+#[test]
+fn gemma4_vocab_tokenizes_every_input_as_llama_cpp() {
+    every_input_gives_llama_cpp_ids("gemma-4");
+}
+
 #[test]
 fn each_vocab_reads_the_tokenizer_its_metadata_names() {
     for (name, kind, pre, n_vocab) in [
@@ -255,6 +262,8 @@ fn each_vocab_reads_the_tokenizer_its_metadata_names() {
         ("deepseek-llm", TokenizerKind::Bpe, "deepseek-llm", 102400),
         ("starcoder", TokenizerKind::Bpe, "starcoder", 49152),
         ("falcon", TokenizerKind::Bpe, "falcon", 65024),
+        // The file names no pre-tokenizer: the model implies Gemma 4's.
+        ("gemma-4", TokenizerKind::Bpe, "gemma4", 262144),
     ] {
         let gguf = GgufFile::open(
             &vocab_path(name),
@@ -284,11 +293,11 @@ fn each_vocab_reads_the_tokenizer_its_metadata_names() {
 /// byte, and a SentencePiece model's added space is taken off again, so
 /// the only changes come from the space clean-up llama.cpp applies when
 /// detokenizing for the BPE vocabularies that ask for it (`clean_spaces`:
-/// gpt-2, starcoder, falcon; not deepseek-llm): it drops the space before
+/// gpt-2, starcoder, falcon, gemma-4; not deepseek-llm): it drops the space before
 /// `? ! . ,`, around a lone `'`, and before `'s 'm 're 've`. For Gemma the
 /// reference file has llama.cpp's own detokenization: every input round-trips.
 fn llama_cpp_round_trips(vocab: &str, text: &str) -> bool {
-    let cleans_spaces = matches!(vocab, "gpt-2" | "starcoder" | "falcon");
+    let cleans_spaces = matches!(vocab, "gpt-2" | "starcoder" | "falcon" | "gemma-4");
     let cleaned = [" ?", " !", " .", " ,", " ' ", " 's", " 'm", " 're", " 've"];
     !cleans_spaces || !cleaned.iter().any(|p| text.contains(p))
 }
@@ -296,7 +305,7 @@ fn llama_cpp_round_trips(vocab: &str, text: &str) -> bool {
 #[test]
 fn detokenize_gives_back_the_text_wherever_llama_cpp_does() {
     let mut round_trips = 0;
-    for name in SPM_VOCABS.iter().chain(&BPE_VOCABS) {
+    for name in SPM_VOCABS.iter().chain(&BPE_VOCABS).chain(&["gemma-4"]) {
         let model = vocab(name);
         for text in inputs(name) {
             let back = detokenize(model, &tokenize(model, text.as_bytes(), false, false));
@@ -312,9 +321,9 @@ fn detokenize_gives_back_the_text_wherever_llama_cpp_does() {
             }
         }
     }
-    // 46 inputs each; the three space-cleaning vocabularies change two of
+    // 46 inputs each; the four space-cleaning vocabularies change two of
     // theirs (" ?" in "How are you 😁 ?..." and in the long mixed input).
-    assert_eq!(round_trips, 6 * 46 - 3 * 2);
+    assert_eq!(round_trips, 7 * 46 - 4 * 2);
 }
 
 /// Random text from a mix of scripts, spaces, digits, punctuation and
@@ -404,6 +413,7 @@ fn random_text_tokenizes_everywhere_and_round_trips_where_nothing_is_cleaned() {
         .chain(&BPE_VOCABS)
         .map(|&n| (n, vocab(n)))
         .collect();
+    models.push(("gemma-4", vocab("gemma-4")));
     models.push(("gemma3", gemma()));
     for (name, model) in models {
         for text in &texts {
