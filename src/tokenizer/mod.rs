@@ -192,6 +192,10 @@ pub struct Tokenizer {
     ignore_merges: bool,
     /// Gemma 4's SentencePiece-style BPE (`PreConfig::spm_style`).
     spm_style: bool,
+    /// Control tokens of the file that llama.cpp makes user-defined so that
+    /// they render as text (gpt-oss's harmony markup), sorted: parsed in
+    /// text as user-defined tokens are, never in a chat message.
+    markup: Vec<u32>,
     specials: special::SpecialTokens,
     /// Each token rendered as `token_to_piece(.., special = true)` does.
     pieces: detok::Pieces,
@@ -503,9 +507,16 @@ impl Tokenizer {
             }
         }
         // gpt-oss: these render as text.
+        let mut markup = Vec::new();
+        let mut render_as_text = |attrs: &mut [TokenAttr], id: u32| {
+            if attrs[id as usize].contains(control) {
+                markup.push(id);
+            }
+            attrs[id as usize] = TokenAttr::USER_DEFINED;
+        };
         for name in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
             if let Some(id) = texts.find(name) {
-                attrs[id as usize] = TokenAttr::USER_DEFINED;
+                render_as_text(&mut attrs, id);
             }
         }
         eog.extend([ids.eos, ids.eot, ids.eom].into_iter().flatten());
@@ -522,8 +533,9 @@ impl Tokenizer {
         {
             let end = texts.find("<|end|>").unwrap();
             eog.retain(|&id| id != end);
-            attrs[end as usize] = TokenAttr::USER_DEFINED;
+            render_as_text(&mut attrs, end);
         }
+        markup.sort_unstable();
         // Gemma 4: "</s>" is text there.
         if eog_has(&eog, "<|tool_response>") && eog_has(&eog, "</s>") {
             let s = texts.find("</s>").unwrap();
@@ -621,6 +633,7 @@ impl Tokenizer {
             clean_spaces,
             ignore_merges,
             spm_style,
+            markup,
             specials,
             pieces,
         })
@@ -703,8 +716,11 @@ impl Tokenizer {
     /// text in the messages never becomes a control token (so a user cannot
     /// close their turn and write the model's), nor an end-of-generation
     /// one, and other user-defined tokens are recognised there as
-    /// `tokenize` always recognises them. Text without special tokens in
-    /// its messages tokenizes exactly as `tokenize` with `parse_special`.
+    /// `tokenize` always recognises them (but for the file's control tokens
+    /// that render as text, gpt-oss's `<|start|>`, `<|message|>`,
+    /// `<|channel|>`, `<|constrain|>` and `<|end|>`: its turns' markup).
+    /// Text without special tokens in its messages tokenizes exactly as
+    /// `tokenize` with `parse_special`.
     pub fn tokenize_chat(
         &self,
         text: &str,
@@ -722,7 +738,8 @@ impl Tokenizer {
             .partition_where(&self.vocab, text, |id, bytes| {
                 !in_content(&bytes)
                     || (self.vocab.attrs[id as usize].contains(TokenAttr::USER_DEFINED)
-                        && !self.is_eog(id))
+                        && !self.is_eog(id)
+                        && self.markup.binary_search(&id).is_err())
             });
         self.tokenize_fragments(text, add_special, fragments)
     }
