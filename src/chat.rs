@@ -201,7 +201,9 @@ impl ChatTemplate {
         "gemma4",
     ];
 
-    /// llama.cpp's name of the format, which `m40_model_describe` reports.
+    /// llama.cpp's name of the format (gemma4, which llama.cpp does not
+    /// format, by its architecture's name), which `m40_model_describe`
+    /// reports.
     pub fn name(self) -> &'static str {
         Self::NAMES[match self {
             ChatTemplate::ChatMl => 0,

@@ -10,9 +10,13 @@
 //       llama_chat_apply_template(template, messages, ADD_ASS = 0 or 1), or a line
 //       "unsupported" when it returns a negative number (a template it does not know).
 //
-// Build against libllama (tools/llamacpp.sh's build of the same llama.cpp release):
+// Build against libllama of the llama.cpp the references name (0c1e57098: the llama.cpp that
+// PyPI's llama-cpp-python 0.3.36 sdist vendors, as tests/fetch-vocab.py fetches it):
+//   cmake -S llama.cpp -B llama.cpp/build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+//       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+//   cmake --build llama.cpp/build --target llama
 //   g++ -O2 -std=c++17 tools/llamacpp_oracle.cpp -I llama.cpp/include -I llama.cpp/ggml/include \
-//       -L llama.cpp/build/bin -lllama -lggml -lggml-base -o llamacpp_oracle
+//       -L llama.cpp/build/bin -lllama -lggml -lggml-base -Wl,-rpath,llama.cpp/build/bin -o llamacpp_oracle
 #include "llama.h"
 
 #include <cstdio>
