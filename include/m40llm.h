@@ -233,7 +233,8 @@ typedef bool (*m40_piece_fn)(void *user_data, const char *piece, size_t len, m40
 
 /**
  * One message of a conversation: `role` is "system", "user" or
- * "assistant"; both are NUL-terminated UTF-8.
+ * "assistant" ("developer" too where the format has it: gpt-oss, gemma4);
+ * both are NUL-terminated UTF-8.
  */
 typedef struct m40_chat_message {
   const char *role;
@@ -685,23 +686,33 @@ enum m40_status m40_generate(struct m40_session *session,
  * when `add_assistant` (the text to generate a reply after). Like
  * llama.cpp's `llama_chat_apply_template`, the template in the model's
  * `tokenizer.chat_template` is recognized rather than executed, by its
- * markers, as one of llama.cpp's formats: "chatml" (`<|im_start|>`),
- * "qwen3" (Qwen3's ChatML template: a reply's `<think>...</think>` is
- * dropped from turns before the last user message, as that template does;
- * the assistant's turn opens with `<|im_start|>assistant\n` alone, so the
- * model's reply may begin with its reasoning), "gemma" (`<start_of_turn>`),
- * "llama3" (`<|start_header_id|>`), and the `[INST]` formats of Mistral
- * and LLaMA 2 ("mistral-v1", Mixtral's, "mistral-v3", "mistral-v3-tekken",
+ * markers, as one of these formats (llama.cpp's but gemma4): "chatml"
+ * (`<|im_start|>`), "qwen3" (Qwen3's ChatML template: a reply's
+ * `<think>...</think>` is dropped from turns before the last user message,
+ * as that template does; the assistant's turn opens with
+ * `<|im_start|>assistant\n` alone, so the model's reply may begin with its
+ * reasoning), "gemma" (`<start_of_turn>`), "llama3"
+ * (`<|start_header_id|>`), the `[INST]` formats of Mistral and LLaMA 2
+ * ("mistral-v1", Mixtral's, "mistral-v3", "mistral-v3-tekken",
  * "mistral-v7", "llama2", "llama2-sys", "llama2-sys-bos",
  * "llama2-sys-strip"), where a user message ends with `[/INST]` and
- * `add_assistant` adds nothing. A model without a template gets its
- * architecture's (Gemma 3: gemma, Qwen2: chatml, Qwen3 and Qwen3 MoE:
- * qwen3, LLaMA: llama3 when its vocabulary has the header tokens). Any
- * other template is M40_ERR_UNSUPPORTED. No format writes BOS (tokenizing
- * with `add_special` adds it); the text contains the formats' special
- * tokens as text: tokenize it with `parse_special` (as `m40_generate`
- * does), or, when the messages come from people or programs that must not
- * write the conversation's markup, use `m40_chat_tokenize` instead.
+ * `add_assistant` adds nothing, "gpt-oss" (OpenAI's harmony, `<|start|>`
+ * and `<|channel|>`, as llama.cpp writes it: `<|start|>role<|message|>`,
+ * `<|end|>` after a message, `<|return|>` after a reply, the assistant's
+ * turn opened with `<|start|>assistant`), and "gemma4" (`<|turn>`: not one
+ * of llama.cpp's; its template's text: `<|turn>role\n`, the assistant
+ * "model", messages trimmed, a reply's thinking dropped, the assistant's
+ * turn opened with thinking off,
+ * `<|turn>model\n<|channel>thought\n<channel|>`). Roles are "system",
+ * "user" and "assistant", and "developer" for gpt-oss and gemma4. A model
+ * without a template gets its architecture's (Gemma 3: gemma, Qwen2:
+ * chatml, Qwen3 and Qwen3 MoE: qwen3, gpt-oss: gpt-oss, Gemma 4: gemma4,
+ * LLaMA: llama3 when its vocabulary has the header tokens). Any other
+ * template is M40_ERR_UNSUPPORTED. No format writes BOS (tokenizing with
+ * `add_special` adds it); the text contains the formats' special tokens as
+ * text: tokenize it with `parse_special` (as `m40_generate` does), or,
+ * when the messages come from people or programs that must not write the
+ * conversation's markup, use `m40_chat_tokenize` instead.
  * `m40_model_describe` names the format (`chat_template`).
  *
  * The text is followed by a NUL; `*out_len` (when not NULL) gets its length
@@ -730,9 +741,11 @@ enum m40_status m40_chat_apply_template(const struct m40_model *model,
  * tokenized as a control token or an end-of-generation token, so a message
  * holding `<end_of_turn>` or `<|im_end|>` cannot close its turn and forge
  * another one (user-defined tokens, which `m40_tokenize` recognises even
- * without `parse_special`, are recognised in messages too). Messages
- * without such text give exactly the tokens of the template's text
- * tokenized with `add_special` and `parse_special`.
+ * without `parse_special`, are recognised in messages too, except those
+ * the file makes control tokens and llama.cpp renders as text: gpt-oss's
+ * `<|start|>`, `<|message|>`, `<|channel|>`, `<|constrain|>`, `<|end|>`).
+ * Messages without such text give exactly the tokens of the template's
+ * text tokenized with `add_special` and `parse_special`.
  *
  * Writes the tokens to `out_tokens` (room for `cap`) and their number to
  * `*out_n`. When `cap` is too small nothing is written to `out_tokens`,

@@ -155,7 +155,8 @@ class Model {
         });
     }
 
-    // A conversation: (role, content) pairs, roles "system", "user", "assistant".
+    // A conversation: (role, content) pairs, roles "system", "user", "assistant"
+    // ("developer" too where the format has it: gpt-oss, gemma4).
     using Messages = std::vector<std::pair<std::string, std::string>>;
 
     // The conversation's prompt text in the model's chat format

@@ -4,8 +4,9 @@
 //! Jinja template) is not executed but recognized by its marker strings as
 //! one of the formats below; a model without one gets its architecture's
 //! format. Expected outputs in the tests are llama.cpp's own
-//! (tests/test-chat-template.cpp), or, where llama.cpp's tests have none
-//! (Qwen3's reasoning), the model's template rendered by Jinja2.
+//! (tests/test-chat-template.cpp, or `llama_chat_apply_template` itself for
+//! gpt-oss), or, where llama.cpp has none (Qwen3's reasoning, Gemma 4), the
+//! model's template rendered by Jinja2.
 //!
 //! No format writes BOS: the tokenizer adds it (`add_special`), as with
 //! llama.cpp. The text holds the formats' special tokens (`<|im_start|>`,
@@ -62,6 +63,21 @@ pub enum ChatTemplate {
     Llama2SysBos,
     /// `Llama2Sys` with every message trimmed.
     Llama2SysStrip,
+    /// OpenAI's harmony format (gpt-oss) as llama.cpp writes it:
+    /// `<|start|>role<|message|>content<|end|>`, a reply closed with
+    /// `<|return|>`, the assistant's turn opened with `<|start|>assistant`
+    /// (the model then writes its channel). Roles as given, "developer"
+    /// among them.
+    Harmony,
+    /// Gemma 4: `<|turn>role\ncontent<turn|>\n`, the assistant called
+    /// "model", a first system or developer message as the system turn,
+    /// every message trimmed (as Jinja's `trim`: Python's whitespace), a
+    /// reply's thinking (`<|channel>...<channel|>`) dropped and a reply
+    /// right after another continuing its turn; the assistant's turn opens
+    /// with thinking off, `<|turn>model\n<|channel>thought\n<channel|>`, as
+    /// its template (google-gemma-4-31B-it) renders it. llama.cpp's
+    /// `llama_chat_apply_template` does not know it.
+    Gemma4,
 }
 
 /// One message of a conversation.
@@ -96,6 +112,11 @@ impl ChatTemplate {
             Some(ChatTemplate::Gemma)
         } else if has("<|start_header_id|>") && has("<|end_header_id|>") {
             Some(ChatTemplate::Llama3)
+        } else if has("<|start|>") && has("<|channel|>") {
+            Some(ChatTemplate::Harmony)
+        } else if has("<|turn>") && has("<turn|>") {
+            // Not one of llama.cpp's: its markers are none of theirs.
+            Some(ChatTemplate::Gemma4)
         } else {
             None
         }
@@ -153,6 +174,8 @@ impl ChatTemplate {
             "gemma3" => Ok(ChatTemplate::Gemma),
             "qwen2" => Ok(ChatTemplate::ChatMl),
             "qwen3" | "qwen3moe" => Ok(ChatTemplate::Qwen3),
+            "gpt-oss" => Ok(ChatTemplate::Harmony),
+            "gemma4" => Ok(ChatTemplate::Gemma4),
             "llama" if llama3_tokens => Ok(ChatTemplate::Llama3),
             _ => Err(Error::unsupported(format!(
                 "the model has no chat template (tokenizer.chat_template) and '{}' has no default one",
@@ -161,7 +184,7 @@ impl ChatTemplate {
         }
     }
 
-    const NAMES: [&'static str; 12] = [
+    const NAMES: [&'static str; 14] = [
         "chatml",
         "gemma",
         "llama3",
@@ -174,9 +197,13 @@ impl ChatTemplate {
         "llama2-sys",
         "llama2-sys-bos",
         "llama2-sys-strip",
+        "gpt-oss",
+        "gemma4",
     ];
 
-    /// llama.cpp's name of the format, which `m40_model_describe` reports.
+    /// llama.cpp's name of the format (gemma4, which llama.cpp does not
+    /// format, by its architecture's name), which `m40_model_describe`
+    /// reports.
     pub fn name(self) -> &'static str {
         Self::NAMES[match self {
             ChatTemplate::ChatMl => 0,
@@ -191,7 +218,21 @@ impl ChatTemplate {
             ChatTemplate::Llama2Sys => 9,
             ChatTemplate::Llama2SysBos => 10,
             ChatTemplate::Llama2SysStrip => 11,
+            ChatTemplate::Harmony => 12,
+            ChatTemplate::Gemma4 => 13,
         }]
+    }
+
+    /// The roles a message may have: "system", "user" and "assistant";
+    /// the formats that know one also "developer" (gpt-oss's instructions;
+    /// Gemma 4 takes a first one as its system turn).
+    pub fn roles(self) -> &'static [&'static str] {
+        match self {
+            ChatTemplate::Harmony | ChatTemplate::Gemma4 => {
+                &["system", "developer", "user", "assistant"]
+            }
+            _ => &["system", "user", "assistant"],
+        }
     }
 
     /// The prompt text of `messages`, ending with the assistant's turn
@@ -249,6 +290,26 @@ impl ChatTemplate {
                 }
                 if add_assistant {
                     p.markup("<start_of_turn>model\n");
+                }
+            }
+            ChatTemplate::Harmony => {
+                for m in messages {
+                    p.markup(&format!("<|start|>{}<|message|>", m.role));
+                    p.content(m.content);
+                    p.markup(if m.role == "assistant" {
+                        "<|return|>"
+                    } else {
+                        "<|end|>"
+                    });
+                }
+                if add_assistant {
+                    p.markup("<|start|>assistant");
+                }
+            }
+            ChatTemplate::Gemma4 => {
+                gemma4(messages, &mut p);
+                if add_assistant {
+                    p.markup("<|turn>model\n<|channel>thought\n<channel|>");
                 }
             }
             ChatTemplate::Llama3 => {
@@ -435,6 +496,53 @@ fn split_reasoning(content: &str) -> (&str, &str) {
     )
 }
 
+/// Gemma 4's messages, as its template writes text messages: a first
+/// system (or developer) message is the system turn; the assistant is
+/// "model", and a reply right after another continues its turn; a reply
+/// loses its thinking.
+fn gemma4(messages: &[ChatMessage], p: &mut ChatPrompt) {
+    let mut rest = messages;
+    if let Some(first) = messages.first() {
+        if first.role == "system" || first.role == "developer" {
+            p.markup("<|turn>system\n");
+            p.content(jinja_trim(first.content));
+            p.markup("<turn|>\n");
+            rest = &messages[1..];
+        }
+    }
+    let mut previous = None;
+    for m in rest {
+        let reply = m.role == "assistant";
+        if !(reply && previous == Some("assistant")) {
+            let role = if reply { "model" } else { m.role };
+            p.markup(&format!("<|turn>{role}\n"));
+        }
+        if reply {
+            p.content(jinja_trim(&strip_thinking(m.content)));
+        } else {
+            p.content(jinja_trim(m.content));
+        }
+        p.markup("<turn|>\n");
+        previous = Some(m.role);
+    }
+}
+
+/// A Gemma 4 reply without its thinking, as its template's `strip_thinking`
+/// cuts it: of each part between `<channel|>` markers, what precedes
+/// `<|channel>`.
+fn strip_thinking(content: &str) -> String {
+    content
+        .split("<channel|>")
+        .map(|part| part.split("<|channel>").next().unwrap_or(part))
+        .collect()
+}
+
+/// `s` as Jinja's `trim` leaves it (Python's `str.strip()`): Unicode
+/// whitespace and the separators U+001C..U+001F off both ends.
+fn jinja_trim(s: &str) -> &str {
+    s.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
+}
+
 /// `s` without leading and trailing whitespace as llama.cpp trims it (C's
 /// `isspace`: ASCII only, vertical tab included), not Unicode's.
 fn trim(s: &str) -> &str {
@@ -480,6 +588,12 @@ mod tests {
                 ChatTemplate::Llama3,
                 "<|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nHi there<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWho are you<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nI am an assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nAnother question<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
             ),
+            // llama.cpp's llama_chat_apply_template (tests/data/README.md).
+            (
+                "{{- '<|start|>' + message.role + '<|message|>' }}{{- '<|channel|>final' }}",
+                ChatTemplate::Harmony,
+                "<|start|>system<|message|>You are a helpful assistant<|end|><|start|>user<|message|>Hello<|end|><|start|>assistant<|message|>Hi there<|return|><|start|>user<|message|>Who are you<|end|><|start|>assistant<|message|>   I am an assistant   <|return|><|start|>user<|message|>Another question<|end|><|start|>assistant",
+            ),
         ];
         for (jinja, format, expected) in cases {
             assert_eq!(ChatTemplate::recognize(jinja), Some(format));
@@ -494,6 +608,16 @@ mod tests {
             assert!(expected.starts_with(&closed) && closed.len() < expected.len());
         }
         assert_eq!(ChatTemplate::recognize("{{ messages }}"), None);
+    }
+
+    #[test]
+    fn gemma4_trims_as_jinja_and_drops_thinking_as_its_template() {
+        // Python's str.strip(): Unicode whitespace and U+001C..U+001F.
+        assert_eq!(jinja_trim("\u{1c}\u{3000} a b\u{a0}\u{2029}\u{1f}"), "a b");
+        assert_eq!(jinja_trim("\u{200b}x"), "\u{200b}x");
+        assert_eq!(strip_thinking("a<|channel>x<channel|>b"), "ab");
+        assert_eq!(strip_thinking("<channel|>b<|channel>"), "b");
+        assert_eq!(strip_thinking("plain"), "plain");
     }
 
     #[test]

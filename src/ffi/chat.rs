@@ -12,7 +12,8 @@ use crate::error::{Error, Result};
 use crate::model::Model;
 
 /// One message of a conversation: `role` is "system", "user" or
-/// "assistant"; both are NUL-terminated UTF-8.
+/// "assistant" ("developer" too where the format has it: gpt-oss, gemma4);
+/// both are NUL-terminated UTF-8.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct m40_chat_message {
@@ -35,15 +36,18 @@ unsafe fn render(
     // SAFETY: the caller's promises, forwarded.
     let raw = unsafe { args::slice(messages, n_messages, "messages")? };
     // SAFETY: as above.
-    let messages = unsafe { chat_messages(raw)? };
+    let messages = unsafe { chat_messages(raw, template.roles())? };
     Ok(template.render(&messages, add_assistant))
 }
 
-/// The messages of the C array, checked: UTF-8 text and a known role.
+/// The messages of the C array, checked: UTF-8 text and one of `roles`.
 ///
 /// # Safety
 /// Every message's strings are NUL-terminated (and outlive the result).
-unsafe fn chat_messages(raw: &[m40_chat_message]) -> Result<Vec<ChatMessage<'_>>> {
+unsafe fn chat_messages<'a>(
+    raw: &'a [m40_chat_message],
+    roles: &[&str],
+) -> Result<Vec<ChatMessage<'a>>> {
     raw.iter()
         .enumerate()
         .map(|(i, m)| {
@@ -52,10 +56,11 @@ unsafe fn chat_messages(raw: &[m40_chat_message]) -> Result<Vec<ChatMessage<'_>>
             let role = unsafe { args::c_text(m.role, &at("role"))? };
             // SAFETY: as above.
             let content = unsafe { args::c_text(m.content, &at("content"))? };
-            if !["system", "user", "assistant"].contains(&role) {
+            if !roles.contains(&role) {
                 return Err(Error::invalid_argument(format!(
-                    "{} is {role:?}; roles are \"system\", \"user\" and \"assistant\"",
-                    at("role")
+                    "{} is {role:?}; this model's chat format takes the roles {}",
+                    at("role"),
+                    roles.join(", ")
                 )));
             }
             Ok(ChatMessage { role, content })
@@ -70,23 +75,33 @@ unsafe fn chat_messages(raw: &[m40_chat_message]) -> Result<Vec<ChatMessage<'_>>
 /// when `add_assistant` (the text to generate a reply after). Like
 /// llama.cpp's `llama_chat_apply_template`, the template in the model's
 /// `tokenizer.chat_template` is recognized rather than executed, by its
-/// markers, as one of llama.cpp's formats: "chatml" (`<|im_start|>`),
-/// "qwen3" (Qwen3's ChatML template: a reply's `<think>...</think>` is
-/// dropped from turns before the last user message, as that template does;
-/// the assistant's turn opens with `<|im_start|>assistant\n` alone, so the
-/// model's reply may begin with its reasoning), "gemma" (`<start_of_turn>`),
-/// "llama3" (`<|start_header_id|>`), and the `[INST]` formats of Mistral
-/// and LLaMA 2 ("mistral-v1", Mixtral's, "mistral-v3", "mistral-v3-tekken",
+/// markers, as one of these formats (llama.cpp's but gemma4): "chatml"
+/// (`<|im_start|>`), "qwen3" (Qwen3's ChatML template: a reply's
+/// `<think>...</think>` is dropped from turns before the last user message,
+/// as that template does; the assistant's turn opens with
+/// `<|im_start|>assistant\n` alone, so the model's reply may begin with its
+/// reasoning), "gemma" (`<start_of_turn>`), "llama3"
+/// (`<|start_header_id|>`), the `[INST]` formats of Mistral and LLaMA 2
+/// ("mistral-v1", Mixtral's, "mistral-v3", "mistral-v3-tekken",
 /// "mistral-v7", "llama2", "llama2-sys", "llama2-sys-bos",
 /// "llama2-sys-strip"), where a user message ends with `[/INST]` and
-/// `add_assistant` adds nothing. A model without a template gets its
-/// architecture's (Gemma 3: gemma, Qwen2: chatml, Qwen3 and Qwen3 MoE:
-/// qwen3, LLaMA: llama3 when its vocabulary has the header tokens). Any
-/// other template is M40_ERR_UNSUPPORTED. No format writes BOS (tokenizing
-/// with `add_special` adds it); the text contains the formats' special
-/// tokens as text: tokenize it with `parse_special` (as `m40_generate`
-/// does), or, when the messages come from people or programs that must not
-/// write the conversation's markup, use `m40_chat_tokenize` instead.
+/// `add_assistant` adds nothing, "gpt-oss" (OpenAI's harmony, `<|start|>`
+/// and `<|channel|>`, as llama.cpp writes it: `<|start|>role<|message|>`,
+/// `<|end|>` after a message, `<|return|>` after a reply, the assistant's
+/// turn opened with `<|start|>assistant`), and "gemma4" (`<|turn>`: not one
+/// of llama.cpp's; its template's text: `<|turn>role\n`, the assistant
+/// "model", messages trimmed, a reply's thinking dropped, the assistant's
+/// turn opened with thinking off,
+/// `<|turn>model\n<|channel>thought\n<channel|>`). Roles are "system",
+/// "user" and "assistant", and "developer" for gpt-oss and gemma4. A model
+/// without a template gets its architecture's (Gemma 3: gemma, Qwen2:
+/// chatml, Qwen3 and Qwen3 MoE: qwen3, gpt-oss: gpt-oss, Gemma 4: gemma4,
+/// LLaMA: llama3 when its vocabulary has the header tokens). Any other
+/// template is M40_ERR_UNSUPPORTED. No format writes BOS (tokenizing with
+/// `add_special` adds it); the text contains the formats' special tokens as
+/// text: tokenize it with `parse_special` (as `m40_generate` does), or,
+/// when the messages come from people or programs that must not write the
+/// conversation's markup, use `m40_chat_tokenize` instead.
 /// `m40_model_describe` names the format (`chat_template`).
 ///
 /// The text is followed by a NUL; `*out_len` (when not NULL) gets its length
@@ -124,9 +139,11 @@ pub unsafe extern "C" fn m40_chat_apply_template(
 /// tokenized as a control token or an end-of-generation token, so a message
 /// holding `<end_of_turn>` or `<|im_end|>` cannot close its turn and forge
 /// another one (user-defined tokens, which `m40_tokenize` recognises even
-/// without `parse_special`, are recognised in messages too). Messages
-/// without such text give exactly the tokens of the template's text
-/// tokenized with `add_special` and `parse_special`.
+/// without `parse_special`, are recognised in messages too, except those
+/// the file makes control tokens and llama.cpp renders as text: gpt-oss's
+/// `<|start|>`, `<|message|>`, `<|channel|>`, `<|constrain|>`, `<|end|>`).
+/// Messages without such text give exactly the tokens of the template's
+/// text tokenized with `add_special` and `parse_special`.
 ///
 /// Writes the tokens to `out_tokens` (room for `cap`) and their number to
 /// `*out_n`. When `cap` is too small nothing is written to `out_tokens`,

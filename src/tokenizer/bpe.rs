@@ -1,13 +1,14 @@
-//! Byte-level BPE (`tokenizer.ggml.model = "gpt2"`): rank-ordered merges.
+//! BPE (`tokenizer.ggml.model = "gpt2"` and `"gemma4"`): rank-ordered merges.
 //!
 //! The pre-tokenizer cuts the text into words; each word is written in
-//! GPT-2's byte alphabet (every byte one printable character) and starts as
-//! one symbol per character. The adjacent pair listed earliest in
+//! GPT-2's byte alphabet (every byte one printable character; Gemma 4's
+//! words stay raw UTF-8) and starts as one symbol per character. The adjacent pair listed earliest in
 //! `tokenizer.ggml.merges` is merged first (ties: the leftmost), its
 //! neighbours become candidates, until no listed pair is left; a min-heap
 //! with lazy deletion makes it O(n log n). Each final symbol is looked up as
 //! a token; one that is not a token contributes its single-byte tokens
-//! (llama.cpp looks up each raw byte, so only ASCII ones can be found).
+//! (llama.cpp looks up each raw byte, so only ASCII ones can be found;
+//! Gemma 4's are its `<0xXX>` tokens).
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
@@ -104,18 +105,27 @@ pub(crate) struct BpeScratch {
 }
 
 /// Appends the tokens of one pre-tokenized word (raw text) to `out`.
+/// `(ignore_merges, spm_style)`: a word that is a token is that token;
+/// Gemma 4's SentencePiece-style BPE (`PreConfig::spm_style`).
 pub(crate) fn tokenize_word(
     vocab: &Vocab,
     merges: &Merges,
-    ignore_merges: bool,
-    raw: &[u8],
+    (ignore_merges, spm_style): (bool, bool),
+    raw: &str,
     scratch: &mut BpeScratch,
     out: &mut Vec<u32>,
 ) {
     let word = &mut scratch.word;
     word.clear();
-    word.extend(raw.iter().map(|&b| byte_to_char(b)));
-    if ignore_merges {
+    if spm_style {
+        word.push_str(raw);
+    } else {
+        word.extend(raw.bytes().map(byte_to_char));
+    }
+    // Gemma 4: a run of newlines that is a token is not merged
+    // (llama.cpp's fix of its pull request 21343).
+    let newlines = spm_style && word.bytes().all(|b| b == b'\n');
+    if ignore_merges || newlines {
         if let Some(id) = vocab.texts.find(word) {
             out.push(id);
             return;
@@ -197,6 +207,7 @@ pub(crate) fn tokenize_word(
         let text = &bytes[s.start as usize..(s.start + s.len) as usize];
         match vocab.texts.find_bytes(text) {
             Some(id) => out.push(id),
+            None if spm_style => out.extend(text.iter().filter_map(|&b| vocab.byte_token(b))),
             None => out.extend(text.iter().filter_map(|&b| vocab.texts.find_bytes(&[b]))),
         }
         i = s.next;

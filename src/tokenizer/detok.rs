@@ -2,13 +2,14 @@
 //! `detokenize` render them.
 //!
 //! A token's piece: control, unknown and user-defined tokens are their text;
-//! normal tokens are their text with `▁` as a space (SentencePiece) or
-//! decoded from GPT-2's byte alphabet (BPE); byte tokens `<0xXX>` are that
+//! normal tokens are their text with `▁` as a space (SentencePiece, and
+//! Gemma 4's BPE) or decoded from GPT-2's byte alphabet (byte-level BPE);
+//! byte tokens `<0xXX>` are that
 //! one byte, which may be part of a multi-byte UTF-8 character. Control and
 //! unknown tokens render as nothing unless special tokens are asked for.
 
 use super::unicode::char_to_byte;
-use super::{TokenAttr, Tokenizer, TokenizerKind, Vocab};
+use super::{TokenAttr, Tokenizer, Vocab};
 use crate::error::{Error, Result};
 
 /// Every token's piece (as rendered with `special = true`), end to end.
@@ -18,11 +19,13 @@ pub(crate) struct Pieces {
 }
 
 impl Pieces {
-    pub(crate) fn new(kind: TokenizerKind, vocab: &Vocab) -> Pieces {
+    /// `byte_level`: normal tokens are written in GPT-2's byte alphabet
+    /// (else with `▁` for a space).
+    pub(crate) fn new(byte_level: bool, vocab: &Vocab) -> Pieces {
         let mut bytes = Vec::with_capacity(vocab.len() * 6);
         let mut ends = Vec::with_capacity(vocab.len());
         for id in 0..vocab.len() as u32 {
-            render(kind, vocab, id, &mut bytes);
+            render(byte_level, vocab, id, &mut bytes);
             ends.push(bytes.len());
         }
         bytes.shrink_to_fit();
@@ -37,17 +40,16 @@ impl Pieces {
 }
 
 /// Appends token `id`'s piece (with special tokens rendered) to `out`.
-fn render(kind: TokenizerKind, vocab: &Vocab, id: u32, out: &mut Vec<u8>) {
+fn render(byte_level: bool, vocab: &Vocab, id: u32, out: &mut Vec<u8>) {
     let attr = vocab.attrs[id as usize];
     let text = vocab.text(id);
     if attr.intersects(TokenAttr::UNKNOWN | TokenAttr::CONTROL | TokenAttr::USER_DEFINED) {
         out.extend_from_slice(text.as_bytes());
     } else if attr.contains(TokenAttr::NORMAL) {
-        match kind {
-            TokenizerKind::SentencePiece => {
-                out.extend_from_slice(text.replace('▁', " ").as_bytes())
-            }
-            TokenizerKind::Bpe => decode_byte_level(text, out),
+        if byte_level {
+            decode_byte_level(text, out)
+        } else {
+            out.extend_from_slice(text.replace('▁', " ").as_bytes())
         }
     } else if attr.contains(TokenAttr::BYTE) {
         out.push(byte_token_value(text));

@@ -5,8 +5,10 @@
 //! - SentencePiece (`tokenizer.ggml.model = "llama"`: LLaMA 1/2, Mistral,
 //!   Gemma, Phi-3): [`spm`].
 //! - Byte-level BPE (`"gpt2"`: GPT-2, LLaMA 3, Qwen2, DeepSeek, StarCoder,
-//!   Falcon, ...): [`bpe`], after the regex split `tokenizer.ggml.pre` names
-//!   ([`pretokenize`]).
+//!   Falcon, gpt-oss, ...): [`bpe`], after the regex split
+//!   `tokenizer.ggml.pre` names ([`pretokenize`]).
+//! - Gemma 4's BPE (`"gemma4"`): the same merges over raw UTF-8 with spaces
+//!   written `▁`, lines apart, and `<0xXX>` byte tokens (`PreConfig::spm_style`).
 //! - Special tokens are cut out of the text first ([`special`]); pieces and
 //!   detokenization are in [`detok`].
 //!
@@ -125,7 +127,8 @@ impl fmt::Debug for TokenAttr {
 pub enum TokenizerKind {
     /// SentencePiece (`tokenizer.ggml.model = "llama"`).
     SentencePiece,
-    /// Byte-level BPE (`tokenizer.ggml.model = "gpt2"`).
+    /// BPE (`tokenizer.ggml.model = "gpt2"`, byte-level; `"gemma4"`,
+    /// SentencePiece-style).
     Bpe,
 }
 
@@ -187,6 +190,12 @@ pub struct Tokenizer {
     add_space_prefix: bool,
     clean_spaces: bool,
     ignore_merges: bool,
+    /// Gemma 4's SentencePiece-style BPE (`PreConfig::spm_style`).
+    spm_style: bool,
+    /// Control tokens of the file that llama.cpp makes user-defined so that
+    /// they render as text (gpt-oss's harmony markup), sorted: parsed in
+    /// text as user-defined tokens are, never in a chat message.
+    markup: Vec<u32>,
     specials: special::SpecialTokens,
     /// Each token rendered as `token_to_piece(.., special = true)` does.
     pieces: detok::Pieces,
@@ -288,7 +297,7 @@ impl Tokenizer {
     /// pre-tokenizers are `Unsupported`; malformed metadata is `Format`.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Tokenizer> {
         let model_name = gguf.require("tokenizer.ggml.model")?.str()?.to_string();
-        let pre_name = match gguf.get("tokenizer.ggml.pre") {
+        let mut pre_name = match gguf.get("tokenizer.ggml.pre") {
             Some(e) => e.str()?.to_string(),
             None => String::new(),
         };
@@ -303,6 +312,7 @@ impl Tokenizer {
 
         let mut ids = SpecialIds::default();
         let (kind, merges, pre, clean_spaces, ignore_merges, mut add_bos, mut add_space_prefix);
+        let mut spm_style = false;
         let mut add_eos = false;
         match model_name.as_str() {
             "llama" => {
@@ -311,14 +321,20 @@ impl Tokenizer {
                 (merges, pre) = (None, None);
                 (add_space_prefix, clean_spaces, add_bos, ignore_merges) = (true, false, true, false);
             }
-            "gpt2" => {
+            "gpt2" | "gemma4" => {
                 kind = TokenizerKind::Bpe;
                 let entry = gguf
                     .get("tokenizer.ggml.merges")
                     .ok_or_else(|| Error::format("missing metadata key 'tokenizer.ggml.merges' (a BPE tokenizer needs its merges)"))?;
                 let entries = entry.string_array()?;
                 merges = Some(bpe::Merges::new(entries));
-                (ids.bos, ids.eos) = (Some(11), Some(11));
+                if model_name == "gemma4" {
+                    // No default special ids; the pre-tokenizer is Gemma 4's
+                    // whatever the file names.
+                    pre_name = "gemma4".to_string();
+                } else {
+                    (ids.bos, ids.eos) = (Some(11), Some(11));
+                }
                 let config = pretokenize::config(&pre_name).ok_or_else(|| {
                     Error::unsupported(format!(
                         "pre-tokenizer '{}' (tokenizer.ggml.pre) is not supported (supported: {})",
@@ -334,10 +350,11 @@ impl Tokenizer {
                 if config.no_bos {
                     ids.bos = None;
                 }
+                spm_style = config.spm_style;
             }
             other => {
                 return Err(Error::unsupported(format!(
-                    "tokenizer model '{}' (tokenizer.ggml.model) is not supported (supported: llama, gpt2)",
+                    "tokenizer model '{}' (tokenizer.ggml.model) is not supported (supported: llama, gpt2, gemma4)",
                     echo(other)
                 )))
             }
@@ -429,6 +446,8 @@ impl Tokenizer {
         if let Some(v) = read_bool(gguf, "tokenizer.ggml.add_bos_token")? {
             add_bos = v;
         }
+        // llama.cpp adds BOS for Gemma 4 even where the file says not to.
+        add_bos |= spm_style;
         if let Some(v) = read_bool(gguf, "tokenizer.ggml.add_eos_token")? {
             add_eos = v;
         }
@@ -488,9 +507,16 @@ impl Tokenizer {
             }
         }
         // gpt-oss: these render as text.
+        let mut markup = Vec::new();
+        let mut render_as_text = |attrs: &mut [TokenAttr], id: u32| {
+            if attrs[id as usize].contains(control) {
+                markup.push(id);
+            }
+            attrs[id as usize] = TokenAttr::USER_DEFINED;
+        };
         for name in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
             if let Some(id) = texts.find(name) {
-                attrs[id as usize] = TokenAttr::USER_DEFINED;
+                render_as_text(&mut attrs, id);
             }
         }
         eog.extend([ids.eos, ids.eot, ids.eom].into_iter().flatten());
@@ -507,8 +533,9 @@ impl Tokenizer {
         {
             let end = texts.find("<|end|>").unwrap();
             eog.retain(|&id| id != end);
-            attrs[end as usize] = TokenAttr::USER_DEFINED;
+            render_as_text(&mut attrs, end);
         }
+        markup.sort_unstable();
         // Gemma 4: "</s>" is text there.
         if eog_has(&eog, "<|tool_response>") && eog_has(&eog, "</s>") {
             let s = texts.find("</s>").unwrap();
@@ -517,7 +544,13 @@ impl Tokenizer {
         }
 
         let mut byte_tokens = [u32::MAX; 256];
-        if kind == TokenizerKind::SentencePiece {
+        if spm_style {
+            // Only `<0xXX>` tokens stand for a byte; a byte without one is
+            // dropped, as llama.cpp drops it.
+            for (b, slot) in byte_tokens.iter_mut().enumerate() {
+                *slot = texts.find(&format!("<0x{b:02X}>")).unwrap_or(u32::MAX);
+            }
+        } else if kind == TokenizerKind::SentencePiece {
             for (b, slot) in byte_tokens.iter_mut().enumerate() {
                 let hex = format!("<0x{b:02X}>");
                 let single = (b < 0x80)
@@ -551,7 +584,7 @@ impl Tokenizer {
             before_space,
         };
         let specials = special::SpecialTokens::new(&vocab);
-        let pieces = detok::Pieces::new(kind, &vocab);
+        let pieces = detok::Pieces::new(kind == TokenizerKind::Bpe && !spm_style, &vocab);
 
         // Per-model attributes llama.cpp sets by name.
         let lower = |key: &str| {
@@ -599,6 +632,8 @@ impl Tokenizer {
             add_space_prefix,
             clean_spaces,
             ignore_merges,
+            spm_style,
+            markup,
             specials,
             pieces,
         })
@@ -681,8 +716,11 @@ impl Tokenizer {
     /// text in the messages never becomes a control token (so a user cannot
     /// close their turn and write the model's), nor an end-of-generation
     /// one, and other user-defined tokens are recognised there as
-    /// `tokenize` always recognises them. Text without special tokens in
-    /// its messages tokenizes exactly as `tokenize` with `parse_special`.
+    /// `tokenize` always recognises them (but for the file's control tokens
+    /// that render as text, gpt-oss's `<|start|>`, `<|message|>`,
+    /// `<|channel|>`, `<|constrain|>` and `<|end|>`: its turns' markup).
+    /// Text without special tokens in its messages tokenizes exactly as
+    /// `tokenize` with `parse_special`.
     pub fn tokenize_chat(
         &self,
         text: &str,
@@ -700,7 +738,8 @@ impl Tokenizer {
             .partition_where(&self.vocab, text, |id, bytes| {
                 !in_content(&bytes)
                     || (self.vocab.attrs[id as usize].contains(TokenAttr::USER_DEFINED)
-                        && !self.is_eog(id))
+                        && !self.is_eog(id)
+                        && self.markup.binary_search(&id).is_err())
             });
         self.tokenize_fragments(text, add_special, fragments)
     }
@@ -750,14 +789,19 @@ impl Tokenizer {
                 for fragment in fragments {
                     match fragment {
                         special::Fragment::Text(range) => {
-                            let fragment = &text[range];
+                            let escaped;
+                            let fragment = if self.spm_style {
+                                escaped = text[range].replace(' ', "▁");
+                                escaped.as_str()
+                            } else {
+                                &text[range]
+                            };
                             for word in pre.split(fragment)? {
-                                let raw = &fragment.as_bytes()[word];
                                 bpe::tokenize_word(
                                     &self.vocab,
                                     merges,
-                                    self.ignore_merges,
-                                    raw,
+                                    (self.ignore_merges, self.spm_style),
+                                    &fragment[word],
                                     &mut scratch,
                                     &mut out,
                                 );

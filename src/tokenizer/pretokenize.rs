@@ -35,6 +35,12 @@ pub(crate) struct PreConfig {
     pub add_bos: Option<bool>,
     /// The name removes the default BOS token (ChatGLM).
     pub no_bos: bool,
+    /// SentencePiece-style BPE (Gemma 4): spaces are written `▁` before
+    /// the split, words are merged as raw UTF-8 (not GPT-2's byte
+    /// alphabet), a symbol without a token falls back to `<0xXX>` byte
+    /// tokens, a run of newlines that is a token is that token, and BOS is
+    /// added whatever the metadata says.
+    pub spm_style: bool,
 }
 
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
@@ -58,6 +64,7 @@ pub(crate) fn config(name: &str) -> Option<PreConfig> {
         ignore_merges: false,
         add_bos: None,
         no_bos: false,
+        spm_style: false,
     };
     Some(match name {
         "" | "default" => c(DEFAULT_PATTERNS, true),
@@ -142,6 +149,11 @@ pub(crate) fn config(name: &str) -> Option<PreConfig> {
             )
         },
         "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => c(&[GPT4O], false),
+        "gemma4" => PreConfig {
+            spm_style: true,
+            // Only lines apart: merges run over the whole line.
+            ..c(&[r"[^\n]+|[\n]+"], true)
+        },
         "bailingmoe" | "bailingmoe2" | "llada-moe" => c(
             &[
                 r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
@@ -230,6 +242,7 @@ pub(crate) const NAMES: &[&str] = &[
     "kanana2",
     "talkie",
     "minimax-m2",
+    "gemma4",
     "bailingmoe",
     "bailingmoe2",
     "llada-moe",

@@ -120,6 +120,28 @@ pub fn vocab_path(name: &str) -> PathBuf {
     path
 }
 
+/// gpt-oss's vocabulary-only GGUF file (o200k with gpt-oss's special
+/// tokens), written once into the cache by `tests/make-gptoss-vocab.py`
+/// from PyPI's bpe-openai, sha256-checked. Needs bpe-openai and gguf-py in
+/// the `.venv` that tests/setup.sh makes.
+pub fn gpt_oss_vocab_path() -> PathBuf {
+    static WRITTEN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    WRITTEN
+        .get_or_init(|| {
+            let out = python()
+                .arg(source_dir().join("tests/make-gptoss-vocab.py"))
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .expect("python3 runs tests/make-gptoss-vocab.py");
+            assert!(
+                out.status.success(),
+                "tests/make-gptoss-vocab.py failed (it needs bpe-openai and gguf: tests/setup.sh installs them into .venv)"
+            );
+            PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+        })
+        .clone()
+}
+
 /// Runs a fetch script of `tests/` (python3 for `.py`) with its arguments;
 /// it prints the path of what it fetched or found in the cache.
 fn fetch(command: &[&str], what: &str) -> PathBuf {

@@ -1,0 +1,107 @@
+// llama.cpp as the oracle for tokenizer and chat-template references (tests/data/README.md):
+// this program calls llama.cpp's public API only (llama.h) and prints what it returns.
+//
+//   llamacpp_oracle tokenize VOCAB.gguf < TEXTS
+//       TEXTS: UTF-8 texts, each followed by a NUL byte. Prints one line per text: the ids
+//       of llama_tokenize(add_special = false, parse_special = false) on the vocab-only
+//       model, separated by spaces.
+//   llamacpp_oracle chat TEMPLATE_FILE ADD_ASS < MESSAGES
+//       MESSAGES: role NUL content NUL, repeated. Prints the text of
+//       llama_chat_apply_template(template, messages, ADD_ASS = 0 or 1), or a line
+//       "unsupported" when it returns a negative number (a template it does not know).
+//
+// Build against libllama of the llama.cpp the references name (0c1e57098: the llama.cpp that
+// PyPI's llama-cpp-python 0.3.36 sdist vendors, as tests/fetch-vocab.py fetches it):
+//   cmake -S llama.cpp -B llama.cpp/build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+//       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+//   cmake --build llama.cpp/build --target llama
+//   g++ -O2 -std=c++17 tools/llamacpp_oracle.cpp -I llama.cpp/include -I llama.cpp/ggml/include \
+//       -L llama.cpp/build/bin -lllama -lggml -lggml-base -Wl,-rpath,llama.cpp/build/bin -o llamacpp_oracle
+#include "llama.h"
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+static std::vector<std::string> read_nul_separated() {
+    std::string data((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+    std::vector<std::string> out;
+    size_t start = 0;
+    for (size_t i = 0; i < data.size(); ++i) {
+        if (data[i] == '\0') {
+            out.emplace_back(data, start, i - start);
+            start = i + 1;
+        }
+    }
+    return out;
+}
+
+static void quiet(ggml_log_level, const char *, void *) {}
+
+static int tokenize(const char * path) {
+    llama_model_params params = llama_model_default_params();
+    params.vocab_only = true;
+    llama_model * model = llama_model_load_from_file(path, params);
+    if (!model) {
+        fprintf(stderr, "cannot load %s\n", path);
+        return 1;
+    }
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    for (const std::string & text : read_nul_separated()) {
+        std::vector<llama_token> ids(text.size() + 8);
+        int n = llama_tokenize(vocab, text.data(), (int) text.size(), ids.data(), (int) ids.size(), false, false);
+        if (n < 0) {
+            ids.resize(-n);
+            n = llama_tokenize(vocab, text.data(), (int) text.size(), ids.data(), (int) ids.size(), false, false);
+        }
+        for (int i = 0; i < n; ++i) {
+            printf(i ? " %d" : "%d", ids[i]);
+        }
+        printf("\n");
+    }
+    llama_model_free(model);
+    return 0;
+}
+
+static int chat(const char * template_path, bool add_ass) {
+    FILE * f = fopen(template_path, "rb");
+    if (!f) {
+        fprintf(stderr, "cannot open %s\n", template_path);
+        return 1;
+    }
+    std::string tmpl;
+    char chunk[4096];
+    size_t got;
+    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        tmpl.append(chunk, got);
+    }
+    fclose(f);
+    std::vector<std::string> fields = read_nul_separated();
+    std::vector<llama_chat_message> messages;
+    for (size_t i = 0; i + 1 < fields.size(); i += 2) {
+        messages.push_back({fields[i].c_str(), fields[i + 1].c_str()});
+    }
+    std::vector<char> buf(1 << 16);
+    int n = llama_chat_apply_template(tmpl.c_str(), messages.data(), messages.size(), add_ass, buf.data(), (int) buf.size());
+    if (n < 0) {
+        printf("unsupported\n");
+        return 0;
+    }
+    fwrite(buf.data(), 1, n, stdout);
+    return 0;
+}
+
+int main(int argc, char ** argv) {
+    llama_log_set(quiet, nullptr);
+    if (argc == 3 && !strcmp(argv[1], "tokenize")) {
+        return tokenize(argv[2]);
+    }
+    if (argc == 4 && !strcmp(argv[1], "chat")) {
+        return chat(argv[2], !strcmp(argv[3], "1"));
+    }
+    fprintf(stderr, "usage: llamacpp_oracle tokenize VOCAB.gguf < TEXTS | chat TEMPLATE_FILE 0|1 < MESSAGES\n");
+    return 2;
+}
