@@ -61,6 +61,13 @@ impl CudaBackend {
             "expert shapes"
         );
         assert!(x.len() >= rows * d && scratch.normed.len() >= rows * d);
+        if ex.biases.is_some() {
+            return Err(Error::unsupported(
+                "the CUDA kernels have no biases of the router and experts (the CPU backend has)",
+            ));
+        }
+        let activation = glu_activation(glu)?;
+        let gated_epilogue = GemvEpilogue::gated(glu)?;
         if rows == 0 {
             return Ok(());
         }
@@ -241,7 +248,7 @@ impl CudaBackend {
                     st, &up, x_f16, x_scales, piece_rows, &routing, up_out,
                 )?;
                 check(
-                    m40_glu(glu_activation(glu), act, up_out, n_slots * ff, act, stream),
+                    m40_glu(activation, act, up_out, n_slots * ff, act, stream),
                     || "expert activations".to_string(),
                 )?;
                 self.to_f16(st, act, None, n_slots, ff, x_f16, x_scales)?;
@@ -268,7 +275,7 @@ impl CudaBackend {
             if gate.ty == up.ty {
                 let product = ExpertProduct {
                     matrices: &[(gate, act), (up, act)],
-                    epilogue: GemvEpilogue::gated(glu),
+                    epilogue: gated_epilogue,
                     expert_bytes: gate.n_bytes,
                 };
                 // SAFETY: input holds x_rows × d values, act n_slots × ff.
@@ -311,7 +318,7 @@ impl CudaBackend {
                 }
                 // SAFETY: act and up_out hold n_slots × ff values.
                 check(
-                    unsafe { m40_glu(glu_activation(glu), act, up_out, n_slots * ff, act, stream) },
+                    unsafe { m40_glu(activation, act, up_out, n_slots * ff, act, stream) },
                     || "expert activations".to_string(),
                 )?;
             }
