@@ -6,7 +6,9 @@
 //! teacher forced as the Gemma reference is: Qwen3 (dense; also in IQ4_NL),
 //! Qwen3-MoE, Mixtral-style LLaMA MoE (8 experts, 2 used) and Qwen3.5 (three
 //! Gated DeltaNet layers and one gated attention layer; the MoE variant also
-//! in IQ4_XS).
+//! in IQ4_XS) and gpt-oss (attention sinks, a 64-token sliding window that
+//! the long prompt crosses, YaRN RoPE, biased MXFP4 experts with a clamped
+//! SwiGLU).
 //!
 //! Bounds: top-1 equal wherever llama.cpp's top-2 margin exceeds 0.5; the
 //! relative error |ours − ref| / max(1, |ref|) of llama.cpp's top-1 logit
@@ -148,6 +150,37 @@ fn qwen35moe_q8_0_matches_llama_cpp() {
 #[test]
 fn qwen35moe_q4_k_matches_llama_cpp() {
     matches_llama_cpp("qwen35moe-q4_k");
+}
+
+/// gpt-oss (two layers: sliding window of 64, then full attention; 8
+/// experts, 2 used, in MXFP4), which the CPU backend runs and the CUDA
+/// backend refuses by name: on a CUDA device the test checks the refusal.
+fn gpt_oss_matches_llama_cpp(name: &str) {
+    if common::test_device() < 0 {
+        matches_llama_cpp(name);
+        return;
+    }
+    let options = LoadOptions {
+        device: common::test_device(),
+        n_threads: 0,
+        use_mmap: true,
+        vocab_only: false,
+    };
+    let path = common::arch2_model(name);
+    let err = Model::load(&path, options).unwrap_err();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(err.kind(), m40llm::error::ErrorKind::Unsupported, "{err}");
+    assert!(err.message().contains("attention sinks"), "{err}");
+}
+
+#[test]
+fn gpt_oss_f16_mxfp4_matches_llama_cpp() {
+    gpt_oss_matches_llama_cpp("gpt-oss-f16-mxfp4");
+}
+
+#[test]
+fn gpt_oss_q8_0_mxfp4_matches_llama_cpp() {
+    gpt_oss_matches_llama_cpp("gpt-oss-q8_0-mxfp4");
 }
 
 // Median 1.43% and 95th percentile 2.58% on the CPU: over the bounds.

@@ -131,7 +131,7 @@ fn pair_of(arch: &str, path: &Path, options: CudaOptions) -> Pair {
     let arch = Architecture::from_name(arch).unwrap();
     let hp = HyperParams::from_gguf(&file, arch, n_vocab).unwrap();
     Pair {
-        weights: Weights::locate(&file, &hp),
+        weights: Weights::locate(&file, arch, &hp),
         cpu: CpuBackend::new(Arc::clone(&file), 2).unwrap(),
         gpu: CudaBackend::new(Arc::clone(&file), 0, options, &|_| true).unwrap(),
         file,
@@ -635,6 +635,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
             freq_base: 10000.0,
             freq_scale: 1.0,
             freq_factors: None,
+            yarn: None,
         };
         let qk_norm = attn(l)
             .q_norm
@@ -656,6 +657,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
             head_dim_v: heads.head_dim_v,
             window: None,
             scale: 0.125,
+            sinks: None,
         };
         // Both ways start from the same q, k and v: the f16 cache would
         // otherwise turn the products' last-bit differences into larger ones.
@@ -847,6 +849,7 @@ fn rope_matches_the_cpu_in_both_pairings_at_large_positions() {
                 freq_base: base,
                 freq_scale: scale,
                 freq_factors: None,
+                yarn: None,
             };
             let x = random(positions.len() * n_heads * head_dim, 9);
             let (mut c, mut g) = (x.clone(), upload(&p.gpu, &x));
@@ -948,6 +951,7 @@ fn attention_matches_the_cpu_for_prefill_decode_gqa_windows_and_long_histories()
         head_dim_v: head_dim,
         window,
         scale: 1.0 / (head_dim as f32).sqrt(),
+        sinks: None,
     };
     let chunk = |from: usize, n: usize| -> Vec<SeqPos> {
         (from..from + n).map(|pos| SeqPos { seq: 0, pos }).collect()
@@ -1984,6 +1988,53 @@ fn table_lookup_formats_are_refused_by_name_on_the_gpu() {
             "{ty}: {message}"
         );
     }
+}
+
+/// gpt-oss runs on the CPU backend only: the CUDA backend refuses it at
+/// load, naming what its kernels lack, even where every tensor has a type
+/// they compute with (Q8_0 experts here, not gpt-oss's MXFP4).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpt_oss_is_refused_on_the_gpu_naming_what_is_missing() {
+    if !have_gpu() {
+        return;
+    }
+    let n_vocab = N_VOCAB.to_string();
+    let path = common::synth_once(
+        "cuda-gpt-oss-q8_0-experts.gguf",
+        &[
+            "--arch",
+            "gpt-oss",
+            "--preset",
+            "tiny",
+            "--type",
+            "q8_0",
+            "--expert-type",
+            "q8_0",
+            "--n-vocab",
+            &n_vocab,
+        ],
+    );
+    let file = Arc::new(open_mapped(&path));
+    let err = CudaBackend::new(file, 0, CudaOptions::default(), &|_| true)
+        .err()
+        .expect("a gpt-oss model loaded on the GPU");
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    for missing in ["gpt-oss", "attention sinks", "swiglu_oai", "YaRN"] {
+        assert!(err.message().contains(missing), "{missing}: {err}");
+    }
+    let whole = Model::load(
+        &path,
+        LoadOptions {
+            device: 0,
+            n_threads: 2,
+            use_mmap: true,
+            vocab_only: false,
+        },
+    );
+    let err = whole.expect_err("a gpt-oss model loaded on device 0");
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(err.message().contains("attention sinks"), "{err}");
 }
 
 #[test]

@@ -1079,6 +1079,34 @@ fn corpus() -> Vec<Case> {
         }),
         &["tensor 'blk.0.ffn_gate_inp.weight' has shape [32, 4], expected [32, 3]"],
     );
+    // --- gpt-oss: sinks, biases and a window are part of the architecture;
+    // YaRN is taken for gpt-oss alone.
+    c.format(
+        "gpt_oss_missing_attention_sinks",
+        moe_with("gpt-oss", &|w| w.remove_tensor("blk.1.attn_sinks.weight")),
+        &["tensor 'blk.1.attn_sinks.weight' is missing", "gpt-oss"],
+    );
+    c.format(
+        "gpt_oss_expert_bias_of_wrong_expert_count",
+        moe_with("gpt-oss", &|w| {
+            let t = w.tensor_mut("blk.0.ffn_down_exps.bias");
+            t.dims = vec![32, 3];
+            t.data.truncate(32 * 3 * 4);
+        }),
+        &["tensor 'blk.0.ffn_down_exps.bias' has shape [32, 3], expected [32, 4]"],
+    );
+    c.format(
+        "gpt_oss_without_a_sliding_window",
+        moe_with("gpt-oss", &|w| {
+            w.remove_kv("gpt-oss.attention.sliding_window")
+        }),
+        &["gpt-oss.attention.sliding_window"],
+    );
+    c.unsupported(
+        "yarn_rope_scaling_on_llama",
+        llama_with(|w| w.set_kv("llama.rope.scaling.type", Meta::str("yarn"))),
+        &["llama.rope.scaling.type", "'yarn' is not supported"],
+    );
     {
         let w = tiny_model("gemma3");
         let (b, l) = w.build_with_layout();

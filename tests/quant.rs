@@ -377,6 +377,51 @@ fn gated_activations_match_f64_and_every_instruction_set_gives_the_same_bits() {
     }
 }
 
+/// gpt-oss's clamped SwiGLU: within a few ulps of its f64 definition
+/// (ggml's swiglu_oai: min(gate, 7) · σ(1.702 · min(gate, 7)) ·
+/// (clamp(up, ±7) + 1)), with gates and ups past both clamps, and the same
+/// bits on every instruction set.
+#[test]
+fn clamped_swiglu_matches_f64_and_every_instruction_set_gives_the_same_bits() {
+    let mut rng = Rng(23);
+    for n in [1, 7, 16, 33, 1000] {
+        let gate: Vec<f32> = random_activations(n, &mut rng)
+            .iter()
+            .map(|v| 12.0 * v)
+            .collect();
+        let up: Vec<f32> = random_activations(n, &mut rng)
+            .iter()
+            .map(|v| 12.0 * v)
+            .collect();
+        let mut expected = vec![0f32; n];
+        (Kernels::for_isa(Isa::Scalar).unwrap().glu().swiglu_oai)(&mut expected, &gate, &up);
+        for i in 0..n {
+            let x = f64::from(gate[i]).min(7.0);
+            let y = f64::from(up[i]).clamp(-7.0, 7.0);
+            let exact = x / (1.0 + (-1.702 * x).exp()) * (y + 1.0);
+            let ulps = 8.0 + 4.0 * (1.702 * x).abs();
+            let bound = ulps * f64::from(f32::EPSILON) * exact.abs() + 1e-30;
+            assert!(
+                (f64::from(expected[i]) - exact).abs() <= bound,
+                "swiglu_oai({}, {}): {} vs {exact}",
+                gate[i],
+                up[i],
+                expected[i]
+            );
+        }
+        for isa in Isa::all_available() {
+            let mut got = vec![0f32; n];
+            (Kernels::for_isa(isa).unwrap().glu().swiglu_oai)(&mut got, &gate, &up);
+            assert!(
+                got.iter()
+                    .zip(&expected)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{isa:?}, {n} values"
+            );
+        }
+    }
+}
+
 #[test]
 fn softmax_kernels_match_f64_on_every_instruction_set() {
     let mut rng = Rng(17);

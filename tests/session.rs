@@ -53,6 +53,7 @@ fn a_prompt_in_any_chunk_size_gives_the_logits_of_token_by_token_decoding() {
         "qwen3moe",
         "llama-moe",
         "qwen35",
+        "gpt-oss",
     ] {
         let m = model(arch, 2);
         let expected = stepwise(&m);
@@ -88,6 +89,7 @@ fn batched_decode_of_hybrid_sessions_gives_the_logits_of_decoding_alone() {
 fn batched_decode_of_moe_sessions_gives_the_logits_of_decoding_alone() {
     batched_decode_matches_decoding_alone("qwen3moe");
     batched_decode_matches_decoding_alone("llama-moe");
+    batched_decode_matches_decoding_alone("gpt-oss");
 }
 
 fn batched_decode_matches_decoding_alone(arch: &str) {
@@ -146,6 +148,11 @@ fn moe_models_describe_their_experts() {
         "{json}"
     );
     assert!(json.contains(r#""architecture":"qwen3moe""#), "{json}");
+    let json = model("gpt-oss", 1).describe_json();
+    assert!(
+        json.contains(r#""sliding_window":8,"expert_count":4,"expert_used_count":2"#),
+        "{json}"
+    );
     let json = model("llama", 1).describe_json();
     assert!(
         json.contains(r#""expert_count":null,"expert_used_count":null"#),
@@ -269,6 +276,14 @@ fn a_failed_sampled_batch_changes_no_session() {
 #[test]
 fn truncating_and_decoding_again_matches_a_fresh_session() {
     truncating_matches_a_fresh_session("qwen2");
+}
+
+/// With a sliding window (gpt-oss: 8 tokens on every second layer) the
+/// cache keeps every position, so a truncation back inside or before the
+/// window loses nothing a fresh session would see.
+#[test]
+fn truncating_a_sliding_window_session_and_decoding_again_matches_a_fresh_session() {
+    truncating_matches_a_fresh_session("gpt-oss");
 }
 
 /// A hybrid model's recurrent states cannot run backwards: they take the

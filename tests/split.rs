@@ -31,7 +31,14 @@ use m40llm::gguf::GgufFile;
 use m40llm::model::{DeviceShare, LoadOptions, Model};
 use m40llm::session::{Session, SessionParams};
 
-const ARCHITECTURES: [&str; 5] = ["llama", "qwen2", "qwen3moe", "gemma3", "llama-moe"];
+const ARCHITECTURES: [&str; 6] = [
+    "llama",
+    "qwen2",
+    "qwen3moe",
+    "gemma3",
+    "llama-moe",
+    "gpt-oss",
+];
 
 /// Tiny models with enough layers for a three-way split.
 const SHAPE: TinyShape = TinyShape { n_layer: 5, ..TINY };

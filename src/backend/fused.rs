@@ -42,12 +42,32 @@ pub struct Experts {
     pub down: Weight,
     pub n_expert: usize,
     pub n_used: usize,
+    /// The biases of the router and of every expert's products (gpt-oss).
+    pub biases: Option<ExpertBiases>,
+}
+
+/// The biases of a mixture's products, each added to its product's output:
+/// one for the router (`n_expert` values), and one row per expert for each
+/// of the gate, up and down products (expert e's is row e).
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertBiases {
+    pub router: Weight,
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
 }
 
 impl Experts {
     /// Expert `e`'s gate, up and down matrices.
     pub fn expert(&self, e: usize) -> [Weight; 3] {
         [self.gate, self.up, self.down].map(|w| w.part(e, self.n_expert))
+    }
+}
+
+impl ExpertBiases {
+    /// Expert `e`'s gate, up and down biases.
+    pub fn expert(&self, e: usize, n_expert: usize) -> [Weight; 3] {
+        [self.gate, self.up, self.down].map(|w| w.part(e, n_expert))
     }
 }
 
@@ -81,7 +101,9 @@ const MIN_WEIGHT_SUM: f32 = 1.0 / 16_384.0;
 /// `build_moe_ffn` chooses them for LLaMA (Mixtral) and Qwen3-MoE: the
 /// softmax of the router logits, the `n_used` most probable experts (in
 /// decreasing probability; ties to the lower index), their probabilities
-/// renormalized to sum to 1.
+/// renormalized to sum to 1. That is also gpt-oss's gating
+/// (`SOFTMAX_WEIGHT`: the `n_used` largest logits, weighted by the softmax
+/// of those alone): both weight expert e by e^(l_e) / Σ_chosen e^(l_c).
 pub fn route(logits: &[f32], n_used: usize) -> Vec<(usize, f32)> {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
@@ -297,6 +319,23 @@ mod tests {
         }
         // one expert: weight 1
         assert_eq!(route(&logits, 1), [(1, 1.0)]);
+    }
+
+    #[test]
+    fn gpt_oss_routing_weights_the_top_biased_logits_by_their_own_softmax() {
+        // llama.cpp's SOFTMAX_WEIGHT gating (build_moe_ffn): the router's
+        // bias is added to its logits, the `n_used` largest are chosen and
+        // weighted by the softmax of those alone. Logits (1, 3, 2, 0.5) plus
+        // bias (0, −2.5, 0.5, 1) are (1, 0.5, 2.5, 1.5): experts 2 and 3,
+        // weighted by softmax(2.5, 1.5) = 1 / (1 + e^−1) = 0.731059 and
+        // e^−1 / (1 + e^−1) = 0.268941.
+        let logits = [1.0f32, 3.0, 2.0, 0.5];
+        let bias = [0.0f32, -2.5, 0.5, 1.0];
+        let biased: Vec<f32> = logits.iter().zip(&bias).map(|(l, b)| l + b).collect();
+        let chosen = route(&biased, 2);
+        assert_eq!(chosen.iter().map(|c| c.0).collect::<Vec<_>>(), [2, 3]);
+        assert!((chosen[0].1 - 0.731_058_6).abs() < 1e-6, "{chosen:?}");
+        assert!((chosen[1].1 - 0.268_941_4).abs() < 1e-6, "{chosen:?}");
     }
 
     #[test]

@@ -24,8 +24,8 @@ pub use crate::kv_cache::LayerState;
 use crate::quant::GgmlType;
 use crate::sampling;
 pub use fused::{
-    route, AttentionStep, Experts, GatedFfn, Heads, Norm, Product, Scratch, SharedExpert,
-    SharedScratch,
+    route, AttentionStep, ExpertBiases, Experts, GatedFfn, Heads, Norm, Product, Scratch,
+    SharedExpert, SharedScratch,
 };
 pub use weight::Weight;
 
@@ -49,6 +49,24 @@ pub struct Rope<'a> {
     pub freq_scale: f32,
     /// Per-pair frequency divisors (LLaMA 3.1 `rope_freqs`), if any.
     pub freq_factors: Option<&'a Weight>,
+    /// YaRN's corrections to the scaled angles, if the model uses YaRN.
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN (llama.cpp's `yarn` RoPE scaling, ggml's `rope_yarn` with an
+/// extrapolation factor of 1): the pairs that turn more than `beta_fast`
+/// times over the original context keep their unscaled angle, those that
+/// turn fewer than `beta_slow` times take the scaled one, and the pairs
+/// between mix the two along a linear ramp; cos and sin are both multiplied
+/// by `attn_factor · (1 + 0.1 · ln(1 / freq_scale))`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// The context the model was trained with before scaling.
+    pub orig_ctx: u32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// llama.cpp's `yarn_attn_factor`, as its context computes it.
+    pub attn_factor: f32,
 }
 
 /// The gated activation of the feed-forward block.
@@ -58,6 +76,9 @@ pub enum Glu {
     Swiglu,
     /// gelu_tanh(gate) · up: Gemma.
     Geglu,
+    /// gpt-oss's clamped SwiGLU (ggml's `swiglu_oai`): with g = min(gate, 7)
+    /// and u = clamp(up, −7, 7), g · σ(1.702 · g) · (u + 1).
+    SwigluOai,
 }
 
 /// One row of a batch as attention sees it: which sequence's KV cache it
@@ -79,6 +100,10 @@ pub struct AttentionShape {
     pub window: Option<usize>,
     /// Multiplies q·k before the softmax.
     pub scale: f32,
+    /// One logit per query head that joins its softmax without a value
+    /// (gpt-oss's attention sinks), so that the positions' weights may sum
+    /// to less than 1.
+    pub sinks: Option<Weight>,
 }
 
 /// The shape of a Gated DeltaNet layer (see `model::DeltaNetParams`).
@@ -445,7 +470,9 @@ pub trait Backend {
     /// x += post_norm(Σ w_e · down_e(act(h · gate_eᵀ) · (h · up_eᵀ))) for
     /// `rows` rows of h = norm(x): the mixture-of-experts feed-forward
     /// block with its residual, over the experts and weights [`route`]
-    /// gives each row. `scratch` holds h and the mixture's output.
+    /// gives each row (of the router's logits plus its bias, and each
+    /// expert's products plus theirs, where `experts.biases` has them).
+    /// `scratch` holds h and the mixture's output.
     #[allow(clippy::too_many_arguments)]
     fn norm_moe_ffn_residual(
         &self,

@@ -30,6 +30,10 @@ pub enum Architecture {
     /// feed-forward block and a shared expert gated by σ of its own
     /// projection.
     Qwen35Moe,
+    /// OpenAI's gpt-oss: attention with biases and a sink logit per head,
+    /// sliding-window and full-attention layers alternating, YaRN RoPE, and
+    /// a mixture of experts with biases and a clamped SwiGLU in every layer.
+    GptOss,
 }
 
 impl Architecture {
@@ -43,6 +47,7 @@ impl Architecture {
             "gemma3" => Some(Architecture::Gemma3),
             "qwen35" => Some(Architecture::Qwen35),
             "qwen35moe" => Some(Architecture::Qwen35Moe),
+            "gpt-oss" => Some(Architecture::GptOss),
             _ => None,
         }
     }
@@ -56,12 +61,24 @@ impl Architecture {
             Architecture::Gemma3 => "gemma3",
             Architecture::Qwen35 => "qwen35",
             Architecture::Qwen35Moe => "qwen35moe",
+            Architecture::GptOss => "gpt-oss",
         }
     }
 
     /// Whether its layers mix Gated DeltaNet and gated attention (Qwen3.5).
     pub fn is_hybrid(self) -> bool {
         matches!(self, Architecture::Qwen35 | Architecture::Qwen35Moe)
+    }
+
+    /// The norm before each feed-forward block: Qwen3.5 and gpt-oss name it
+    /// as Hugging Face does.
+    pub fn ffn_norm_name(self) -> &'static str {
+        match self {
+            Architecture::Qwen35 | Architecture::Qwen35Moe | Architecture::GptOss => {
+                "post_attention_norm.weight"
+            }
+            _ => "ffn_norm.weight",
+        }
     }
 
     /// How this architecture's forward pass differs from LLaMA's.
@@ -93,6 +110,12 @@ impl Architecture {
                 embedding_scaled: true,
                 local_rope_base: Some(10_000.0),
             },
+            Architecture::GptOss => ArchTraits {
+                rope_mode: RopeMode::Neox,
+                glu: Glu::SwigluOai,
+                embedding_scaled: false,
+                local_rope_base: None,
+            },
         }
     }
 
@@ -102,7 +125,8 @@ impl Architecture {
             Architecture::Llama
             | Architecture::Qwen2
             | Architecture::Qwen3
-            | Architecture::Qwen3Moe => 10_000.0,
+            | Architecture::Qwen3Moe
+            | Architecture::GptOss => 10_000.0,
             Architecture::Gemma3 => 1_000_000.0,
             Architecture::Qwen35 | Architecture::Qwen35Moe => 10_000_000.0,
         }
@@ -182,13 +206,7 @@ fn tensor_specs(arch: Architecture, hp: &HyperParams) -> Vec<TensorSpec> {
                 ]);
             }
         }
-        // Qwen3.5 names its feed-forward norm as Hugging Face does.
-        let ffn_norm = if arch.is_hybrid() {
-            "post_attention_norm.weight"
-        } else {
-            "ffn_norm.weight"
-        };
-        specs.push(spec(b(ffn_norm), &[d], true));
+        specs.push(spec(b(arch.ffn_norm_name()), &[d], true));
         if hp.is_moe() {
             // The router, and each expert's matrices stacked along the
             // third dimension (expert e is the e-th contiguous slice).
@@ -199,6 +217,14 @@ fn tensor_specs(arch: Architecture, hp: &HyperParams) -> Vec<TensorSpec> {
                 spec(b("ffn_up_exps.weight"), &[d, ff_exp, e], true),
                 spec(b("ffn_down_exps.weight"), &[ff_exp, d, e], true),
             ]);
+            if arch == Architecture::GptOss {
+                specs.extend([
+                    spec(b("ffn_gate_inp.bias"), &[e], true),
+                    spec(b("ffn_gate_exps.bias"), &[ff_exp, e], true),
+                    spec(b("ffn_up_exps.bias"), &[ff_exp, e], true),
+                    spec(b("ffn_down_exps.bias"), &[d, e], true),
+                ]);
+            }
             if hp.n_ff_shared > 0 {
                 let sh = hp.n_ff_shared;
                 specs.extend([
@@ -236,6 +262,13 @@ fn tensor_specs(arch: Architecture, hp: &HyperParams) -> Vec<TensorSpec> {
                 spec(b("attn_k_norm.weight"), &[hp.head_dim_k], true),
                 spec(b("post_attention_norm.weight"), &[d], true),
                 spec(b("post_ffw_norm.weight"), &[d], true),
+            ]),
+            Architecture::GptOss => specs.extend([
+                spec(b("attn_q.bias"), &[q], true),
+                spec(b("attn_k.bias"), &[k], true),
+                spec(b("attn_v.bias"), &[vv], true),
+                spec(b("attn_output.bias"), &[d], true),
+                spec(b("attn_sinks.weight"), &[hp.n_head], true),
             ]),
         }
     }

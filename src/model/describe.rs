@@ -139,8 +139,9 @@ impl Model {
 
     /// Bytes of weights one generated token reads: every matrix once, except
     /// the embedding table, of which only one row is read (unless it is also
-    /// the output projection, which reads it whole), and the experts, of
-    /// which only the `n_expert_used` routed ones are read.
+    /// the output projection, which reads it whole), and the experts (their
+    /// matrices and biases), of which only the `n_expert_used` routed ones
+    /// are read.
     pub fn weight_bytes_per_token(&self) -> Option<u64> {
         let hp = self.hparams()?;
         let w = self.weights();
@@ -149,7 +150,7 @@ impl Model {
             .tensors()
             .iter()
             .map(|t| {
-                if t.name.ends_with("_exps.weight") {
+                if t.name.ends_with("_exps.weight") || t.name.ends_with("_exps.bias") {
                     t.n_bytes / u64::from(hp.n_expert) * u64::from(hp.n_expert_used)
                 } else {
                     t.n_bytes

@@ -2,7 +2,7 @@
 //! and checked for the ranges and relations the forward pass relies on.
 
 use super::Architecture;
-use crate::backend::DeltaNetShape;
+use crate::backend::{DeltaNetShape, Yarn};
 use crate::error::{echo, Error, Result};
 use crate::gguf::{Array, GgufFile};
 use crate::kv_cache::LayerState;
@@ -36,11 +36,14 @@ pub struct HyperParams {
     pub rope_freq_base: f32,
     /// Position scale of linear RoPE scaling (1 / factor; 1 without scaling).
     pub rope_freq_scale: f32,
+    /// YaRN's corrections to the scaled RoPE (gpt-oss); `None` without YaRN.
+    pub yarn: Option<Yarn>,
     pub rms_eps: f32,
-    /// Tokens a sliding-window (local) attention layer sees; gemma3 only.
+    /// Tokens a sliding-window (local) attention layer sees; gemma3 and
+    /// gpt-oss.
     pub sliding_window: Option<u32>,
     /// Every this many layers one uses full attention (the others the
-    /// sliding window); gemma3 only.
+    /// sliding window); gemma3 and gpt-oss.
     pub sliding_window_pattern: u32,
     /// Experts of each mixture-of-experts feed-forward block; 0 for a dense
     /// model.
@@ -117,9 +120,12 @@ impl HyperParams {
         let n_ctx_train = required("context_length", 1..=u32::MAX)?;
         let n_embd = required("embedding_length", 1..=MAX_EMBEDDING)?;
         let n_layer = required("block_count", 1..=MAX_LAYERS)?;
-        // A Qwen3.5 MoE file has only its experts' widths.
+        // A Qwen3.5 MoE file has only its experts' widths, and llama.cpp
+        // reads none but the experts' for gpt-oss.
         let n_ff = match arch {
-            Architecture::Qwen35Moe => optional("feed_forward_length", 0..=MAX_FEED_FORWARD, 0)?,
+            Architecture::Qwen35Moe | Architecture::GptOss => {
+                optional("feed_forward_length", 0..=MAX_FEED_FORWARD, 0)?
+            }
             _ => required("feed_forward_length", 1..=MAX_FEED_FORWARD)?,
         };
         let n_head = required("attention.head_count", 1..=MAX_HEADS)?;
@@ -158,18 +164,27 @@ impl HyperParams {
             Some(entry) => entry.f32_in(f32::MIN_POSITIVE..=f32::MAX)?,
             None => arch.default_rope_freq_base(),
         };
-        let rope_freq_scale = match gguf.get(&key("rope.scaling.type")) {
-            None => 1.0,
+        let scaling_factor = || -> Result<f32> {
+            Ok(1.0
+                / gguf
+                    .require(&key("rope.scaling.factor"))?
+                    .f32_in(1e-3..=1e6)?)
+        };
+        let (rope_freq_scale, yarn) = match gguf.get(&key("rope.scaling.type")) {
+            None => (1.0, None),
             Some(entry) => match entry.str()? {
-                "none" => 1.0,
-                "linear" => {
-                    1.0 / gguf
-                        .require(&key("rope.scaling.factor"))?
-                        .f32_in(1e-3..=1e6)?
+                "none" => (1.0, None),
+                "linear" => (scaling_factor()?, None),
+                "yarn" if arch == Architecture::GptOss => {
+                    let freq_scale = scaling_factor()?;
+                    (
+                        freq_scale,
+                        Some(yarn_params(gguf, a, n_ctx_train, freq_scale)?),
+                    )
                 }
                 other => {
                     return Err(Error::unsupported(format!(
-                        "{} = '{}' is not supported (only none and linear)",
+                        "{} = '{}' is not supported (none and linear; yarn for gpt-oss)",
                         key("rope.scaling.type"),
                         echo(other)
                     )))
@@ -186,6 +201,12 @@ impl HyperParams {
                 Some(optional("attention.sliding_window", 1..=u32::MAX, 512)?),
                 optional("attention.sliding_window_pattern", 1..=MAX_LAYERS, 6)?,
             ),
+            // llama.cpp requires gpt-oss's window; every second layer is
+            // global by default.
+            Architecture::GptOss => (
+                Some(required("attention.sliding_window", 1..=u32::MAX)?),
+                optional("attention.sliding_window_pattern", 1..=MAX_LAYERS, 2)?,
+            ),
             Architecture::Llama
             | Architecture::Qwen2
             | Architecture::Qwen3
@@ -196,9 +217,12 @@ impl HyperParams {
         // Mixture of experts as llama.cpp reads it: LLaMA has experts when
         // `expert_count` > 0 (Mixtral), each as wide as the dense FFN would
         // be; Qwen3-MoE always has them, `expert_feed_forward_length` wide
-        // (else n_ff / n_expert_used).
+        // (else n_ff / n_expert_used); gpt-oss always, and names their width.
         let (n_expert, n_expert_used, n_ff_exp) = match arch {
-            Architecture::Llama | Architecture::Qwen3Moe | Architecture::Qwen35Moe => {
+            Architecture::Llama
+            | Architecture::Qwen3Moe
+            | Architecture::Qwen35Moe
+            | Architecture::GptOss => {
                 let always = arch != Architecture::Llama;
                 let n_expert = optional("expert_count", u32::from(always)..=MAX_EXPERTS, 0)?;
                 if n_expert == 0 {
@@ -212,6 +236,9 @@ impl HyperParams {
                 } else {
                     let n_used = required("expert_used_count", 1..=n_expert)?;
                     let n_ff_exp = match arch {
+                        Architecture::GptOss => {
+                            required("expert_feed_forward_length", 1..=MAX_FEED_FORWARD)?
+                        }
                         Architecture::Qwen3Moe | Architecture::Qwen35Moe => optional(
                             "expert_feed_forward_length",
                             1..=MAX_FEED_FORWARD,
@@ -256,6 +283,9 @@ impl HyperParams {
                 )));
             }
         }
+        if arch == Architecture::GptOss {
+            check_gpt_oss_heads(gguf, a, head_dim_k, head_dim_v, rope_dim, rope_freq_base)?;
+        }
         if let Some(net) = delta_net {
             check_text_rope_sections(gguf, a, rope_dim)?;
             if n_layer < net.full_attention_interval {
@@ -279,6 +309,7 @@ impl HyperParams {
             rope_dim,
             rope_freq_base,
             rope_freq_scale,
+            yarn,
             rms_eps,
             sliding_window,
             sliding_window_pattern,
@@ -308,6 +339,71 @@ impl HyperParams {
             None => LayerState::Kv,
         }
     }
+}
+
+/// YaRN as llama.cpp sets it up for a model whose `rope.scaling.type` is
+/// `yarn`: the original context from `rope.scaling.original_context_length`
+/// (else the training context), ggml's default ramp (β 32 and 1), and the
+/// context's attention factor ([`yarn_attn_factor`]).
+fn yarn_params(gguf: &GgufFile, a: &str, n_ctx_train: u32, freq_scale: f32) -> Result<Yarn> {
+    let key = |k: &str| format!("{a}.{k}");
+    let orig_ctx = match gguf.get(&key("rope.scaling.original_context_length")) {
+        Some(entry) => entry.u32_in(1..=u32::MAX)?,
+        None => n_ctx_train,
+    };
+    let rope_attn_factor = match gguf.get(&key("rope.scaling.attn_factor")) {
+        Some(entry) => entry.f32_in(f32::MIN_POSITIVE..=f32::MAX)?,
+        None => 1.0,
+    };
+    Ok(Yarn {
+        orig_ctx,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attn_factor: yarn_attn_factor(freq_scale, rope_attn_factor),
+    })
+}
+
+/// llama.cpp's `yarn_attn_factor` for YaRN at `freq_scale` (its
+/// `llama_context`): `get_mscale(factor, 1)`, the magnitude
+/// 1 + 0.1 · ln(factor) of YaRN's paper, divided by the same magnitude
+/// that ggml's `rope_yarn` multiplies in itself, times the file's
+/// `rope.scaling.attn_factor`.
+fn yarn_attn_factor(freq_scale: f32, rope_attn_factor: f32) -> f32 {
+    let factor = 1.0 / freq_scale;
+    let mscale = if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * factor.ln() + 1.0
+    };
+    mscale * (1.0 / (1.0 + 0.1 * factor.ln())) * rope_attn_factor
+}
+
+/// gpt-oss's heads as llama.cpp shapes them: `rope.dimension_count` wide
+/// for queries, keys and values alike (its attention scale is
+/// 1 / √rope_dim), and one RoPE base for every layer.
+fn check_gpt_oss_heads(
+    gguf: &GgufFile,
+    a: &str,
+    head_dim_k: u32,
+    head_dim_v: u32,
+    rope_dim: u32,
+    rope_freq_base: f32,
+) -> Result<()> {
+    if head_dim_k != rope_dim || head_dim_v != rope_dim {
+        return Err(Error::format(format!(
+            "a {a} model's heads are {a}.rope.dimension_count = {rope_dim} wide, not {head_dim_k} (keys) and {head_dim_v} (values)"
+        )));
+    }
+    let swa_base = format!("{a}.rope.freq_base_swa");
+    if let Some(entry) = gguf.get(&swa_base) {
+        let base = entry.f32_in(f32::MIN_POSITIVE..=f32::MAX)?;
+        if base != rope_freq_base {
+            return Err(Error::unsupported(format!(
+                "{swa_base} = {base} differs from {a}.rope.freq_base = {rope_freq_base}: a RoPE base of the sliding-window layers' own is not supported"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `{a}.ssm.*` and `{a}.full_attention_interval`, checked.
@@ -393,5 +489,22 @@ fn check_text_rope_sections(gguf: &GgufFile, a: &str, rope_dim: u32) -> Result<(
         Some(pair) => Err(Error::unsupported(format!(
             "{name} = {sections:?} leaves RoPE pair {pair} of a text token unrotated, which this build does not support"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yarn_attention_factor_cancels_the_magnitude_ggml_applies() {
+        // gpt-oss: factor 32. get_mscale(32, 1) = 1 + 0.1 ln 32 = 1.346574,
+        // divided by the same 1 + 0.1 ln 32 (llama_context's cancellation
+        // of rope_yarn's own magnitude): 1, to f32 rounding; the file's
+        // attention factor multiplies it.
+        assert!((yarn_attn_factor(1.0 / 32.0, 1.0) - 1.0).abs() < 1e-6);
+        assert!((yarn_attn_factor(1.0 / 32.0, 0.5) - 0.5).abs() < 1e-6);
+        // No scaling (factor 1): get_mscale is 1 and ln 1 = 0.
+        assert_eq!(yarn_attn_factor(1.0, 1.0), 1.0);
     }
 }

@@ -157,7 +157,7 @@ impl Model {
 
         let arch = Architecture::from_name(&architecture_name).ok_or_else(|| {
             Error::unsupported(format!(
-                "architecture '{}' is not supported (supported: llama, qwen2, qwen3, qwen3moe, gemma3, qwen35, qwen35moe)",
+                "architecture '{}' is not supported (supported: llama, qwen2, qwen3, qwen3moe, gemma3, qwen35, qwen35moe, gpt-oss)",
                 crate::error::echo(&architecture_name)
             ))
         })?;
@@ -166,7 +166,7 @@ impl Model {
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         debug_assert_eq!(tokenizer.n_vocab(), n_vocab);
         let n_ctx_train = hparams.n_ctx_train;
-        let weights = Weights::locate(&gguf, &hparams);
+        let weights = Weights::locate(&gguf, arch, &hparams);
         let layer_bytes = weights::layer_bytes(&gguf, hparams.n_layer as usize);
         let edge_bytes = (weights.token_embd.n_bytes + weights.output.n_bytes) as u64;
         let placements = placement::place(devices, &layer_bytes, edge_bytes, Device::free_memory)?;

@@ -1,9 +1,9 @@
 //! The transformer forward pass shared by LLaMA (Mixtral's experts
-//! included), Qwen2, Qwen3 (dense and MoE), Gemma 3 and Qwen3.5 (dense and
-//! MoE), written once against the [`Backend`] interface. Read top to bottom
-//! it is the whole model: embed, then per layer a mixing block (attention,
-//! or Qwen3.5's Gated DeltaNet) and a feed-forward block with their
-//! residuals, then the output norm and projection.
+//! included), Qwen2, Qwen3 (dense and MoE), Gemma 3, Qwen3.5 (dense and
+//! MoE) and gpt-oss, written once against the [`Backend`] interface. Read
+//! top to bottom it is the whole model: embed, then per layer a mixing
+//! block (attention, or Qwen3.5's Gated DeltaNet) and a feed-forward block
+//! with their residuals, then the output norm and projection.
 //!
 //! A batch is a list of rows, each a token at a position of some sequence
 //! (a prompt chunk is many rows of one sequence; a batched decode one row of
@@ -227,12 +227,14 @@ fn stage_on_device<B: Backend>(
             head_dim_v: hd_v,
             window,
             scale: 1.0 / (hd_k as f32).sqrt(),
+            sinks: lw.attention().and_then(|aw| aw.sinks),
         };
 
         match &lw.mixer {
             // Attention block: q, k, v of norm(x); rotate and cache; attend;
-            // x += (post-norm of) the output projection (of the output
-            // gated by σ(gate) where each head's queries carry a gate).
+            // x += (post-norm of) the output projection, plus its bias where
+            // it has one (of the output gated by σ(gate) where each head's
+            // queries carry a gate).
             Mixer::Attention(aw) => {
                 let q_out = if aw.gated_output {
                     &mut q_gated
@@ -277,7 +279,17 @@ fn stage_on_device<B: Backend>(
                     b.sigmoid_gate(&mut attn, &q_gate, n * o_width)?;
                 }
                 let post_attn = lw.post_attn_norm.as_ref().map(norm);
-                b.matmul_residual(&aw.wo, &attn, n, post_attn, &mut o, &mut x)?;
+                match &aw.bo {
+                    None => b.matmul_residual(&aw.wo, &attn, n, post_attn, &mut o, &mut x)?,
+                    Some(bo) => {
+                        b.matmul(&aw.wo, &attn, n, &mut o)?;
+                        b.add_bias(&mut o, bo, n)?;
+                        if let Some(pn) = post_attn {
+                            b.rms_norm(&mut o, pn.weight, pn.eps, n * d)?;
+                        }
+                        b.add(&mut x, &o, n * d)?;
+                    }
+                }
             }
             // Gated DeltaNet block: q, k, v (convolved), the output gate z
             // and each value head's decay and write strength from norm(x);
@@ -408,6 +420,7 @@ fn layer_attention<'w>(
         freq_base,
         freq_scale,
         freq_factors: w.rope_freqs.as_ref(),
+        yarn: hp.yarn,
     };
     (rope, local.map(|w| w as usize))
 }

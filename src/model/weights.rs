@@ -1,8 +1,8 @@
 //! The weights of a transformer, located in the GGUF data section: which
 //! tensor plays which part of each layer.
 
-use super::HyperParams;
-use crate::backend::{Experts, SharedExpert, Weight};
+use super::{Architecture, HyperParams};
+use crate::backend::{ExpertBiases, Experts, SharedExpert, Weight};
 use crate::gguf::GgufFile;
 
 /// A layer's feed-forward block: down(act(gate · h) · (up · h)), or a
@@ -13,7 +13,7 @@ pub enum FeedForward {
         up: Weight,
         down: Weight,
     },
-    Experts(Experts),
+    Experts(Box<Experts>),
 }
 
 /// A layer's attention: q, k, v and output projections, with the biases
@@ -28,11 +28,16 @@ pub struct AttentionWeights {
     pub bq: Option<Weight>,
     pub bk: Option<Weight>,
     pub bv: Option<Weight>,
+    /// The output projection's bias (gpt-oss).
+    pub bo: Option<Weight>,
     pub q_norm: Option<Weight>,
     pub k_norm: Option<Weight>,
     /// The output of each head is multiplied by σ(its gate) before the
     /// output projection (Qwen3.5).
     pub gated_output: bool,
+    /// A logit per query head that joins its softmax without a value
+    /// (gpt-oss).
+    pub sinks: Option<Weight>,
 }
 
 /// A Gated DeltaNet (linear attention) layer's weights, named as llama.cpp
@@ -94,7 +99,7 @@ pub struct Weights {
 impl Weights {
     /// Locates every weight; `arch::check_tensors` has already checked that
     /// the required ones exist with the right shapes.
-    pub fn locate(gguf: &GgufFile, hp: &HyperParams) -> Weights {
+    pub fn locate(gguf: &GgufFile, arch: Architecture, hp: &HyperParams) -> Weights {
         let n_layer = hp.n_layer as usize;
         let get = |name: &str| gguf.tensor(name).map(Weight::from_info);
         let req =
@@ -129,20 +134,19 @@ impl Weights {
                             bq: get(&b("attn_q.bias")),
                             bk: get(&b("attn_k.bias")),
                             bv: get(&b("attn_v.bias")),
+                            bo: get(&b("attn_output.bias")),
                             q_norm: get(&b("attn_q_norm.weight")),
                             k_norm: get(&b("attn_k_norm.weight")),
                             gated_output: hp.delta_net.is_some(),
+                            sinks: get(&b("attn_sinks.weight")),
                         })
                     };
-                    // A hybrid (Qwen3.5) model's `post_attention_norm` is
-                    // its feed-forward norm.
-                    let (ffn_norm, post_attn_norm) = if hp.delta_net.is_some() {
-                        (req(&b("post_attention_norm.weight")), None)
-                    } else {
-                        (
-                            req(&b("ffn_norm.weight")),
-                            get(&b("post_attention_norm.weight")),
-                        )
+                    // Where `post_attention_norm` is the feed-forward norm
+                    // (Qwen3.5, gpt-oss), there is no norm after attention.
+                    let post_attn = "post_attention_norm.weight";
+                    let (ffn_norm, post_attn_norm) = match arch.ffn_norm_name() {
+                        name if name == post_attn => (req(&b(name)), None),
+                        name => (req(&b(name)), get(&b(post_attn))),
                     };
                     LayerWeights {
                         attn_norm: req(&b("attn_norm.weight")),
@@ -150,14 +154,20 @@ impl Weights {
                         post_attn_norm,
                         ffn_norm,
                         ffn: if hp.is_moe() {
-                            FeedForward::Experts(Experts {
+                            FeedForward::Experts(Box::new(Experts {
                                 router: req(&b("ffn_gate_inp.weight")),
                                 gate: req(&b("ffn_gate_exps.weight")),
                                 up: req(&b("ffn_up_exps.weight")),
                                 down: req(&b("ffn_down_exps.weight")),
                                 n_expert: hp.n_expert as usize,
                                 n_used: hp.n_expert_used as usize,
-                            })
+                                biases: get(&b("ffn_gate_inp.bias")).map(|router| ExpertBiases {
+                                    router,
+                                    gate: req(&b("ffn_gate_exps.bias")),
+                                    up: req(&b("ffn_up_exps.bias")),
+                                    down: req(&b("ffn_down_exps.bias")),
+                                }),
+                            }))
                         } else {
                             FeedForward::Dense {
                                 gate: req(&b("ffn_gate.weight")),

@@ -178,12 +178,33 @@ pub fn gelu_tanh(x: f32) -> f32 {
     x / (1.0 + exp(-2.0 * y))
 }
 
+/// The slope and the clamp of gpt-oss's SwiGLU (llama.cpp's
+/// `LLM_FFN_SWIGLU_OAI_MOE`: α = 1.702, limit = 7).
+pub const SWIGLU_OAI_ALPHA: f32 = 1.702;
+pub const SWIGLU_OAI_LIMIT: f32 = 7.0;
+
+/// gpt-oss's clamped SwiGLU of one gate and up value, in the operations of
+/// ggml's CPU `swiglu_oai`: the gate clamped from above only, the up value
+/// both ways and offset by 1.
+#[inline(always)]
+pub fn swiglu_oai_value(gate: f32, up: f32) -> f32 {
+    let x = gate.min(SWIGLU_OAI_LIMIT);
+    let y = up.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT);
+    x / (1.0 + exp(SWIGLU_OAI_ALPHA * -x)) * (y + 1.0)
+}
+
 /// out = act(gate) · up, element by element. Each element is computed on
 /// its own, so every instruction set's build gives the same bits.
 #[inline(always)]
 pub fn gated(out: &mut [f32], gate: &[f32], up: &[f32], act: impl Fn(f32) -> f32) {
+    gated_pairs(out, gate, up, |g, u| act(g) * u)
+}
+
+/// out = f(gate, up), element by element, as [`gated`].
+#[inline(always)]
+pub fn gated_pairs(out: &mut [f32], gate: &[f32], up: &[f32], f: impl Fn(f32, f32) -> f32) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        *o = act(g) * u;
+        *o = f(g, u);
     }
 }
 
@@ -195,6 +216,11 @@ pub fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
 /// [`gated`] with [`gelu_tanh`], for the portable build.
 pub fn geglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
     gated(out, gate, up, gelu_tanh)
+}
+
+/// [`gated_pairs`] with [`swiglu_oai_value`], for the portable build.
+pub fn swiglu_oai(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    gated_pairs(out, gate, up, swiglu_oai_value)
 }
 
 #[cfg(test)]
@@ -216,6 +242,30 @@ mod tests {
             assert!(
                 (f64::from(gelu_tanh(x)) - gelu_exact).abs() <= 1e-6 * gelu_exact.abs().max(1e-3),
                 "gelu({x})"
+            );
+        }
+    }
+
+    #[test]
+    fn swiglu_oai_clamps_as_ggml_does() {
+        // ggml-cpu's swiglu_oai: x = min(gate, 7), y = clamp(up, −7, 7),
+        // x / (1 + e^(−1.702 x)) · (y + 1). Values of that formula in f64:
+        // no clamp; both clamped (gate 10 → 7, up −9 → −7); a negative gate
+        // is not clamped from below; both at the limit; up = −1 cancels the
+        // gate; only the up value clamped.
+        let cases = [
+            (2.0, 0.5, 2.903_487_934_716_312_5),
+            (10.0, -9.0, -41.999_718_769_819_91),
+            (-10.0, 3.0, -1.623_184_517_942_124_7e-6),
+            (7.0, 7.0, 55.999_625_026_426_54),
+            (-1.0, -1.0, 0.0),
+            (0.5, 20.0, 2.803_107_492_851_041),
+        ];
+        for (gate, up, want) in cases {
+            let got = f64::from(swiglu_oai_value(gate, up));
+            assert!(
+                (got - want).abs() <= 1e-6 * want.abs(),
+                "swiglu_oai({gate}, {up}) = {got}, not {want}"
             );
         }
     }

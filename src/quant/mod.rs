@@ -80,12 +80,14 @@ pub struct AttentionKernels {
 }
 
 /// Gated activations, `out[i] = act(gate[i]) · up[i]`: `swiglu` with SiLU,
-/// `geglu` with tanh-GELU. Every instruction set's build gives the same
-/// bits (each element is computed on its own, in the same operations).
+/// `geglu` with tanh-GELU; `swiglu_oai` is gpt-oss's clamped SwiGLU
+/// (`float::swiglu_oai_value`). Every instruction set's build gives the
+/// same bits (each element is computed on its own, in the same operations).
 #[derive(Clone, Copy)]
 pub struct GluKernels {
     pub swiglu: fn(&mut [f32], &[f32], &[f32]),
     pub geglu: fn(&mut [f32], &[f32], &[f32]),
+    pub swiglu_oai: fn(&mut [f32], &[f32], &[f32]),
 }
 
 /// Converts a row of whole blocks to f32 (bit-exact with ggml).
@@ -195,6 +197,7 @@ impl Kernels {
             _ => GluKernels {
                 swiglu: float::swiglu,
                 geglu: float::geglu,
+                swiglu_oai: float::swiglu_oai,
             },
         }
     }

@@ -28,8 +28,10 @@ pub const TINY_EXPERTS: (u64, u64) = (4, 2);
 
 /// A valid `arch` model ("llama", "qwen2", "qwen3moe", "gemma3",
 /// "llama-moe": LLaMA with Mixtral's experts, "qwen35": a Gated DeltaNet
-/// layer then a gated attention layer, or "qwen35moe": those with experts
-/// and a shared expert) with F32 weights.
+/// layer then a gated attention layer, "qwen35moe": those with experts
+/// and a shared expert, or "gpt-oss": an 8-token sliding window on every
+/// second layer, attention sinks, YaRN and biased experts) with F32
+/// weights.
 pub fn tiny_model(arch: &str) -> GgufWriter {
     tiny_model_with(arch, TINY)
 }
@@ -39,6 +41,7 @@ pub fn tiny_model_with(arch: &str, s: TinyShape) -> GgufWriter {
         "llama-moe" => ("llama", true),
         "qwen3moe" => ("qwen3moe", true),
         "qwen35moe" => ("qwen35moe", true),
+        "gpt-oss" => ("gpt-oss", true),
         other => (other, false),
     };
     let (n_expert, n_expert_used) = TINY_EXPERTS;
@@ -87,6 +90,14 @@ pub fn tiny_model_with(arch: &str, s: TinyShape) -> GgufWriter {
             &a("rope.dimension_sections"),
             Meta::Array(super::gguf_writer::vt::I32, sections),
         );
+    }
+    if arch == "gpt-oss" {
+        // YaRN's ramp spans these 4-pair heads' first two pairs.
+        w.set_kv(&a("expert_feed_forward_length"), Meta::U32(s.n_ff as u32));
+        w.set_kv(&a("attention.sliding_window"), Meta::U32(8));
+        w.set_kv(&a("rope.scaling.type"), Meta::str("yarn"));
+        w.set_kv(&a("rope.scaling.factor"), Meta::F32(32.0));
+        w.set_kv(&a("rope.scaling.original_context_length"), Meta::U32(64));
     }
     if arch == "gemma3" {
         w.set_kv(&a("attention.key_length"), Meta::U32(head_dim as u32));
@@ -146,6 +157,27 @@ pub fn tiny_model_with(arch: &str, s: TinyShape) -> GgufWriter {
                 w = add(w, &b("ffn_gate.weight"), &[d, ff]);
                 w = add(w, &b("ffn_up.weight"), &[d, ff]);
                 w = add(w, &b("ffn_down.weight"), &[ff, d]);
+            }
+            continue;
+        }
+        if arch == "gpt-oss" {
+            for (name, width) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+                w = add(w, &b(&format!("{name}.weight")), &[d, width]);
+                w = add(w, &b(&format!("{name}.bias")), &[width]);
+            }
+            w = add(w, &b("attn_output.weight"), &[q, d]);
+            w = add(w, &b("attn_output.bias"), &[d]);
+            w = add(w, &b("attn_sinks.weight"), &[s.n_head]);
+            w = add(w, &b("post_attention_norm.weight"), &[d]);
+            w = add(w, &b("ffn_gate_inp.weight"), &[d, n_expert]);
+            w = add(w, &b("ffn_gate_inp.bias"), &[n_expert]);
+            for (name, dims) in [
+                ("ffn_gate_exps", [d, ff, n_expert]),
+                ("ffn_up_exps", [d, ff, n_expert]),
+                ("ffn_down_exps", [ff, d, n_expert]),
+            ] {
+                w = add(w, &b(&format!("{name}.weight")), &dims);
+                w = add(w, &b(&format!("{name}.bias")), &[dims[1], n_expert]);
             }
             continue;
         }

@@ -173,9 +173,11 @@ impl CpuBackend {
     }
 
     /// out = Σ w_e · expert_e(h) for `rows` rows of h (`d` wide), over
-    /// each row's routed experts. Rows are grouped by expert, so that each
-    /// chosen expert's matrices are read once per call; a row's weighted
-    /// expert outputs are summed in the router's order, as llama.cpp does.
+    /// each row's routed experts, each product plus its bias where the
+    /// mixture has them (the router's before routing). Rows are grouped by
+    /// expert, so that each chosen expert's matrices are read once per
+    /// call; a row's weighted expert outputs are summed in the router's
+    /// order, as llama.cpp does.
     fn mixture(
         &self,
         ex: &Experts,
@@ -187,6 +189,9 @@ impl CpuBackend {
         let (d, k) = (ex.router.cols, ex.n_used);
         let mut logits = self.buffer(rows * ex.n_expert)?;
         self.matmul(&ex.router, h, rows, &mut logits)?;
+        if let Some(biases) = &ex.biases {
+            self.add_bias(&mut logits, &biases.router, rows)?;
+        }
         let choices: Vec<Vec<(usize, f32)>> = logits
             .chunks_exact(ex.n_expert)
             .map(|l| route(l, k))
@@ -241,6 +246,13 @@ impl CpuBackend {
         }
         matmul_many(&self.pool, self.kernels, &mut products)?;
         drop(products);
+        if let Some(biases) = &ex.biases {
+            for ((&(e, users), g), u) in used.iter().zip(&mut g).zip(&mut u) {
+                let [gate_bias, up_bias, _] = biases.expert(e, n);
+                self.add_bias(g, &gate_bias, users.len())?;
+                self.add_bias(u, &up_bias, users.len())?;
+            }
+        }
         for (((&(_, users), g), u), a) in used.iter().zip(&g).zip(&u).zip(&mut act) {
             self.glu(glu, g, u, users.len() * ff, a)?;
         }
@@ -257,6 +269,12 @@ impl CpuBackend {
         }
         matmul_many(&self.pool, self.kernels, &mut products)?;
         drop(products);
+        if let Some(biases) = &ex.biases {
+            for (&(e, users), y) in used.iter().zip(&mut ye) {
+                let [_, _, down_bias] = biases.expert(e, n);
+                self.add_bias(y, &down_bias, users.len())?;
+            }
+        }
         for (&(_, users), y) in used.iter().zip(&ye) {
             for (y, &(r, slot)) in y.chunks_exact(d).zip(users.iter()) {
                 let w = choices[r][slot].1;
@@ -469,6 +487,7 @@ impl Backend for CpuBackend {
         let activation = match glu {
             Glu::Swiglu => kernels.swiglu,
             Glu::Geglu => kernels.geglu,
+            Glu::SwigluOai => kernels.swiglu_oai,
         };
         self.rows_in_parallel(&mut out[..len], 1, &|start, out| {
             let range = start..start + out.len();
@@ -605,7 +624,18 @@ impl Backend for CpuBackend {
         shape: &AttentionShape,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        ops::attention(&self.pool, self.kernels, caches, layer, q, rows, shape, out);
+        let sinks = shape.sinks.as_ref().map(|w| self.vector(w));
+        ops::attention(
+            &self.pool,
+            self.kernels,
+            caches,
+            layer,
+            q,
+            rows,
+            shape,
+            sinks.as_deref(),
+            out,
+        );
         Ok(())
     }
 }

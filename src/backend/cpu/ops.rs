@@ -5,7 +5,7 @@
 use half::f16;
 
 use super::ThreadPool;
-use crate::backend::{AttentionShape, Rope, RopeMode, SeqPos};
+use crate::backend::{AttentionShape, Rope, RopeMode, SeqPos, Yarn};
 use crate::kv_cache::KvCache;
 use crate::quant::{exp, AttentionKernels, Kernels};
 
@@ -20,7 +20,11 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
 /// The inverse frequencies of one layer's RoPE.
 pub struct RopeTable {
     inv_freq: Vec<f64>,
-    freq_scale: f64,
+    /// Each pair's position scale: the layer's, or under YaRN the pair's
+    /// mix of the scaled and the unscaled angle.
+    pos_scale: Vec<f64>,
+    /// What cos and sin are multiplied by (YaRN; 1 otherwise).
+    magnitude: f32,
 }
 
 impl RopeTable {
@@ -32,20 +36,59 @@ impl RopeTable {
                 f / factors.map_or(1.0, |ff| f64::from(ff[i]))
             })
             .collect();
+        let freq_scale = f64::from(rope.freq_scale);
+        let (pos_scale, magnitude) = match &rope.yarn {
+            None => (vec![freq_scale; half], 1.0),
+            Some(yarn) => {
+                let [low, high] = yarn_corr_dims(rope, yarn);
+                let scale = (0..half)
+                    .map(|i| {
+                        // ggml's `rope_yarn_ramp`: 1 below `low`, 0 above
+                        // `high`.
+                        let y = (i as f32 - low) / (high - low).max(0.001);
+                        let extrapolate = f64::from(1.0 - y.clamp(0.0, 1.0));
+                        freq_scale * (1.0 - extrapolate) + extrapolate
+                    })
+                    .collect();
+                let magnitude = yarn.attn_factor * (1.0 + 0.1 * (1.0 / rope.freq_scale).ln());
+                (scale, magnitude)
+            }
+        };
         RopeTable {
             inv_freq,
-            freq_scale: f64::from(rope.freq_scale),
+            pos_scale,
+            magnitude,
         }
     }
 
     /// cos and sin of every pair's angle at position `pos`.
     pub fn angles(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
-        let p = pos as f64 * self.freq_scale;
+        let m = self.magnitude;
         self.inv_freq
             .iter()
-            .map(|&f| ((p * f).cos() as f32, (p * f).sin() as f32))
+            .zip(&self.pos_scale)
+            .map(|(&f, &scale)| {
+                let angle = pos as f64 * scale * f;
+                (angle.cos() as f32 * m, angle.sin() as f32 * m)
+            })
             .unzip()
     }
+}
+
+/// The pairs where YaRN's ramp starts and ends (ggml's
+/// `ggml_rope_yarn_corr_dims`): the pair that turns `beta_fast` times over
+/// the original context and the one that turns `beta_slow` times, the
+/// first rounded down and the second up, within the rotated dimensions.
+fn yarn_corr_dims(rope: &Rope, yarn: &Yarn) -> [f32; 2] {
+    let dims = rope.dims as f32;
+    let corr_dim = |turns: f32| {
+        dims * (yarn.orig_ctx as f32 / (turns * 2.0 * std::f32::consts::PI)).ln()
+            / (2.0 * rope.freq_base.ln())
+    };
+    [
+        corr_dim(yarn.beta_fast).floor().max(0.0),
+        corr_dim(yarn.beta_slow).ceil().min(dims - 1.0),
+    ]
 }
 
 /// Rotates the first `2 · cos.len()` dimensions of one head.
@@ -147,10 +190,24 @@ fn merge_partials(total: &mut [f32], next: &[f32], dv: usize) {
     }
 }
 
-/// The attention output of each query head from its merged partials.
-fn finish_partials(total: &[f32], out: &mut [f32], dv: usize) {
-    for (t, o) in total.chunks_exact(dv + 2).zip(out.chunks_exact_mut(dv)) {
-        let inv = 1.0 / t[1];
+/// The attention output of each query head from its merged partials. A
+/// head's sink logit (`sinks`, one per head) joins the softmax as ggml's
+/// `soft_max` takes it: in the maximum and in the sum, with no value.
+fn finish_partials(total: &[f32], sinks: Option<&[f32]>, out: &mut [f32], dv: usize) {
+    for (h, (t, o)) in total
+        .chunks_exact(dv + 2)
+        .zip(out.chunks_exact_mut(dv))
+        .enumerate()
+    {
+        let (scale, sum) = match sinks {
+            None => (1.0, t[1]),
+            Some(sinks) => {
+                let max = t[0].max(sinks[h]);
+                let scale = exp(t[0] - max);
+                (scale, t[1] * scale + exp(sinks[h] - max))
+            }
+        };
+        let inv = scale / sum;
         o.iter_mut().zip(&t[2..]).for_each(|(o, &x)| *o = x * inv);
     }
 }
@@ -179,7 +236,8 @@ const ROW_BLOCK: usize = 8;
 /// scores and its weighted sum of values are one call each of the CPU's
 /// attention kernels (`Kernels::attention`). Every query's partials are its
 /// own and merged in span order, so a row's result is the same in a block,
-/// a batch or alone.
+/// a batch or alone. `sinks` are the values of `s.sinks`, one per query
+/// head.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
@@ -189,6 +247,7 @@ pub fn attention(
     q: &[f32],
     rows: &[SeqPos],
     s: &AttentionShape,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
     let group = s.n_head / s.n_head_kv;
@@ -231,7 +290,8 @@ pub fn attention(
                 group * s.head_dim_v,
             )
         };
-        finish_partials(total, o, s.head_dim_v);
+        let group_sinks = sinks.map(|sinks| &sinks[kv_head * group..][..group]);
+        finish_partials(total, group_sinks, o, s.head_dim_v);
     };
     let n_pairs = rows.len() * s.n_head_kv;
     // Blocks of at most `block_rows` rows, fewer where the threads need the
@@ -360,6 +420,7 @@ mod tests {
             freq_base: 10000.0,
             freq_scale: 1.0,
             freq_factors: None,
+            yarn: None,
         };
         let table = RopeTable::new(&rope, None);
         let (cos, sin) = table.angles(0);
@@ -406,7 +467,11 @@ mod tests {
         rows.extend((1050..1060).map(|pos| SeqPos { seq: 0, pos }));
         let q: Vec<f32> = (0..rows.len() * n_head * dk).map(|_| next()).collect();
         let (q_width, o_width) = (n_head * dk, n_head * dv);
-        for window in [None, Some(700)] {
+        let sink_values: Vec<f32> = (0..n_head).map(|_| 4.0 * next()).collect();
+        let cases = [None, Some(700)]
+            .into_iter()
+            .flat_map(|window| [(window, None), (window, Some(&sink_values[..]))]);
+        for (window, sinks) in cases {
             let s = AttentionShape {
                 n_head,
                 n_head_kv,
@@ -414,6 +479,7 @@ mod tests {
                 head_dim_v: dv,
                 window,
                 scale: 0.125,
+                sinks: None,
             };
             let refs: Vec<&mut KvCache> = caches.iter_mut().collect();
             for kernels in crate::quant::Isa::all_available()
@@ -431,20 +497,183 @@ mod tests {
                         &q[i * q_width..(i + 1) * q_width],
                         std::slice::from_ref(row),
                         &s,
+                        sinks,
                         &mut alone[i * o_width..(i + 1) * o_width],
                     );
                 }
                 for threads in [1, 2, 3] {
                     let pool = ThreadPool::new(threads);
                     let mut together = vec![f32::NAN; rows.len() * o_width];
-                    attention(&pool, kernels, &refs, 0, &q, &rows, &s, &mut together);
+                    attention(
+                        &pool,
+                        kernels,
+                        &refs,
+                        0,
+                        &q,
+                        &rows,
+                        &s,
+                        sinks,
+                        &mut together,
+                    );
                     let same = together
                         .iter()
                         .zip(&alone)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{window:?}, {threads} threads");
+                    assert!(
+                        same,
+                        "{window:?}, sinks {}, {threads} threads",
+                        sinks.is_some()
+                    );
                 }
             }
+        }
+    }
+
+    /// One row over a cache of `keys` (each a first coordinate, the rest 0)
+    /// and `values` (rows of 64), two query heads sharing one KV head.
+    fn attend_one_row(
+        queries: [f32; 2],
+        keys: &[f32],
+        values: &[Vec<f32>],
+        sinks: [f32; 2],
+    ) -> Vec<f32> {
+        let d = 64;
+        let mut cache = KvCache::new(keys.len(), 1, d, d).unwrap();
+        for (pos, (&k, v)) in keys.iter().zip(values).enumerate() {
+            let mut key = vec![0f32; d];
+            key[0] = k;
+            cache.store(0, pos, &key, v);
+        }
+        let mut q = vec![0f32; 2 * d];
+        q[0] = queries[0];
+        q[d] = queries[1];
+        let shape = AttentionShape {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim_k: d,
+            head_dim_v: d,
+            window: None,
+            scale: 1.0,
+            sinks: None,
+        };
+        let row = SeqPos {
+            seq: 0,
+            pos: keys.len() - 1,
+        };
+        let mut out = vec![f32::NAN; 2 * d];
+        attention(
+            &ThreadPool::new(2),
+            Kernels::best(),
+            &[&mut cache],
+            0,
+            &q,
+            &[row],
+            &shape,
+            Some(&sinks),
+            &mut out,
+        );
+        out
+    }
+
+    #[test]
+    fn attention_sinks_join_the_softmax_without_a_value() {
+        // ggml's soft_max with sinks (ggml-cpu ops.cpp): max = max(max
+        // score, sink), sum = Σ e^(score − max) + e^(sink − max), weight =
+        // e^(score − max) / sum; the same as e^score / (Σ e^score + e^sink).
+        // Three positions with one-hot values, so that the output is the
+        // weights. Head 0: scores 0, 1, 2 and sink 1.5 (below the largest
+        // score): weights 1, e, e² over 1 + e + e² + e^1.5 = 0.064148,
+        // 0.174371, 0.473991. Head 1: scores 0, 0.5, 1 and sink 3 (above
+        // every score): 1, e^0.5, e over 1 + e^0.5 + e + e³ = 0.039289,
+        // 0.064776, 0.106798.
+        let one_hot = |i: usize| {
+            let mut v = vec![0f32; 64];
+            v[i] = 1.0;
+            v
+        };
+        let values: Vec<Vec<f32>> = (0..3).map(one_hot).collect();
+        let out = attend_one_row([1.0, 0.5], &[0.0, 1.0, 2.0], &values, [1.5, 3.0]);
+        let expected: [[f64; 3]; 2] = [
+            [0.064_147_685, 0.174_371_488, 0.473_990_846],
+            [0.039_288_810, 0.064_776_296, 0.106_798_057],
+        ];
+        for (h, want) in expected.iter().enumerate() {
+            for (p, &w) in want.iter().enumerate() {
+                let got = f64::from(out[h * 64 + p]);
+                assert!(
+                    (got - w).abs() < 1e-6,
+                    "head {h} position {p}: {got} vs {w}"
+                );
+            }
+            assert!(out[h * 64 + 3..(h + 1) * 64].iter().all(|&v| v == 0.0));
+        }
+    }
+
+    #[test]
+    fn an_attention_sink_joins_a_long_history_once() {
+        // 600 positions (three spans of `SPAN`) of equal scores and a sink
+        // of ln 2 (e^sink = 2): each position weighs 1 / (600 + 2), and the
+        // 200 positions holding each one-hot value add up to 200 / 602 =
+        // 0.332226, whatever the span merging did.
+        let values: Vec<Vec<f32>> = (0..600)
+            .map(|p| {
+                let mut v = vec![0f32; 64];
+                v[p % 3] = 1.0;
+                v
+            })
+            .collect();
+        let ln2 = std::f32::consts::LN_2;
+        let out = attend_one_row([1.0, 1.0], &[0.0; 600], &values, [ln2, ln2]);
+        for h in 0..2 {
+            for j in 0..3 {
+                let got = out[h * 64 + j];
+                assert!(
+                    (got - 0.332_225_9).abs() < 1e-5,
+                    "head {h} value {j}: {got}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn yarn_angles_follow_ggmls_ramp_and_magnitude() {
+        // gpt-oss-20b's RoPE: 64 dimensions, base 150000, YaRN factor 32
+        // from a context of 4096, β 32 and 1, and llama.cpp's attention
+        // factor for it, (1 + 0.1 ln 32) / (1 + 0.1 ln 32) = 1.
+        let rope = Rope {
+            mode: RopeMode::Neox,
+            dims: 64,
+            freq_base: 150_000.0,
+            freq_scale: 1.0 / 32.0,
+            freq_factors: None,
+            yarn: Some(Yarn {
+                orig_ctx: 4096,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attn_factor: 1.0,
+            }),
+        };
+        // ggml_rope_yarn_corr_dims: 64 · ln(4096 / (β · 2π)) / (2 ln 150000)
+        // is 8.093 for β = 32 (down to 8) and 17.398 for β = 1 (up to 18).
+        let yarn = rope.yarn.unwrap();
+        assert_eq!(yarn_corr_dims(&rope, &yarn), [8.0, 18.0]);
+        // rope_yarn: pairs up to 8 keep θ = p · 150000^(−2i/64), pairs from
+        // 18 take θ / 32, pair 13 sits half way up the ramp: θ · (0.5 / 32 +
+        // 0.5); cos and sin are scaled by 1 + 0.1 ln 32 = 1.346574. At
+        // position 1000 the angles of pairs 0, 8, 13, 18 and 31 are 1000,
+        // 50.81327, 4.069555, 0.03830881 and 0.0003023511:
+        let table = RopeTable::new(&rope, None);
+        let (cos, sin) = table.angles(1000);
+        let expected = [
+            (0, 0.757_284_8, 1.113_454_2),
+            (8, 1.149_538, 0.701_300_8),
+            (13, -0.807_225_6, -1.077_797_4),
+            (18, 1.345_585_6, 0.051_573_02),
+            (31, 1.346_573_5, 0.000_407_138_06),
+        ];
+        for (i, c, s) in expected {
+            assert!((cos[i] - c).abs() < 2e-6, "pair {i}: cos {} vs {c}", cos[i]);
+            assert!((sin[i] - s).abs() < 2e-6, "pair {i}: sin {} vs {s}", sin[i]);
         }
     }
 }

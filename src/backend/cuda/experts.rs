@@ -102,6 +102,13 @@ impl CudaBackend {
             "expert shapes"
         );
         assert!(x.len() >= rows * d && scratch.normed.len() >= rows * d);
+        if ex.biases.is_some() {
+            return Err(Error::unsupported(
+                "the CUDA kernels have no biases of the router and experts (the CPU backend has)",
+            ));
+        }
+        let activation = glu_activation(glu)?;
+        let gated_epilogue = GemvEpilogue::gated(glu)?;
         if rows == 0 {
             return Ok(());
         }
@@ -327,7 +334,7 @@ impl CudaBackend {
                     up_out,
                 )?;
                 check(
-                    m40_glu(glu_activation(glu), act, up_out, n_slots * ff, act, stream),
+                    m40_glu(activation, act, up_out, n_slots * ff, act, stream),
                     || "expert activations".to_string(),
                 )?;
                 self.to_f16(st, act, None, n_slots, ff, x_f16, x_scales)?;
@@ -362,7 +369,7 @@ impl CudaBackend {
                 let shared_gate_up = shared.map(|s| [s.gate, s.up]);
                 let product = ExpertProduct {
                     matrices: &[(gate, act), (up, act)],
-                    epilogue: GemvEpilogue::gated(glu),
+                    epilogue: gated_epilogue,
                     expert_bytes: gate.n_bytes,
                     shared: shared_gate_up.as_ref().map(|m| &m[..]),
                 };
@@ -408,7 +415,7 @@ impl CudaBackend {
                 }
                 // SAFETY: act and up_out hold n_slots × ff values.
                 check(
-                    unsafe { m40_glu(glu_activation(glu), act, up_out, n_slots * ff, act, stream) },
+                    unsafe { m40_glu(activation, act, up_out, n_slots * ff, act, stream) },
                     || "expert activations".to_string(),
                 )?;
             }

@@ -6,6 +6,7 @@ use std::ffi::c_int;
 
 use super::runtime::Stream;
 use crate::backend::Glu;
+use crate::error::{Error, Result};
 
 /// One batch row for the KV-cache kernels (`M40Row` in cuda/ops.cuh).
 #[repr(C)]
@@ -253,21 +254,29 @@ pub const GLU_SILU: c_int = 0;
 pub const GLU_GELU_TANH: c_int = 1;
 
 /// `m40_glu`'s activation for `glu`.
-pub fn glu_activation(glu: Glu) -> c_int {
+pub fn glu_activation(glu: Glu) -> Result<c_int> {
     match glu {
-        Glu::Swiglu => GLU_SILU,
-        Glu::Geglu => GLU_GELU_TANH,
+        Glu::Swiglu => Ok(GLU_SILU),
+        Glu::Geglu => Ok(GLU_GELU_TANH),
+        Glu::SwigluOai => Err(no_clamped_swiglu()),
     }
 }
 
 impl GemvEpilogue {
     /// The gated-activation epilogue for `glu`.
-    pub fn gated(glu: Glu) -> GemvEpilogue {
+    pub fn gated(glu: Glu) -> Result<GemvEpilogue> {
         match glu {
-            Glu::Swiglu => GemvEpilogue::GluSilu,
-            Glu::Geglu => GemvEpilogue::GluGelu,
+            Glu::Swiglu => Ok(GemvEpilogue::GluSilu),
+            Glu::Geglu => Ok(GemvEpilogue::GluGelu),
+            Glu::SwigluOai => Err(no_clamped_swiglu()),
         }
     }
+}
+
+fn no_clamped_swiglu() -> Error {
+    Error::unsupported(
+        "the CUDA kernels have no clamped SwiGLU (gpt-oss's swiglu_oai; the CPU backend has)",
+    )
 }
 
 extern "C" {

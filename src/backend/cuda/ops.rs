@@ -5,7 +5,7 @@
 
 use std::ffi::c_int;
 
-use super::attention::{device_rows, heads_of_multiples_of_8};
+use super::attention::{device_rows, heads_of_multiples_of_8, refuse_yarn};
 use super::kernels::*;
 use super::memory::Arena;
 use super::products::TensorCoreProduct;
@@ -269,6 +269,7 @@ impl Backend for CudaBackend {
         positions: &[SeqPos],
         rope: &Rope,
     ) -> Result<()> {
+        refuse_yarn(rope)?;
         let mut state = self.lock();
         let st = &mut *state;
         let table: Vec<DeviceRow> = positions
@@ -318,8 +319,8 @@ impl Backend for CudaBackend {
         len: usize,
         out: &mut DeviceBuffer,
     ) -> Result<()> {
+        let act = glu_activation(glu)?;
         let state = self.lock();
-        let act = glu_activation(glu);
         // SAFETY: all three hold len values.
         unsafe {
             check(
@@ -455,6 +456,11 @@ impl Backend for CudaBackend {
         shape: &AttentionShape,
         out: &mut DeviceBuffer,
     ) -> Result<()> {
+        if shape.sinks.is_some() {
+            return Err(Error::unsupported(
+                "the CUDA attention kernel has no attention sinks (the CPU backend has)",
+            ));
+        }
         if rows.is_empty() {
             return Ok(());
         }
@@ -727,7 +733,7 @@ impl Backend for CudaBackend {
         assert!(out.len() >= rows * gate.rows && gate.cols == width);
         assert!(x.len() >= rows * width);
         let state = self.lock();
-        let epilogue = GemvEpilogue::gated(ffn.glu);
+        let epilogue = GemvEpilogue::gated(ffn.glu)?;
         let matrices = [
             self.gemv_matrix(gate, None, out.as_mut_ptr())?,
             self.gemv_matrix(up, None, out.as_mut_ptr())?,

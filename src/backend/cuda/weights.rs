@@ -91,14 +91,23 @@ fn spans_of(mut held: Vec<(usize, usize)>) -> (Vec<Span>, usize) {
 }
 
 /// The spans of `file`'s data section that hold the tensors `holds`
-/// names, and the device bytes they take, once checked that the kernels can
-/// read the file's matrices and that the spans fit on the device with room
-/// to run.
+/// names, and the device bytes they take, once checked that the kernels run
+/// the file's architecture, can read its matrices, and that the spans fit on
+/// the device with room to run.
 pub(super) fn checked_spans(
     file: &GgufFile,
     info: &DeviceInfo,
     holds: &dyn Fn(&str) -> bool,
 ) -> Result<(Vec<Span>, usize)> {
+    let architecture = file
+        .get("general.architecture")
+        .and_then(|a| a.str().ok().map(str::to_string))
+        .unwrap_or_default();
+    if let Some(missing) = missing_operations(&architecture) {
+        return Err(Error::unsupported(format!(
+            "the CUDA backend does not run {architecture} models: its kernels have no {missing} yet (the CPU backend, device -1, runs them)"
+        )));
+    }
     if let Some(t) = file
         .tensors()
         .iter()
@@ -308,6 +317,17 @@ fn upload(pieces: &[(&[u8], usize)], dst: &mut DevicePtr<u8>) -> Result<()> {
         done[slot].record(&stream)?;
     }
     runtime::synchronize(&stream)
+}
+
+/// What the CUDA kernels lack of an architecture the CPU backend runs,
+/// if anything.
+fn missing_operations(architecture: &str) -> Option<&'static str> {
+    match architecture {
+        "gpt-oss" => Some(
+            "attention sinks, clamped SwiGLU (swiglu_oai), biases of the router and experts, or YaRN RoPE scaling",
+        ),
+        _ => None,
+    }
 }
 
 /// Whether the CUDA kernels compute with tensors of `ty`: the build's

@@ -106,6 +106,14 @@ macro_rules! glu_kernels {
             // SAFETY: as above.
             unsafe { inner(out, gate, up) }
         }
+        pub fn swiglu_oai(out: &mut [f32], gate: &[f32], up: &[f32]) {
+            #[target_feature(enable = $features)]
+            unsafe fn inner(out: &mut [f32], gate: &[f32], up: &[f32]) {
+                float::gated_pairs(out, gate, up, float::swiglu_oai_value)
+            }
+            // SAFETY: as above.
+            unsafe { inner(out, gate, up) }
+        }
     };
 }
 
@@ -422,6 +430,7 @@ pub fn avx2_glu() -> GluKernels {
     GluKernels {
         swiglu: avx2::swiglu,
         geglu: avx2::geglu,
+        swiglu_oai: avx2::swiglu_oai,
     }
 }
 
@@ -430,6 +439,7 @@ pub fn avx512_glu() -> GluKernels {
     GluKernels {
         swiglu: avx512::swiglu,
         geglu: avx512::geglu,
+        swiglu_oai: avx512::swiglu_oai,
     }
 }
 
