@@ -221,14 +221,8 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn write(&self, buffer: &mut B::Buffer, values: &[f32]) -> Result<()> {
         self.inner.write(buffer, values)
     }
-    fn kv_cache(
-        &self,
-        n_ctx: usize,
-        layers: &[LayerState],
-        kw: usize,
-        vw: usize,
-    ) -> Result<B::KvCache> {
-        self.inner.kv_cache(n_ctx, layers, kw, vw)
+    fn kv_cache(&self, n_ctx: usize, layers: &[LayerState]) -> Result<B::KvCache> {
+        self.inner.kv_cache(n_ctx, layers)
     }
     fn reset_recurrent(&self, cache: &mut B::KvCache) {
         self.inner.reset_recurrent(cache)
@@ -250,6 +244,17 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         self.time("rms_norm".into(), || {
             self.inner.rms_norm(x, weight, eps, len)
         })
+    }
+    fn rms_normalize(&self, x: &mut B::Buffer, group: usize, eps: f32, len: usize) -> Result<()> {
+        self.time("rms_normalize".into(), || {
+            self.inner.rms_normalize(x, group, eps, len)
+        })
+    }
+    fn scale_by(&self, x: &mut B::Buffer, factor: &Weight, len: usize) -> Result<()> {
+        self.time("scale_by".into(), || self.inner.scale_by(x, factor, len))
+    }
+    fn soft_cap(&self, x: &mut B::Buffer, cap: f32, len: usize) -> Result<()> {
+        self.time("soft_cap".into(), || self.inner.soft_cap(x, cap, len))
     }
     fn gather_rows(
         &self,
@@ -464,8 +469,6 @@ fn profile<'a, B: Backend>(
     // The prompt, then a warm-up and the timed steps of each batch size.
     let n_ctx = prompt + 8 * batches.len().max(1);
     let (n_layer, n_vocab) = (hp.n_layer as usize, hp.n_vocab as usize);
-    let kw = (hp.n_head_kv * hp.head_dim_k) as usize;
-    let vw = (hp.n_head_kv * hp.head_dim_v) as usize;
     let sessions = batches.iter().copied().max().unwrap_or(1);
     let profiled = Profiled::new(b)?;
     let tokens: Vec<u32> = (0..prompt)
@@ -475,7 +478,7 @@ fn profile<'a, B: Backend>(
     // Keys and values for the attention layers, a state for the others.
     let layers: Vec<LayerState> = (0..n_layer).map(|il| hp.layer_state(il)).collect();
     let mut caches = (0..sessions)
-        .map(|_| b.kv_cache(n_ctx, &layers, kw, vw))
+        .map(|_| b.kv_cache(n_ctx, &layers))
         .collect::<Result<Vec<_>>>()?;
 
     // Every session's prompt, the first one timed after a warm-up pass.

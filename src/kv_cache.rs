@@ -1,8 +1,8 @@
 //! The cache of one sequence in host memory: for every attention layer, the
-//! keys and values of each position, stored as f16 (half the memory of f32;
-//! attention converts them back as it reads); for every linear-attention
-//! (Gated DeltaNet) layer, its recurrent state in f32, whose size does not
-//! depend on the context.
+//! keys and values of each position, as wide as that layer's heads, stored
+//! as f16 (half the memory of f32; attention converts them back as it
+//! reads); for every linear-attention (Gated DeltaNet) layer, its recurrent
+//! state in f32, whose size does not depend on the context.
 
 use half::f16;
 
@@ -12,8 +12,9 @@ use crate::error::{Error, Result};
 /// What a cache keeps for one layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayerState {
-    /// Keys and values of every position.
-    Kv,
+    /// Keys and values of every position: `k_width` and `v_width` values a
+    /// position (the layer's KV heads times their widths).
+    Kv { k_width: usize, v_width: usize },
     /// A Gated DeltaNet layer's convolution and recurrent state.
     Recurrent(DeltaNetShape),
 }
@@ -32,8 +33,9 @@ pub struct RecurrentState {
 
 pub struct KvCache {
     n_ctx: usize,
-    k_width: usize,
-    v_width: usize,
+    /// Per layer: values of one position's keys and of its values (0 for a
+    /// recurrent layer).
+    widths: Vec<(usize, usize)>,
     /// Per layer: `n_ctx × k_width` keys and `n_ctx × v_width` values (empty
     /// for a recurrent layer).
     layers: Vec<(Vec<f16>, Vec<f16>)>,
@@ -42,45 +44,44 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// A cache of `n_ctx` positions for `n_layer` attention layers. Fails
-    /// with `OutOfMemory`, naming the bytes needed and available, when the
-    /// machine (or the process's cgroup) has not that much memory free, or
-    /// when the allocation fails. The memory comes zeroed from the
-    /// allocator, not written: the OS provides its pages as they are first
-    /// used.
+    /// A cache of `n_ctx` positions for `n_layer` attention layers of the
+    /// same widths. Fails with `OutOfMemory`, naming the bytes needed and
+    /// available, when the machine (or the process's cgroup) has not that
+    /// much memory free, or when the allocation fails. The memory comes
+    /// zeroed from the allocator, not written: the OS provides its pages as
+    /// they are first used.
     pub fn new(n_ctx: usize, n_layer: usize, k_width: usize, v_width: usize) -> Result<KvCache> {
-        KvCache::with_layers(n_ctx, &vec![LayerState::Kv; n_layer], k_width, v_width)
+        KvCache::with_layers(n_ctx, &vec![LayerState::Kv { k_width, v_width }; n_layer])
     }
 
-    /// A cache of `n_ctx` positions for the attention layers of `layers`
-    /// and a zero state for its recurrent ones; fails as [`KvCache::new`].
-    pub fn with_layers(
-        n_ctx: usize,
-        layers: &[LayerState],
-        k_width: usize,
-        v_width: usize,
-    ) -> Result<KvCache> {
+    /// A cache of `n_ctx` positions for the attention layers of `layers`,
+    /// each as wide as its own heads, and a zero state for its recurrent
+    /// ones; fails as [`KvCache::new`].
+    pub fn with_layers(n_ctx: usize, layers: &[LayerState]) -> Result<KvCache> {
         let n_layer = layers.len();
-        let n_kv = layers.iter().filter(|l| **l == LayerState::Kv).count();
+        let widths: Vec<(usize, usize)> = layers
+            .iter()
+            .map(|l| match *l {
+                LayerState::Kv { k_width, v_width } => (k_width, v_width),
+                LayerState::Recurrent(_) => (0, 0),
+            })
+            .collect();
         let too_big = || {
             Error::out_of_memory(format!(
-            "a KV cache of {n_ctx} positions × {n_layer} layers × {} values does not fit in the address space",
-            k_width.saturating_add(v_width)
-        ))
+                "a KV cache of {n_ctx} positions × {n_layer} layers does not fit in the address space"
+            ))
         };
-        let per_layer = k_width
-            .checked_add(v_width)
-            .and_then(|w| w.checked_mul(n_ctx))
-            .ok_or_else(too_big)?;
+        let kv_values = widths.iter().try_fold(0usize, |sum, &(k, v)| {
+            sum.checked_add(k.checked_add(v)?.checked_mul(n_ctx)?)
+        });
         let recurrent_values = layers.iter().try_fold(0usize, |sum, l| match l {
-            LayerState::Kv => Some(sum),
+            LayerState::Kv { .. } => Some(sum),
             LayerState::Recurrent(shape) => {
                 let (conv, ssm) = shape.state_values();
                 sum.checked_add(conv)?.checked_add(ssm)
             }
         });
-        let total_bytes = per_layer
-            .checked_mul(n_kv)
+        let total_bytes = kv_values
             .and_then(|n| n.checked_mul(std::mem::size_of::<f16>()))
             .zip(recurrent_values.and_then(|n| n.checked_mul(std::mem::size_of::<f32>())))
             .and_then(|(kv, recurrent)| kv.checked_add(recurrent))
@@ -110,8 +111,8 @@ impl KvCache {
         };
         let zeroed = |n: usize| zeroed_f16(n).ok_or_else(no_room);
         for layer in layers {
-            match layer {
-                LayerState::Kv => {
+            match *layer {
+                LayerState::Kv { k_width, v_width } => {
                     kv.push((zeroed(n_ctx * k_width)?, zeroed(n_ctx * v_width)?));
                     recurrent.push(None);
                 }
@@ -128,8 +129,7 @@ impl KvCache {
         }
         Ok(KvCache {
             n_ctx,
-            k_width,
-            v_width,
+            widths,
             layers: kv,
             recurrent,
         })
@@ -160,29 +160,33 @@ impl KvCache {
         self.n_ctx
     }
 
-    /// Values of one position's keys (all KV heads).
-    pub fn k_width(&self) -> usize {
-        self.k_width
+    /// Values of one position's keys (all KV heads) in `layer`.
+    pub fn k_width(&self, layer: usize) -> usize {
+        self.widths[layer].0
     }
 
-    pub fn v_width(&self) -> usize {
-        self.v_width
+    /// Values of one position's values (all KV heads) in `layer`.
+    pub fn v_width(&self, layer: usize) -> usize {
+        self.widths[layer].1
     }
 
     /// Stores the key and value of position `pos` in `layer`.
     pub fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let (kw, vw) = self.widths[layer];
         let (keys, values) = &mut self.layers[layer];
-        keys[pos * self.k_width..(pos + 1) * self.k_width].copy_from_slice_f32(k);
-        values[pos * self.v_width..(pos + 1) * self.v_width].copy_from_slice_f32(v);
+        keys[pos * kw..(pos + 1) * kw].copy_from_slice_f32(k);
+        values[pos * vw..(pos + 1) * vw].copy_from_slice_f32(v);
     }
 
     /// The keys of `layer` for `positions`, row after row.
     pub fn keys(&self, layer: usize, positions: std::ops::Range<usize>) -> &[f16] {
-        &self.layers[layer].0[positions.start * self.k_width..positions.end * self.k_width]
+        let kw = self.widths[layer].0;
+        &self.layers[layer].0[positions.start * kw..positions.end * kw]
     }
 
     pub fn values(&self, layer: usize, positions: std::ops::Range<usize>) -> &[f16] {
-        &self.layers[layer].1[positions.start * self.v_width..positions.end * self.v_width]
+        let vw = self.widths[layer].1;
+        &self.layers[layer].1[positions.start * vw..positions.end * vw]
     }
 
     /// Bytes held.
@@ -384,6 +388,44 @@ mod tests {
             assert!(kv.values(layer, 0..8).iter().all(|&x| x == f16::ZERO));
         }
         assert_eq!(kv.size_bytes(), 2 * 8 * 10 * 2);
+    }
+
+    #[test]
+    fn each_attention_layer_is_as_wide_as_its_own_heads() {
+        // Gemma 4's shape in small: a sliding-window layer of 2 KV heads of
+        // 4 values, a full-attention layer of 1 KV head of 8, then a
+        // recurrent layer, which holds no keys or values.
+        let net = crate::backend::DeltaNetShape {
+            conv_kernel: 2,
+            head_dim: 2,
+            n_k_heads: 1,
+            n_v_heads: 1,
+        };
+        let layers = [
+            LayerState::Kv {
+                k_width: 8,
+                v_width: 8,
+            },
+            LayerState::Kv {
+                k_width: 8,
+                v_width: 6,
+            },
+            LayerState::Recurrent(net),
+        ];
+        let mut kv = KvCache::with_layers(5, &layers).unwrap();
+        assert_eq!((kv.k_width(1), kv.v_width(1)), (8, 6));
+        assert_eq!((kv.k_width(2), kv.v_width(2)), (0, 0));
+        let (conv, ssm) = net.state_values();
+        assert_eq!(
+            kv.size_bytes(),
+            5 * (8 + 8) * 2 + 5 * (8 + 6) * 2 + (conv + ssm) * 4
+        );
+        let (k, v): (Vec<f32>, Vec<f32>) = ((0..8).map(|i| i as f32).collect(), vec![0.5; 6]);
+        kv.store(1, 4, &k, &v);
+        assert_eq!(kv.keys(1, 4..5).len(), 8);
+        assert_eq!(kv.keys(1, 4..5)[7], f16::from_f32(7.0));
+        assert_eq!(kv.values(1, 3..5).len(), 12);
+        assert!(kv.keys(0, 0..5).iter().all(|&x| x == f16::ZERO));
     }
 
     #[test]

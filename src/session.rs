@@ -55,15 +55,13 @@ impl Session {
             0 => 512,
             n => n as usize,
         };
-        let k_width = (hp.n_head_kv * hp.head_dim_k) as usize;
-        let v_width = (hp.n_head_kv * hp.head_dim_v) as usize;
         let kv = model
             .stages()
             .iter()
             .map(|stage| {
                 let layers: Vec<LayerState> =
                     stage.layers.clone().map(|il| hp.layer_state(il)).collect();
-                stage.backend.kv_cache(n_ctx, &layers, k_width, v_width)
+                stage.backend.kv_cache(n_ctx, &layers)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Session {

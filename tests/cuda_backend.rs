@@ -144,6 +144,19 @@ fn attn(l: &LayerWeights) -> &AttentionWeights {
     l.attention().expect("an attention layer")
 }
 
+/// The layer's value projection (every architecture the GPU runs has one).
+fn values(l: &LayerWeights) -> &Weight {
+    attn(l).wv.as_ref().expect("a value projection")
+}
+
+/// A cache layer of keys and values `kw` and `vw` values wide.
+fn kv_layer(kw: usize, vw: usize) -> LayerState {
+    LayerState::Kv {
+        k_width: kw,
+        v_width: vw,
+    }
+}
+
 fn dense(l: &LayerWeights) -> (&Weight, &Weight, &Weight) {
     match &l.ffn {
         FeedForward::Dense { gate, up, down } => (gate, up, down),
@@ -518,7 +531,7 @@ fn qkv_products<'a>(
     [
         (&attn(l).wq, &attn(l).bq, q),
         (&attn(l).wk, &attn(l).bk, k),
-        (&attn(l).wv, &attn(l).bv, v),
+        (values(l), &attn(l).bv, v),
     ]
     .map(|(w, bias, out)| Product {
         w,
@@ -552,7 +565,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         n_head,
         n_head_kv,
         head_dim_k: hd,
-        head_dim_v: attn(l).wv.rows / n_head_kv,
+        head_dim_v: values(l).rows / n_head_kv,
     };
     let norm = |weight| Norm { weight, eps: 1e-6 };
     let buffers = |lens: &[usize]| {
@@ -596,7 +609,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         let mut h = g.buffer(rows * d).unwrap();
 
         // Norm, then Q, K, V (with the model's biases, if any).
-        let widths = [attn(l).wq.rows, attn(l).wk.rows, attn(l).wv.rows].map(|w| rows * w);
+        let widths = [attn(l).wq.rows, attn(l).wk.rows, values(l).rows].map(|w| rows * w);
         let (mut fused_out, mut composed_out) = (buffers(&widths), buffers(&widths));
         for (outs, fused_step) in [(&mut fused_out, true), (&mut composed_out, false)] {
             let mut products = qkv_products(l, outs);
@@ -611,7 +624,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         for i in 0..3 {
             compare("norm + Q/K/V", &fused_out[i], &composed_out[i], widths[i]);
         }
-        if g.tensor_core_products(&[&attn(l).wq, &attn(l).wk, &attn(l).wv], rows) {
+        if g.tensor_core_products(&[&attn(l).wq, &attn(l).wk, values(l)], rows) {
             for i in 0..3 {
                 assert_same_bits("norm + Q/K/V", &fused_out[i], &composed_out[i], widths[i]);
             }
@@ -649,7 +662,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
             qk_norm,
             rope: &rope,
         };
-        let (kw, vw) = (attn(l).wk.rows, attn(l).wv.rows);
+        let (kw, vw) = (attn(l).wk.rows, values(l).rows);
         let shape = AttentionShape {
             n_head,
             n_head_kv,
@@ -667,7 +680,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         }
         let mut attended = Vec::new();
         for (outs, fused_step) in [(&mut fused_out, true), (&mut composed_out, false)] {
-            let mut cache = g.kv_cache(1100, &[LayerState::Kv; 2], kw, vw).unwrap();
+            let mut cache = g.kv_cache(1100, &[kv_layer(kw, vw); 2]).unwrap();
             let [q, k, v] = &mut outs[..] else {
                 unreachable!()
             };
@@ -702,7 +715,7 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         let mut steps = Vec::new();
         for fused_step in [true, false] {
             let mut outs = buffers(&widths);
-            let mut cache = g.kv_cache(1100, &[LayerState::Kv; 2], kw, vw).unwrap();
+            let mut cache = g.kv_cache(1100, &[kv_layer(kw, vw); 2]).unwrap();
             let mut caches = [&mut cache];
             {
                 let mut qkv = qkv_products(l, &mut outs);
@@ -878,11 +891,11 @@ fn check_attention(shape: AttentionShape, lens: &[usize], rows: &[SeqPos]) -> f6
     let n_ctx = 1024;
     let mut cpu_caches: Vec<_> = lens
         .iter()
-        .map(|_| p.cpu.kv_cache(n_ctx, &[LayerState::Kv; 2], kw, vw).unwrap())
+        .map(|_| p.cpu.kv_cache(n_ctx, &[kv_layer(kw, vw); 2]).unwrap())
         .collect();
     let mut gpu_caches: Vec<_> = lens
         .iter()
-        .map(|_| p.gpu.kv_cache(n_ctx, &[LayerState::Kv; 2], kw, vw).unwrap())
+        .map(|_| p.gpu.kv_cache(n_ctx, &[kv_layer(kw, vw); 2]).unwrap())
         .collect();
     let layer = 1;
     for (s, &len) in lens.iter().enumerate() {
@@ -1520,16 +1533,10 @@ fn delta_net_steps<B: Backend>(
     let layers: Vec<LayerState> = (0..hp.n_layer as usize)
         .map(|il| hp.layer_state(il))
         .collect();
-    let (kw, vw) = (
-        (hp.n_head_kv * hp.head_dim_k) as usize,
-        (hp.n_head_kv * hp.head_dim_v) as usize,
-    );
     let Mixer::DeltaNet(dw) = &weights.layers[0].mixer else {
         panic!("layer 0 is a linear-attention layer")
     };
-    let mut caches: Vec<B::KvCache> = (0..3)
-        .map(|_| b.kv_cache(64, &layers, kw, vw).unwrap())
-        .collect();
+    let mut caches: Vec<B::KvCache> = (0..3).map(|_| b.kv_cache(64, &layers).unwrap()).collect();
     steps
         .iter()
         .map(
@@ -1680,15 +1687,7 @@ fn decode_logits(model: &Model, path: &Path, options: CudaOptions) -> (bool, Vec
     let layers: Vec<LayerState> = (0..hp.n_layer as usize)
         .map(|il| hp.layer_state(il))
         .collect();
-    let cache = || {
-        gpu.kv_cache(
-            64,
-            &layers,
-            (hp.n_head_kv * hp.head_dim_k) as usize,
-            (hp.n_head_kv * hp.head_dim_v) as usize,
-        )
-        .unwrap()
-    };
+    let cache = || gpu.kv_cache(64, &layers).unwrap();
     let mut caches = [cache(), cache(), cache()];
     let mut logits = Vec::new();
     let prompt = tokens(12, 5);
@@ -1806,15 +1805,7 @@ fn stepped_logits(model: &Model, path: &Path, graph_decode: bool) -> (GraphStats
     let layers: Vec<LayerState> = (0..hp.n_layer as usize)
         .map(|il| hp.layer_state(il))
         .collect();
-    let cache = || {
-        gpu.kv_cache(
-            400,
-            &layers,
-            (hp.n_head_kv * hp.head_dim_k) as usize,
-            (hp.n_head_kv * hp.head_dim_v) as usize,
-        )
-        .unwrap()
-    };
+    let cache = || gpu.kv_cache(400, &layers).unwrap();
     let mut caches: Vec<_> = (0..20).map(|_| cache()).collect();
     let step = |caches: &mut [&mut cuda::CudaKvCache],
                 tokens: &[u32],
@@ -2035,6 +2026,57 @@ fn gpt_oss_is_refused_on_the_gpu_naming_what_is_missing() {
     let err = whole.expect_err("a gpt-oss model loaded on device 0");
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
     assert!(err.message().contains("attention sinks"), "{err}");
+}
+
+/// Gemma 4 runs on the CPU backend only: the CUDA backend refuses it at
+/// load, naming what its kernels lack, and its cache refuses layers of
+/// different widths.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gemma4_is_refused_on_the_gpu_naming_what_is_missing() {
+    if !have_gpu() {
+        return;
+    }
+    let n_vocab = N_VOCAB.to_string();
+    let path = common::synth_once(
+        "cuda-gemma4-q8_0.gguf",
+        &[
+            "--arch",
+            "gemma4",
+            "--preset",
+            "tiny",
+            "--type",
+            "q8_0",
+            "--n-vocab",
+            &n_vocab,
+        ],
+    );
+    let file = Arc::new(open_mapped(&path));
+    let err = CudaBackend::new(Arc::clone(&file), 0, CudaOptions::default(), &|_| true)
+        .err()
+        .expect("a gemma4 model loaded on the GPU");
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    for missing in ["gemma4", "different widths", "soft-capping"] {
+        assert!(err.message().contains(missing), "{missing}: {err}");
+    }
+    let whole = Model::load(
+        &path,
+        LoadOptions {
+            device: 0,
+            n_threads: 2,
+            use_mmap: true,
+            vocab_only: false,
+        },
+    );
+    let err = whole.expect_err("a gemma4 model loaded on device 0");
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    let p = pair("llama", "f32", true);
+    let err = p
+        .gpu
+        .kv_cache(16, &[kv_layer(256, 256), kv_layer(128, 128)])
+        .err()
+        .expect("a cache of layers of different widths on the GPU");
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
 }
 
 #[test]

@@ -1102,6 +1102,63 @@ fn corpus() -> Vec<Case> {
         }),
         &["gpt-oss.attention.sliding_window"],
     );
+    // --- Gemma 4: per-layer KV heads and window flags, the sliding-window
+    // layers' own head widths, the full-attention layers' RoPE factors; its
+    // E2B/E4B and MoE features are refused by name.
+    let gemma4_with = |f: &dyn Fn(&mut GgufWriter)| {
+        let mut w = tiny_model("gemma4");
+        f(&mut w);
+        w.build()
+    };
+    c.format(
+        "gemma4_full_layers_without_rope_factors",
+        gemma4_with(&|w| w.remove_tensor("rope_freqs.weight")),
+        &["tensor 'rope_freqs.weight' is missing", "gemma4"],
+    );
+    c.format(
+        "gemma4_kv_heads_for_fewer_layers",
+        gemma4_with(&|w| {
+            w.set_kv(
+                "gemma4.attention.head_count_kv",
+                Meta::Array(vt::I32, vec![Meta::I32(2)]),
+            )
+        }),
+        &["gemma4.attention.head_count_kv", "must hold 2 values"],
+    );
+    c.format(
+        "gemma4_without_window_flags",
+        gemma4_with(&|w| w.remove_kv("gemma4.attention.sliding_window_pattern")),
+        &["gemma4.attention.sliding_window_pattern"],
+    );
+    c.format(
+        "gemma4_sliding_values_wider_than_keys",
+        gemma4_with(&|w| w.set_kv("gemma4.attention.value_length_swa", Meta::U32(16))),
+        &["keys and values must be equally wide"],
+    );
+    c.format(
+        "gemma4_value_projection_of_the_full_layers_width",
+        gemma4_with(&|w| {
+            let t = w.tensor_mut("blk.0.attn_v.weight");
+            t.dims = vec![32, 32];
+            t.data.resize(32 * 32 * 4, 0);
+        }),
+        &["tensor 'blk.0.attn_v.weight' has shape [32, 32], expected [32, 16]"],
+    );
+    c.format(
+        "gemma4_sliding_layers_rotating_more_than_their_heads",
+        gemma4_with(&|w| w.remove_kv("gemma4.rope.dimension_count_swa")),
+        &["gemma4.rope.dimension_count_swa = 32", "head size 8"],
+    );
+    c.unsupported(
+        "gemma4_with_per_layer_input_embeddings",
+        gemma4_with(&|w| w.set_kv("gemma4.embedding_length_per_layer_input", Meta::U32(8))),
+        &["per-layer input embeddings are not supported"],
+    );
+    c.unsupported(
+        "gemma4_with_layers_sharing_kv_caches",
+        gemma4_with(&|w| w.set_kv("gemma4.attention.shared_kv_layers", Meta::U32(1))),
+        &["reuse another layer's KV cache"],
+    );
     c.unsupported(
         "yarn_rope_scaling_on_llama",
         llama_with(|w| w.set_kv("llama.rope.scaling.type", Meta::str("yarn"))),
@@ -1175,7 +1232,7 @@ fn check_case(case: &Case) -> Vec<String> {
 #[test]
 fn the_unmodified_tiny_models_load_every_way() {
     // Every case is one change away from these; they must load.
-    for arch in ["llama", "gemma3"] {
+    for arch in ["llama", "gemma3", "gemma4"] {
         for (how, outcome) in load_every_way(&format!("valid-{arch}"), &tiny_model(arch).build()) {
             match outcome {
                 Outcome::Loaded => {}

@@ -54,6 +54,7 @@ fn a_prompt_in_any_chunk_size_gives_the_logits_of_token_by_token_decoding() {
         "llama-moe",
         "qwen35",
         "gpt-oss",
+        "gemma4",
     ] {
         let m = model(arch, 2);
         let expected = stepwise(&m);
@@ -90,6 +91,13 @@ fn batched_decode_of_moe_sessions_gives_the_logits_of_decoding_alone() {
     batched_decode_matches_decoding_alone("qwen3moe");
     batched_decode_matches_decoding_alone("llama-moe");
     batched_decode_matches_decoding_alone("gpt-oss");
+}
+
+/// Gemma 4's sessions: layers whose caches differ in width, a window the
+/// longer session's rows cross.
+#[test]
+fn batched_decode_of_gemma4_sessions_gives_the_logits_of_decoding_alone() {
+    batched_decode_matches_decoding_alone("gemma4");
 }
 
 fn batched_decode_matches_decoding_alone(arch: &str) {
@@ -138,6 +146,52 @@ fn hybrid_models_describe_their_state_and_kv_costs() {
     assert_eq!(s.memory_bytes(), 64 * 64 + state_bytes);
     let json = model("llama", 1).describe_json();
     assert!(json.contains(r#""recurrent_state_bytes":0"#), "{json}");
+}
+
+/// llama.cpp's Gemma 4 (src/models/gemma4.cpp) takes `Vcur = Kcur` in a
+/// layer without a value projection: the keys' projection before their
+/// norm and RoPE, RMS-normed as any layer's values are. The same model with
+/// `attn_v` a copy of `attn_k` in that layer gives the same logits.
+#[test]
+fn a_gemma4_layer_without_a_value_projection_takes_its_keys_projection() {
+    let from_keys = stepwise(&model("gemma4", 2));
+    let mut w = tiny_model("gemma4");
+    let keys = w.tensor_mut("blk.1.attn_k.weight");
+    let (dims, type_id, data) = (keys.dims.clone(), keys.type_id, keys.data.clone());
+    let w = w.tensor("blk.1.attn_v.weight", &dims, type_id, data);
+    let gguf = GgufFile::from_bytes(&w.build()).unwrap();
+    let options = LoadOptions {
+        device: -1,
+        n_threads: 2,
+        use_mmap: false,
+        vocab_only: false,
+    };
+    let with_values =
+        Arc::new(Model::from_gguf(gguf, Device::Cpu { threads: 2 }, options).unwrap());
+    assert_eq!(stepwise(&with_values), from_keys);
+}
+
+/// The tiny Gemma 4: a sliding-window layer of 2 KV heads of 8 (16 + 16
+/// f16 values a position) and a full-attention layer of 1 KV head of 32
+/// (32 + 32): each layer's cache is as wide as its own heads.
+#[test]
+fn gemma4_describes_and_holds_each_layers_own_kv_shape() {
+    let m = model("gemma4", 1);
+    let json = m.describe_json();
+    let per_token = (16 + 16) * 2 + (32 + 32) * 2;
+    for part in [
+        r#""kv_heads":1,"head_dim":32,"sliding_kv_heads":2,"sliding_head_dim":8,"sliding_window":8"#
+            .to_string(),
+        format!(r#""kv_bytes_per_token":{per_token},"recurrent_state_bytes":0"#),
+    ] {
+        assert!(json.contains(&part), "{part}: {json}");
+    }
+    assert_eq!(session(&m, 64, 512).memory_bytes(), 64 * per_token);
+    let json = model("llama", 1).describe_json();
+    assert!(
+        json.contains(r#""sliding_kv_heads":null,"sliding_head_dim":null"#),
+        "{json}"
+    );
 }
 
 #[test]
@@ -284,6 +338,13 @@ fn truncating_and_decoding_again_matches_a_fresh_session() {
 #[test]
 fn truncating_a_sliding_window_session_and_decoding_again_matches_a_fresh_session() {
     truncating_matches_a_fresh_session("gpt-oss");
+}
+
+/// Gemma 4: an 8-token window on its sliding layers, whose caches are
+/// narrower than its full-attention layers'.
+#[test]
+fn truncating_a_gemma4_session_and_decoding_again_matches_a_fresh_session() {
+    truncating_matches_a_fresh_session("gemma4");
 }
 
 /// A hybrid model's recurrent states cannot run backwards: they take the

@@ -31,13 +31,14 @@ use m40llm::gguf::GgufFile;
 use m40llm::model::{DeviceShare, LoadOptions, Model};
 use m40llm::session::{Session, SessionParams};
 
-const ARCHITECTURES: [&str; 6] = [
+const ARCHITECTURES: [&str; 7] = [
     "llama",
     "qwen2",
     "qwen3moe",
     "gemma3",
     "llama-moe",
     "gpt-oss",
+    "gemma4",
 ];
 
 /// Tiny models with enough layers for a three-way split.

@@ -329,15 +329,9 @@ pub trait Backend {
     }
 
     /// A sequence's cache for `n_ctx` positions of `layers`: keys and values
-    /// of the given widths for each attention layer, a zero state for each
+    /// of each attention layer's widths, a zero state for each
     /// linear-attention layer.
-    fn kv_cache(
-        &self,
-        n_ctx: usize,
-        layers: &[LayerState],
-        k_width: usize,
-        v_width: usize,
-    ) -> Result<Self::KvCache>;
+    fn kv_cache(&self, n_ctx: usize, layers: &[LayerState]) -> Result<Self::KvCache>;
     /// A cache's linear-attention states back to those of no tokens.
     fn reset_recurrent(&self, cache: &mut Self::KvCache);
 
@@ -376,6 +370,15 @@ pub trait Backend {
     /// Normalizes every `weight.cols`-wide group of x by its RMS and scales
     /// it by `weight`, in place (groups are rows, or heads for per-head norms).
     fn rms_norm(&self, x: &mut Self::Buffer, weight: &Weight, eps: f32, len: usize) -> Result<()>;
+    /// Divides every `group`-wide group of x by its RMS, with no weight (Gemma
+    /// 4's value heads), in place.
+    fn rms_normalize(&self, x: &mut Self::Buffer, group: usize, eps: f32, len: usize)
+        -> Result<()>;
+    /// x ← x · factor, `factor` a weight of one value (Gemma 4's per-layer
+    /// output scale).
+    fn scale_by(&self, x: &mut Self::Buffer, factor: &Weight, len: usize) -> Result<()>;
+    /// x ← cap · tanh(x / cap): soft-capping (Gemma 4's final logits).
+    fn soft_cap(&self, x: &mut Self::Buffer, cap: f32, len: usize) -> Result<()>;
     /// out[i] = src[rows[i]] for rows `width` wide.
     fn gather_rows(
         &self,
@@ -821,21 +824,11 @@ impl ModelBackend {
 
     /// A sequence's cache for `n_ctx` positions of the stage's `layers`
     /// (keys and values, or a recurrent state).
-    pub fn kv_cache(
-        &self,
-        n_ctx: usize,
-        layers: &[LayerState],
-        k_width: usize,
-        v_width: usize,
-    ) -> Result<SequenceCache> {
+    pub fn kv_cache(&self, n_ctx: usize, layers: &[LayerState]) -> Result<SequenceCache> {
         Ok(match self {
-            ModelBackend::Cpu(b) => {
-                SequenceCache::Cpu(b.kv_cache(n_ctx, layers, k_width, v_width)?)
-            }
+            ModelBackend::Cpu(b) => SequenceCache::Cpu(b.kv_cache(n_ctx, layers)?),
             #[cfg(feature = "cuda")]
-            ModelBackend::Cuda(b) => {
-                SequenceCache::Cuda(b.kv_cache(n_ctx, layers, k_width, v_width)?)
-            }
+            ModelBackend::Cuda(b) => SequenceCache::Cuda(b.kv_cache(n_ctx, layers)?),
         })
     }
 

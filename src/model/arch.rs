@@ -34,6 +34,12 @@ pub enum Architecture {
     /// sliding-window and full-attention layers alternating, YaRN RoPE, and
     /// a mixture of experts with biases and a clamped SwiGLU in every layer.
     GptOss,
+    /// Google's Gemma 4 (dense): Gemma 3's norms and GeGLU, sliding-window
+    /// and full-attention layers with heads of their own, full-attention
+    /// layers whose keys serve as values and whose RoPE is proportional
+    /// (frequency factors), values RMS-normed, a scale on each layer's
+    /// output, and soft-capped logits.
+    Gemma4,
 }
 
 impl Architecture {
@@ -48,6 +54,7 @@ impl Architecture {
             "qwen35" => Some(Architecture::Qwen35),
             "qwen35moe" => Some(Architecture::Qwen35Moe),
             "gpt-oss" => Some(Architecture::GptOss),
+            "gemma4" => Some(Architecture::Gemma4),
             _ => None,
         }
     }
@@ -62,6 +69,7 @@ impl Architecture {
             Architecture::Qwen35 => "qwen35",
             Architecture::Qwen35Moe => "qwen35moe",
             Architecture::GptOss => "gpt-oss",
+            Architecture::Gemma4 => "gemma4",
         }
     }
 
@@ -89,6 +97,8 @@ impl Architecture {
                 glu: Glu::Swiglu,
                 embedding_scaled: false,
                 local_rope_base: None,
+                attention_scale: None,
+                value_norm: false,
             },
             Architecture::Qwen2
             | Architecture::Qwen3
@@ -103,18 +113,36 @@ impl Architecture {
                 glu: Glu::Swiglu,
                 embedding_scaled: false,
                 local_rope_base: None,
+                attention_scale: None,
+                value_norm: false,
             },
             Architecture::Gemma3 => ArchTraits {
                 rope_mode: RopeMode::Neox,
                 glu: Glu::Geglu,
                 embedding_scaled: true,
                 local_rope_base: Some(10_000.0),
+                attention_scale: None,
+                value_norm: false,
             },
             Architecture::GptOss => ArchTraits {
                 rope_mode: RopeMode::Neox,
                 glu: Glu::SwigluOai,
                 embedding_scaled: false,
                 local_rope_base: None,
+                attention_scale: None,
+                value_norm: false,
+            },
+            // llama.cpp: `f_attention_scale = 1` (its q and k norms set the
+            // scale of q·k), and `Vcur = ggml_rms_norm(Vcur)` in every layer.
+            // The sliding-window layers' RoPE base comes from the file
+            // (`HyperParams::rope_freq_base_swa`).
+            Architecture::Gemma4 => ArchTraits {
+                rope_mode: RopeMode::Neox,
+                glu: Glu::Geglu,
+                embedding_scaled: true,
+                local_rope_base: None,
+                attention_scale: Some(1.0),
+                value_norm: true,
             },
         }
     }
@@ -126,7 +154,8 @@ impl Architecture {
             | Architecture::Qwen2
             | Architecture::Qwen3
             | Architecture::Qwen3Moe
-            | Architecture::GptOss => 10_000.0,
+            | Architecture::GptOss
+            | Architecture::Gemma4 => 10_000.0,
             Architecture::Gemma3 => 1_000_000.0,
             Architecture::Qwen35 | Architecture::Qwen35Moe => 10_000_000.0,
         }
@@ -143,6 +172,11 @@ pub struct ArchTraits {
     pub embedding_scaled: bool,
     /// RoPE base of the sliding-window layers (Gemma 3's local layers).
     pub local_rope_base: Option<f32>,
+    /// What multiplies q·k before the softmax where it is not
+    /// 1 / √head_dim_k.
+    pub attention_scale: Option<f32>,
+    /// Each value head is RMS-normed, with no weight, before it is cached.
+    pub value_norm: bool,
 }
 
 /// A tensor the architecture knows, with its expected shape.
@@ -162,22 +196,30 @@ fn spec(name: impl Into<String>, dims: &[u32], required: bool) -> TensorSpec {
 
 fn tensor_specs(arch: Architecture, hp: &HyperParams) -> Vec<TensorSpec> {
     let (d, v, ff) = (hp.n_embd, hp.n_vocab, hp.n_ff);
-    let q = hp.n_head * hp.head_dim_k;
-    let k = hp.n_head_kv * hp.head_dim_k;
-    let vv = hp.n_head_kv * hp.head_dim_v;
-    let o = hp.n_head * hp.head_dim_v;
     let mut specs = vec![
         spec("token_embd.weight", &[d, v], true),
         spec("output_norm.weight", &[d], true),
         // Absent means the output projection is tied to the embedding.
         spec("output.weight", &[d, v], false),
     ];
-    if arch == Architecture::Llama {
+    let full_layers = (0..hp.n_layer as usize).any(|il| !hp.is_sliding(il));
+    match arch {
         // LLaMA 3.1-style frequency factors for long-context RoPE.
-        specs.push(spec("rope_freqs.weight", &[hp.rope_dim / 2], false));
+        Architecture::Llama => specs.push(spec("rope_freqs.weight", &[hp.rope_dim / 2], false)),
+        // Gemma 4's proportional RoPE of the full-attention layers: a factor
+        // for each pair of a head (llama.cpp's `n_embd_head / 2`).
+        Architecture::Gemma4 if full_layers => {
+            specs.push(spec("rope_freqs.weight", &[hp.head_dim_k / 2], true))
+        }
+        _ => {}
     }
     for i in 0..hp.n_layer {
         let b = |n: &str| format!("blk.{i}.{n}");
+        let heads = hp.heads(i as usize);
+        let q = hp.n_head * heads.head_dim_k;
+        let k = heads.n_head_kv * heads.head_dim_k;
+        let vv = heads.n_head_kv * heads.head_dim_v;
+        let o = hp.n_head * heads.head_dim_v;
         specs.push(spec(b("attn_norm.weight"), &[d], true));
         match hp.delta_net.filter(|_| hp.is_linear_layer(i as usize)) {
             Some(net) => {
@@ -198,10 +240,12 @@ fn tensor_specs(arch: Architecture, hp: &HyperParams) -> Vec<TensorSpec> {
                 // Qwen3.5's full-attention layers project each query head
                 // and its output gate together.
                 let q = if arch.is_hybrid() { 2 * q } else { q };
+                // A Gemma 4 layer without a value projection takes its keys'.
+                let values_required = arch != Architecture::Gemma4;
                 specs.extend([
                     spec(b("attn_q.weight"), &[d, q], true),
                     spec(b("attn_k.weight"), &[d, k], true),
-                    spec(b("attn_v.weight"), &[d, vv], true),
+                    spec(b("attn_v.weight"), &[d, vv], values_required),
                     spec(b("attn_output.weight"), &[o, d], true),
                 ]);
             }
@@ -249,19 +293,27 @@ fn tensor_specs(arch: Architecture, hp: &HyperParams) -> Vec<TensorSpec> {
                 spec(b("attn_v.bias"), &[vv], true),
             ]),
             Architecture::Qwen3 | Architecture::Qwen3Moe => specs.extend([
-                spec(b("attn_q_norm.weight"), &[hp.head_dim_k], true),
-                spec(b("attn_k_norm.weight"), &[hp.head_dim_k], true),
+                spec(b("attn_q_norm.weight"), &[heads.head_dim_k], true),
+                spec(b("attn_k_norm.weight"), &[heads.head_dim_k], true),
             ]),
             Architecture::Qwen35 | Architecture::Qwen35Moe if hp.is_linear_layer(i as usize) => {}
             Architecture::Qwen35 | Architecture::Qwen35Moe => specs.extend([
-                spec(b("attn_q_norm.weight"), &[hp.head_dim_k], true),
-                spec(b("attn_k_norm.weight"), &[hp.head_dim_k], true),
+                spec(b("attn_q_norm.weight"), &[heads.head_dim_k], true),
+                spec(b("attn_k_norm.weight"), &[heads.head_dim_k], true),
             ]),
             Architecture::Gemma3 => specs.extend([
-                spec(b("attn_q_norm.weight"), &[hp.head_dim_k], true),
-                spec(b("attn_k_norm.weight"), &[hp.head_dim_k], true),
+                spec(b("attn_q_norm.weight"), &[heads.head_dim_k], true),
+                spec(b("attn_k_norm.weight"), &[heads.head_dim_k], true),
                 spec(b("post_attention_norm.weight"), &[d], true),
                 spec(b("post_ffw_norm.weight"), &[d], true),
+            ]),
+            // llama.cpp: the layer's scalar output scale is optional.
+            Architecture::Gemma4 => specs.extend([
+                spec(b("attn_q_norm.weight"), &[heads.head_dim_k], true),
+                spec(b("attn_k_norm.weight"), &[heads.head_dim_k], true),
+                spec(b("post_attention_norm.weight"), &[d], true),
+                spec(b("post_ffw_norm.weight"), &[d], true),
+                spec(b("layer_output_scale.weight"), &[1], false),
             ]),
             Architecture::GptOss => specs.extend([
                 spec(b("attn_q.bias"), &[q], true),

@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{HyperParams, Model};
-use crate::backend::Device;
+use super::{HyperParams, LayerHeads, Model};
+use crate::backend::{Device, LayerState};
 use crate::json::JsonObject;
 
 impl Model {
@@ -23,6 +23,13 @@ impl Model {
         let num =
             |f: fn(&HyperParams) -> u32| hp.map_or("null".to_string(), |hp| f(hp).to_string());
         let or_null = |v: Option<u64>| v.map_or("null".to_string(), |v| v.to_string());
+        // The sliding-window layers' heads (Gemma 4's differ from the others').
+        let sliding = |f: fn(&LayerHeads) -> u32| {
+            or_null(hp.and_then(|h| {
+                let il = h.sliding_layers.iter().position(|&s| s)?;
+                Some(u64::from(f(&h.heads(il))))
+            }))
+        };
 
         let mut j = JsonObject::new();
         j.string("architecture", Some(self.architecture_name()))
@@ -46,6 +53,8 @@ impl Model {
             .value("heads", num(|h| h.n_head))
             .value("kv_heads", num(|h| h.n_head_kv))
             .value("head_dim", num(|h| h.head_dim_k))
+            .value("sliding_kv_heads", sliding(|h| h.n_head_kv))
+            .value("sliding_head_dim", sliding(|h| h.head_dim_k))
             .value(
                 "sliding_window",
                 or_null(hp.and_then(|h| h.sliding_window).map(u64::from)),
@@ -94,7 +103,11 @@ impl Model {
             .expect("a computing model has hyper-parameters");
         let w = self.weights();
         let stages = self.stages();
-        let kv_per_layer = u64::from(hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v)) * 2;
+        // f16 keys and values of a position in layer `il`.
+        let kv_bytes = |il: usize| match hp.layer_state(il) {
+            LayerState::Kv { k_width, v_width } => (k_width + v_width) as u64 * 2,
+            LayerState::Recurrent(_) => 0,
+        };
         let items: Vec<String> = stages
             .iter()
             .enumerate()
@@ -112,6 +125,7 @@ impl Model {
                     .clone()
                     .filter(|&il| !hp.is_linear_layer(il))
                     .count() as u64;
+                let kv_bytes_per_token: u64 = stage.layers.clone().map(kv_bytes).sum();
                 let recurrent_layers = stage.layers.len() as u64 - attention_layers;
                 let (conv, ssm) = hp.delta_net.map_or((0, 0), |p| p.shape().state_values());
                 let recurrent_bytes = recurrent_layers * (conv + ssm) as u64 * 4;
@@ -129,7 +143,7 @@ impl Model {
                 .value("embedding", first)
                 .value("output", last)
                 .value("weight_bytes", weight_bytes)
-                .value("kv_bytes_per_token", kv_per_layer * attention_layers)
+                .value("kv_bytes_per_token", kv_bytes_per_token)
                 .value("recurrent_state_bytes", recurrent_bytes);
                 j.finish()
             })

@@ -4,7 +4,7 @@
 use super::Architecture;
 use crate::backend::{DeltaNetShape, Yarn};
 use crate::error::{echo, Error, Result};
-use crate::gguf::{Array, GgufFile};
+use crate::gguf::{Array, Entry, GgufFile, Value};
 use crate::kv_cache::LayerState;
 
 // Upper bounds well above any published model; they keep hostile values from
@@ -26,25 +26,40 @@ pub struct HyperParams {
     pub n_layer: u32,
     pub n_ff: u32,
     pub n_head: u32,
+    /// KV heads of the full-attention layers (of every layer, unless
+    /// `sliding_heads` gives the sliding-window layers their own).
     pub n_head_kv: u32,
-    /// Width of one query/key head.
+    /// Width of one query/key head (of the full-attention layers, as
+    /// `n_head_kv`).
     pub head_dim_k: u32,
-    /// Width of one value head.
+    /// Width of one value head (as `n_head_kv`).
     pub head_dim_v: u32,
-    /// How many dimensions of each head RoPE rotates.
+    /// How many dimensions of each head RoPE rotates (as `n_head_kv`).
     pub rope_dim: u32,
+    /// The sliding-window layers' heads where they are their own (gemma4's
+    /// `*_swa` keys and per-layer `head_count_kv`); `None` where every layer
+    /// has the heads above.
+    pub sliding_heads: Option<LayerHeads>,
     pub rope_freq_base: f32,
+    /// The sliding-window layers' RoPE base, at position scale 1, where the
+    /// file gives it (gemma4's `rope.freq_base_swa`).
+    pub rope_freq_base_swa: Option<f32>,
     /// Position scale of linear RoPE scaling (1 / factor; 1 without scaling).
     pub rope_freq_scale: f32,
     /// YaRN's corrections to the scaled RoPE (gpt-oss); `None` without YaRN.
     pub yarn: Option<Yarn>,
     pub rms_eps: f32,
-    /// Tokens a sliding-window (local) attention layer sees; gemma3 and
-    /// gpt-oss.
+    /// Tokens a sliding-window (local) attention layer sees; gemma3,
+    /// gpt-oss and gemma4.
     pub sliding_window: Option<u32>,
-    /// Every this many layers one uses full attention (the others the
-    /// sliding window); gemma3 and gpt-oss.
-    pub sliding_window_pattern: u32,
+    /// Per layer: whether it attends over the sliding window (every layer
+    /// but each `attention.sliding_window_pattern`-th for gemma3 and
+    /// gpt-oss, the file's per-layer flags for gemma4; none without a
+    /// window).
+    pub sliding_layers: Vec<bool>,
+    /// The final logits become c · tanh(logits / c) (gemma4's
+    /// `final_logit_softcapping`); `None` without capping.
+    pub final_logit_softcap: Option<f32>,
     /// Experts of each mixture-of-experts feed-forward block; 0 for a dense
     /// model.
     pub n_expert: u32,
@@ -59,6 +74,24 @@ pub struct HyperParams {
     /// The Gated DeltaNet layers' shape (qwen35); `None` for models whose
     /// layers all use attention.
     pub delta_net: Option<DeltaNetParams>,
+}
+
+/// One attention layer's key/value heads and rotation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerHeads {
+    pub n_head_kv: u32,
+    pub head_dim_k: u32,
+    pub head_dim_v: u32,
+    /// Dimensions of each query and key head that RoPE rotates.
+    pub rope_dim: u32,
+}
+
+impl LayerHeads {
+    /// Values of one position's keys, and of its values, in the KV cache.
+    pub fn kv_widths(&self) -> (usize, usize) {
+        let n = self.n_head_kv as usize;
+        (n * self.head_dim_k as usize, n * self.head_dim_v as usize)
+    }
 }
 
 /// The linear-attention (Gated DeltaNet) layers of a hybrid model, as
@@ -126,11 +159,28 @@ impl HyperParams {
             Architecture::Qwen35Moe | Architecture::GptOss => {
                 optional("feed_forward_length", 0..=MAX_FEED_FORWARD, 0)?
             }
+            Architecture::Gemma4
+                if gguf
+                    .get(&key("feed_forward_length"))
+                    .is_some_and(|e| matches!(e.value, Value::Array(_))) =>
+            {
+                return Err(Error::unsupported(format!(
+                    "{} gives each layer its own width (Gemma 4's double-wide MLPs), which this build does not support",
+                    key("feed_forward_length")
+                )));
+            }
             _ => required("feed_forward_length", 1..=MAX_FEED_FORWARD)?,
         };
         let n_head = required("attention.head_count", 1..=MAX_HEADS)?;
-        let n_head_kv = optional("attention.head_count_kv", 1..=MAX_HEADS, n_head)?;
-        if n_head % n_head_kv != 0 {
+        // gemma4 names each layer's KV heads; the others one count for all.
+        let kv_heads_of_layers = match gguf.get(&key("attention.head_count_kv")) {
+            None => vec![n_head; n_layer as usize],
+            Some(entry) if arch == Architecture::Gemma4 => {
+                per_layer_u32(&entry, n_layer, 1..=MAX_HEADS)?
+            }
+            Some(entry) => vec![entry.u32_in(1..=MAX_HEADS)?; n_layer as usize],
+        };
+        if let Some(&n_head_kv) = kv_heads_of_layers.iter().find(|&&kv| n_head % kv != 0) {
             return Err(Error::format(format!(
                 "{} = {n_head} is not a multiple of {} = {n_head_kv}",
                 key("attention.head_count"),
@@ -194,25 +244,83 @@ impl HyperParams {
         let rms_eps = gguf
             .require(&key("attention.layer_norm_rms_epsilon"))?
             .f32_in(0.0..=1.0)?;
-        let (sliding_window, sliding_window_pattern) = match arch {
+        // Every `pattern`-th layer global, the others sliding.
+        let every = |pattern: u32| -> Vec<bool> {
+            (0..n_layer)
+                .map(|il| !(il + 1).is_multiple_of(pattern))
+                .collect()
+        };
+        let (sliding_window, sliding_layers) = match arch {
             // llama.cpp's defaults for Gemma 3: a 512-token window, and every
             // sixth layer global.
             Architecture::Gemma3 => (
                 Some(optional("attention.sliding_window", 1..=u32::MAX, 512)?),
-                optional("attention.sliding_window_pattern", 1..=MAX_LAYERS, 6)?,
+                every(optional(
+                    "attention.sliding_window_pattern",
+                    1..=MAX_LAYERS,
+                    6,
+                )?),
             ),
             // llama.cpp requires gpt-oss's window; every second layer is
             // global by default.
             Architecture::GptOss => (
                 Some(required("attention.sliding_window", 1..=u32::MAX)?),
-                optional("attention.sliding_window_pattern", 1..=MAX_LAYERS, 2)?,
+                every(optional(
+                    "attention.sliding_window_pattern",
+                    1..=MAX_LAYERS,
+                    2,
+                )?),
+            ),
+            // llama.cpp requires Gemma 4's window and its flag for each layer.
+            Architecture::Gemma4 => (
+                Some(required("attention.sliding_window", 1..=u32::MAX)?),
+                per_layer_flags(
+                    &gguf.require(&key("attention.sliding_window_pattern"))?,
+                    n_layer,
+                )?,
             ),
             Architecture::Llama
             | Architecture::Qwen2
             | Architecture::Qwen3
             | Architecture::Qwen3Moe
             | Architecture::Qwen35
-            | Architecture::Qwen35Moe => (None, 1),
+            | Architecture::Qwen35Moe => (None, vec![false; n_layer as usize]),
+        };
+        // The KV heads of the layers of one kind (sliding or full), which
+        // must agree; where no layer is of that kind, the first layer's.
+        let kv_heads_of_kind = |sliding: bool| -> Result<u32> {
+            let mut kind = kv_heads_of_layers
+                .iter()
+                .zip(&sliding_layers)
+                .filter(|&(_, &s)| s == sliding)
+                .map(|(&kv, _)| kv);
+            let first = kind.next().unwrap_or(kv_heads_of_layers[0]);
+            match kind.find(|&kv| kv != first) {
+                None => Ok(first),
+                Some(other) => Err(Error::unsupported(format!(
+                    "{} = {kv_heads_of_layers:?} gives the {} layers {first} and {other} KV heads; this build takes one count for each kind of layer",
+                    key("attention.head_count_kv"),
+                    if sliding { "sliding-window" } else { "full-attention" }
+                ))),
+            }
+        };
+        let n_head_kv = kv_heads_of_kind(false)?;
+        let (sliding_heads, rope_freq_base_swa, final_logit_softcap) = match arch {
+            Architecture::Gemma4 => {
+                let g = gemma4_params(gguf, a, head_dim_k, head_dim_v, rope_dim)?;
+                let heads = LayerHeads {
+                    n_head_kv: kv_heads_of_kind(true)?,
+                    head_dim_k: g.head_dim_swa,
+                    head_dim_v: g.head_dim_swa,
+                    rope_dim: g.rope_dim_swa,
+                };
+                (
+                    Some(heads),
+                    Some(g.rope_freq_base_swa),
+                    g.final_logit_softcap,
+                )
+            }
+            _ => (None, None, None),
         };
         // Mixture of experts as llama.cpp reads it: LLaMA has experts when
         // `expert_count` > 0 (Mixtral), each as wide as the dense FFN would
@@ -258,7 +366,8 @@ impl HyperParams {
             Architecture::Qwen2
             | Architecture::Qwen3
             | Architecture::Gemma3
-            | Architecture::Qwen35 => (0, 0, 0),
+            | Architecture::Qwen35
+            | Architecture::Gemma4 => (0, 0, 0),
         };
         let delta_net = if arch.is_hybrid() {
             Some(delta_net_params(gguf, a, head_dim_k, head_dim_v)?)
@@ -307,12 +416,15 @@ impl HyperParams {
             head_dim_k,
             head_dim_v,
             rope_dim,
+            sliding_heads,
             rope_freq_base,
+            rope_freq_base_swa,
             rope_freq_scale,
             yarn,
             rms_eps,
             sliding_window,
-            sliding_window_pattern,
+            sliding_layers,
+            final_logit_softcap,
             n_expert,
             n_expert_used,
             n_ff_exp,
@@ -332,13 +444,181 @@ impl HyperParams {
             .is_some_and(|n| !(il + 1).is_multiple_of(n.full_attention_interval as usize))
     }
 
-    /// What a sequence's cache keeps for layer `il`.
+    /// Whether layer `il` attends over the sliding window only.
+    pub fn is_sliding(&self, il: usize) -> bool {
+        self.sliding_layers[il]
+    }
+
+    /// The key/value heads and rotation of attention layer `il`.
+    pub fn heads(&self, il: usize) -> LayerHeads {
+        match self.sliding_heads.filter(|_| self.is_sliding(il)) {
+            Some(heads) => heads,
+            None => LayerHeads {
+                n_head_kv: self.n_head_kv,
+                head_dim_k: self.head_dim_k,
+                head_dim_v: self.head_dim_v,
+                rope_dim: self.rope_dim,
+            },
+        }
+    }
+
+    /// What a sequence's cache keeps for layer `il`: keys and values as
+    /// wide as its heads, or a linear-attention layer's state.
     pub fn layer_state(&self, il: usize) -> LayerState {
         match self.delta_net.filter(|_| self.is_linear_layer(il)) {
             Some(net) => LayerState::Recurrent(net.shape()),
-            None => LayerState::Kv,
+            None => {
+                let (k_width, v_width) = self.heads(il).kv_widths();
+                LayerState::Kv { k_width, v_width }
+            }
         }
     }
+}
+
+/// An integer for each of `n_layer` layers: an array of exactly that many,
+/// or one number for all (llama.cpp's `get_key_or_arr`).
+fn per_layer_u32(
+    entry: &Entry,
+    n_layer: u32,
+    range: std::ops::RangeInclusive<u32>,
+) -> Result<Vec<u32>> {
+    let Value::Array(array) = entry.value else {
+        return Ok(vec![entry.u32_in(range)?; n_layer as usize]);
+    };
+    let values: Vec<i64> = match array {
+        Array::I32(v) => v.iter().map(|&x| i64::from(x)).collect(),
+        Array::U32(v) => v.iter().map(|&x| i64::from(x)).collect(),
+        _ => {
+            return Err(Error::format(format!(
+                "metadata key '{}' is not a number or an array of 32-bit integers",
+                echo(entry.key)
+            )))
+        }
+    };
+    let in_range = |&x: &i64| (i64::from(*range.start())..=i64::from(*range.end())).contains(&x);
+    if values.len() != n_layer as usize || !values.iter().all(in_range) {
+        return Err(Error::format(format!(
+            "metadata key '{}' must hold {n_layer} values (one a layer) in {}..={}",
+            echo(entry.key),
+            range.start(),
+            range.end()
+        )));
+    }
+    Ok(values.into_iter().map(|x| x as u32).collect())
+}
+
+/// A flag for each of `n_layer` layers, from an array of exactly that many
+/// bools (or integers, nonzero for true: llama.cpp reads either).
+fn per_layer_flags(entry: &Entry, n_layer: u32) -> Result<Vec<bool>> {
+    let flags: Vec<bool> = match entry.array()? {
+        Array::Bool(v) => v.clone(),
+        Array::I32(v) => v.iter().map(|&x| x != 0).collect(),
+        Array::U32(v) => v.iter().map(|&x| x != 0).collect(),
+        _ => {
+            return Err(Error::format(format!(
+                "metadata key '{}' is not an array of bools",
+                echo(entry.key)
+            )))
+        }
+    };
+    if flags.len() != n_layer as usize {
+        return Err(Error::format(format!(
+            "metadata key '{}' has {} entries for {n_layer} layers",
+            echo(entry.key),
+            flags.len()
+        )));
+    }
+    Ok(flags)
+}
+
+/// What Gemma 4 reads beyond the other architectures' keys.
+struct Gemma4Params {
+    /// The sliding-window layers' width of each query, key and value head,
+    /// and the dimensions RoPE rotates (their KV heads come from the
+    /// per-layer `head_count_kv`).
+    head_dim_swa: u32,
+    rope_dim_swa: u32,
+    rope_freq_base_swa: f32,
+    final_logit_softcap: Option<f32>,
+}
+
+/// Gemma 4's `*_swa` keys, its soft-capping, and what this build refuses of
+/// it: per-layer input embeddings and layers that reuse another layer's
+/// KV cache (the E2B and E4B models), and mixtures of experts (26B-A4B).
+/// llama.cpp requires queries, keys and values of one width in every layer
+/// (the full-attention layers' values may be their keys).
+fn gemma4_params(
+    gguf: &GgufFile,
+    a: &str,
+    head_dim_k: u32,
+    head_dim_v: u32,
+    rope_dim: u32,
+) -> Result<Gemma4Params> {
+    let key = |k: &str| format!("{a}.{k}");
+    let required = |k: &str, range| gguf.require(&key(k))?.u32_in(range);
+    let optional = |k: &str, range, default| match gguf.get(&key(k)) {
+        Some(entry) => entry.u32_in(range),
+        None => Ok(default),
+    };
+    let refused = [
+        (
+            "embedding_length_per_layer_input",
+            required("embedding_length_per_layer_input", 0..=MAX_EMBEDDING)?,
+            "per-layer input embeddings",
+        ),
+        (
+            "attention.shared_kv_layers",
+            optional("attention.shared_kv_layers", 0..=MAX_LAYERS, 0)?,
+            "layers that reuse another layer's KV cache",
+        ),
+        (
+            "expert_count",
+            optional("expert_count", 0..=MAX_EXPERTS, 0)?,
+            "mixtures of experts",
+        ),
+    ];
+    if let Some((k, value, what)) = refused.into_iter().find(|r| r.1 > 0) {
+        return Err(Error::unsupported(format!(
+            "{} = {value}: Gemma 4's {what} are not supported",
+            key(k)
+        )));
+    }
+    let head_dim_k_swa = required("attention.key_length_swa", 1..=MAX_HEAD_DIM)?;
+    let head_dim_v_swa = required("attention.value_length_swa", 1..=MAX_HEAD_DIM)?;
+    if head_dim_k != head_dim_v || head_dim_k_swa != head_dim_v_swa {
+        return Err(Error::format(format!(
+            "a {a} model's keys and values must be equally wide (here {head_dim_k} and {head_dim_v}, sliding-window layers {head_dim_k_swa} and {head_dim_v_swa})"
+        )));
+    }
+    if head_dim_k_swa % 2 != 0 {
+        return Err(Error::format(format!(
+            "the sliding-window layers' head size {head_dim_k_swa} must be even (RoPE rotates pairs)"
+        )));
+    }
+    // llama.cpp's default: the full-attention layers' rotation.
+    let rope_dim_swa = optional("rope.dimension_count_swa", 2..=MAX_HEAD_DIM, rope_dim)?;
+    if rope_dim_swa % 2 != 0 || rope_dim_swa > head_dim_k_swa {
+        return Err(Error::format(format!(
+            "{} = {rope_dim_swa} must be even and at most the sliding-window layers' head size {head_dim_k_swa}",
+            key("rope.dimension_count_swa")
+        )));
+    }
+    let rope_freq_base_swa = match gguf.get(&key("rope.freq_base_swa")) {
+        Some(entry) => entry.f32_in(f32::MIN_POSITIVE..=f32::MAX)?,
+        // llama.cpp's default (`rope_freq_base_train_swa`).
+        None => 10_000.0,
+    };
+    // 0 (llama.cpp's default) turns capping off.
+    let final_logit_softcap = match gguf.get(&key("final_logit_softcapping")) {
+        Some(entry) => Some(entry.f32_in(0.0..=f32::MAX)?).filter(|&c| c > 0.0),
+        None => None,
+    };
+    Ok(Gemma4Params {
+        head_dim_swa: head_dim_k_swa,
+        rope_dim_swa,
+        rope_freq_base_swa,
+        final_logit_softcap,
+    })
 }
 
 /// YaRN as llama.cpp sets it up for a model whose `rope.scaling.type` is

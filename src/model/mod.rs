@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 pub use crate::backend::Weight;
 pub use arch::{ArchTraits, Architecture};
-pub use hparams::{DeltaNetParams, HyperParams};
+pub use hparams::{DeltaNetParams, HyperParams, LayerHeads};
 pub use placement::DeviceShare;
 pub use weights::{AttentionWeights, DeltaNetWeights, FeedForward, LayerWeights, Mixer, Weights};
 
@@ -157,7 +157,7 @@ impl Model {
 
         let arch = Architecture::from_name(&architecture_name).ok_or_else(|| {
             Error::unsupported(format!(
-                "architecture '{}' is not supported (supported: llama, qwen2, qwen3, qwen3moe, gemma3, qwen35, qwen35moe, gpt-oss)",
+                "architecture '{}' is not supported (supported: llama, qwen2, qwen3, qwen3moe, gemma3, qwen35, qwen35moe, gpt-oss, gemma4)",
                 crate::error::echo(&architecture_name)
             ))
         })?;

@@ -1,9 +1,10 @@
 //! The transformer forward pass shared by LLaMA (Mixtral's experts
 //! included), Qwen2, Qwen3 (dense and MoE), Gemma 3, Qwen3.5 (dense and
-//! MoE) and gpt-oss, written once against the [`Backend`] interface. Read
-//! top to bottom it is the whole model: embed, then per layer a mixing
-//! block (attention, or Qwen3.5's Gated DeltaNet) and a feed-forward block
-//! with their residuals, then the output norm and projection.
+//! MoE), gpt-oss and Gemma 4, written once against the [`Backend`]
+//! interface. Read top to bottom it is the whole model: embed, then per
+//! layer a mixing block (attention, or Qwen3.5's Gated DeltaNet) and a
+//! feed-forward block with their residuals, then the output norm and
+//! projection (and Gemma 4's soft-capping).
 //!
 //! A batch is a list of rows, each a token at a position of some sequence
 //! (a prompt chunk is many rows of one sequence; a batched decode one row of
@@ -13,7 +14,7 @@
 
 use std::ops::Range;
 
-use super::{ArchTraits, FeedForward, HyperParams, Mixer, Model, Weights};
+use super::{ArchTraits, FeedForward, HyperParams, Mixer, Model, Weight, Weights};
 use crate::backend::{
     AttentionShape, AttentionStep, Backend, Batch, DeltaNetShape, DeltaNetStep, ForwardPass,
     GatedFfn, Glu, Heads, Norm, Product, Rope, Scratch, SeqPos, SequenceCache, SharedScratch,
@@ -157,10 +158,20 @@ fn stage_on_device<B: Backend>(
     let w: &Weights = model.weights();
     let n = tokens.len();
     let d = hp.n_embd as usize;
-    let (n_head, n_head_kv) = (hp.n_head as usize, hp.n_head_kv as usize);
-    let (hd_k, hd_v) = (hp.head_dim_k as usize, hp.head_dim_v as usize);
-    let (q_width, kv_width_k, kv_width_v) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
-    let o_width = n_head * hd_v;
+    let n_head = hp.n_head as usize;
+    // Attention scratch as wide as the widest layer's (Gemma 4's layers
+    // differ).
+    let widest = |width: &dyn Fn(&Heads) -> usize| {
+        part.layers
+            .clone()
+            .map(|il| width(&layer_heads(hp, il)))
+            .max()
+            .unwrap_or(0)
+    };
+    let q_width = widest(&|h| h.n_head * h.head_dim_k);
+    let kv_width_k = widest(&|h| h.n_head_kv * h.head_dim_k);
+    let kv_width_v = widest(&|h| h.n_head_kv * h.head_dim_v);
+    let o_width = widest(&|h| h.n_head * h.head_dim_v);
     // Dense feed-forward scratch (a MoE model needs none of it).
     let ff = if hp.is_moe() { 0 } else { hp.n_ff as usize };
 
@@ -174,12 +185,6 @@ fn stage_on_device<B: Backend>(
     let mut gate = b.buffer(n * ff)?;
     let mut up = b.buffer(n * ff)?;
     let mut act = b.buffer(n * ff)?;
-    let heads = Heads {
-        n_head,
-        n_head_kv,
-        head_dim_k: hd_k,
-        head_dim_v: hd_v,
-    };
     let norm = |weight| Norm {
         weight,
         eps: hp.rms_eps,
@@ -219,38 +224,29 @@ fn stage_on_device<B: Backend>(
     let mut shared_out = b.buffer(if shared > 0 { n * d } else { 0 })?;
 
     for (il, lw) in w.layers[part.layers.clone()].iter().enumerate() {
-        let (rope, window) = layer_attention(hp, &t, w, part.layers.start + il);
+        let model_layer = part.layers.start + il;
+        let heads = layer_heads(hp, model_layer);
+        let (rope, window) = layer_attention(hp, &t, w, model_layer);
         let shape = AttentionShape {
             n_head,
-            n_head_kv,
-            head_dim_k: hd_k,
-            head_dim_v: hd_v,
+            n_head_kv: heads.n_head_kv,
+            head_dim_k: heads.head_dim_k,
+            head_dim_v: heads.head_dim_v,
             window,
-            scale: 1.0 / (hd_k as f32).sqrt(),
+            scale: t
+                .attention_scale
+                .unwrap_or(1.0 / (heads.head_dim_k as f32).sqrt()),
             sinks: lw.attention().and_then(|aw| aw.sinks),
         };
 
         match &lw.mixer {
-            // Attention block: q, k, v of norm(x); rotate and cache; attend;
-            // x += (post-norm of) the output projection, plus its bias where
-            // it has one (of the output gated by σ(gate) where each head's
-            // queries carry a gate).
+            // Attention block: q, k, v of norm(x) (v: k's projection where
+            // the layer has none, Gemma 4's full-attention layers; each value
+            // head RMS-normed where the architecture says); rotate and cache;
+            // attend; x += (post-norm of) the output projection, plus its
+            // bias where it has one (of the output gated by σ(gate) where
+            // each head's queries carry a gate).
             Mixer::Attention(aw) => {
-                let q_out = if aw.gated_output {
-                    &mut q_gated
-                } else {
-                    &mut q
-                };
-                let mut products = [
-                    (&aw.wq, &aw.bq, q_out),
-                    (&aw.wk, &aw.bk, &mut k),
-                    (&aw.wv, &aw.bv, &mut v),
-                ]
-                .map(|(w, bias, out)| Product {
-                    w,
-                    bias: bias.as_ref(),
-                    out,
-                });
                 let qk_norm = aw.q_norm.as_ref().zip(aw.k_norm.as_ref());
                 let step = AttentionStep {
                     layer: il,
@@ -260,23 +256,60 @@ fn stage_on_device<B: Backend>(
                     rope: &rope,
                 };
                 let attn_norm = norm(&lw.attn_norm);
-                if aw.gated_output {
-                    b.norm_matmuls(&x, attn_norm, n, &mut h, &mut products)?;
-                    b.split_halves(&q_gated, n * n_head, hd_k, &mut q, &mut q_gate)?;
-                    b.attention_inputs(caches, step, &mut q, &mut k, &v)?;
-                } else {
-                    b.norm_qkv_attention_inputs(
-                        &x,
-                        attn_norm,
-                        &mut h,
-                        &mut products,
-                        caches,
-                        step,
-                    )?;
+                match (&aw.wv, aw.gated_output || t.value_norm) {
+                    // The values go to the cache as projected: one fused step.
+                    (Some(wv), false) => {
+                        let mut products = [
+                            product(&aw.wq, &aw.bq, &mut q),
+                            product(&aw.wk, &aw.bk, &mut k),
+                            product(wv, &aw.bv, &mut v),
+                        ];
+                        b.norm_qkv_attention_inputs(
+                            &x,
+                            attn_norm,
+                            &mut h,
+                            &mut products,
+                            caches,
+                            step,
+                        )?;
+                    }
+                    (wv, _) => {
+                        {
+                            let q_out = if aw.gated_output {
+                                &mut q_gated
+                            } else {
+                                &mut q
+                            };
+                            let mut products = vec![
+                                product(&aw.wq, &aw.bq, q_out),
+                                product(&aw.wk, &aw.bk, &mut k),
+                            ];
+                            if let Some(wv) = wv {
+                                products.push(product(wv, &aw.bv, &mut v));
+                            }
+                            b.norm_matmuls(&x, attn_norm, n, &mut h, &mut products)?;
+                        }
+                        if aw.gated_output {
+                            let hd_k = heads.head_dim_k;
+                            b.split_halves(&q_gated, n * n_head, hd_k, &mut q, &mut q_gate)?;
+                        }
+                        let v_width = heads.n_head_kv * heads.head_dim_v;
+                        if wv.is_none() {
+                            // The keys' values before their norm and RoPE
+                            // (the hyper-parameters make keys and values
+                            // equally wide then).
+                            let all: Vec<usize> = (0..n).collect();
+                            b.gather_rows(&k, v_width, &all, &mut v)?;
+                        }
+                        if t.value_norm {
+                            b.rms_normalize(&mut v, heads.head_dim_v, hp.rms_eps, n * v_width)?;
+                        }
+                        b.attention_inputs(caches, step, &mut q, &mut k, &v)?;
+                    }
                 }
                 b.attention(caches, il, &q, rows, &shape, &mut attn)?;
                 if aw.gated_output {
-                    b.sigmoid_gate(&mut attn, &q_gate, n * o_width)?;
+                    b.sigmoid_gate(&mut attn, &q_gate, n * n_head * heads.head_dim_v)?;
                 }
                 let post_attn = lw.post_attn_norm.as_ref().map(norm);
                 match &aw.bo {
@@ -379,6 +412,10 @@ fn stage_on_device<B: Backend>(
                 }
             }
         }
+        // The layer's output, residual included, times its scale.
+        if let Some(scale) = &lw.output_scale {
+            b.scale_by(&mut x, scale, n * d)?;
+        }
     }
 
     if !part.last {
@@ -396,30 +433,56 @@ fn stage_on_device<B: Backend>(
         out: &mut logits_dev,
     }];
     b.norm_matmuls(&last, norm(&w.output_norm), n_out, &mut h, &mut output)?;
+    if let Some(cap) = hp.final_logit_softcap {
+        b.soft_cap(&mut logits_dev, cap, n_out * n_vocab)?;
+    }
     Ok(logits_dev)
 }
 
-/// Layer `il`'s RoPE and attention window: Gemma 3's local layers use a
-/// sliding window and their own RoPE base; every `sliding_window_pattern`-th
-/// layer (and every layer of the other architectures) attends globally.
+/// out = input · Wᵀ, plus the bias where there is one.
+fn product<'a, Buf>(w: &'a Weight, bias: &'a Option<Weight>, out: &'a mut Buf) -> Product<'a, Buf> {
+    Product {
+        w,
+        bias: bias.as_ref(),
+        out,
+    }
+}
+
+/// Layer `il`'s attention heads: its KV heads and head widths (Gemma 4's
+/// sliding-window and full-attention layers differ).
+fn layer_heads(hp: &HyperParams, il: usize) -> Heads {
+    let h = hp.heads(il);
+    Heads {
+        n_head: hp.n_head as usize,
+        n_head_kv: h.n_head_kv as usize,
+        head_dim_k: h.head_dim_k as usize,
+        head_dim_v: h.head_dim_v as usize,
+    }
+}
+
+/// Layer `il`'s RoPE and attention window: the sliding-window layers (Gemma
+/// 3's and Gemma 4's local layers) see the last `sliding_window` positions
+/// and take their own RoPE base at position scale 1 where the architecture
+/// or the file gives one; the frequency factors (`rope_freqs`: LLaMA 3.1's,
+/// Gemma 4's proportional RoPE) are the full-attention layers'. Each layer
+/// rotates its own `rope_dim` dimensions.
 fn layer_attention<'w>(
     hp: &HyperParams,
     t: &ArchTraits,
     w: &'w Weights,
     il: usize,
 ) -> (Rope<'w>, Option<usize>) {
-    let global = (il + 1).is_multiple_of(hp.sliding_window_pattern as usize);
-    let local = hp.sliding_window.filter(|_| !global);
-    let (freq_base, freq_scale) = match (local, t.local_rope_base) {
+    let local = hp.sliding_window.filter(|_| hp.is_sliding(il));
+    let (freq_base, freq_scale) = match (local, hp.rope_freq_base_swa.or(t.local_rope_base)) {
         (Some(_), Some(base)) => (base, 1.0),
         _ => (hp.rope_freq_base, hp.rope_freq_scale),
     };
     let rope = Rope {
         mode: t.rope_mode,
-        dims: hp.rope_dim as usize,
+        dims: hp.heads(il).rope_dim as usize,
         freq_base,
         freq_scale,
-        freq_factors: w.rope_freqs.as_ref(),
+        freq_factors: w.rope_freqs.as_ref().filter(|_| local.is_none()),
         yarn: hp.yarn,
     };
     (rope, local.map(|w| w as usize))

@@ -23,7 +23,9 @@ pub struct AttentionWeights {
     /// followed by as many gate values.
     pub wq: Weight,
     pub wk: Weight,
-    pub wv: Weight,
+    /// The value projection; `None` where the keys' projection, before its
+    /// norm and RoPE, gives the values (Gemma 4's full-attention layers).
+    pub wv: Option<Weight>,
     pub wo: Weight,
     pub bq: Option<Weight>,
     pub bk: Option<Weight>,
@@ -75,6 +77,9 @@ pub struct LayerWeights {
     pub ffn: FeedForward,
     pub shared_expert: Option<SharedExpert>,
     pub post_ffn_norm: Option<Weight>,
+    /// One value that multiplies the layer's output, residual included
+    /// (Gemma 4).
+    pub output_scale: Option<Weight>,
 }
 
 impl LayerWeights {
@@ -129,7 +134,7 @@ impl Weights {
                         Mixer::Attention(AttentionWeights {
                             wq: req(&b("attn_q.weight")),
                             wk: req(&b("attn_k.weight")),
-                            wv: req(&b("attn_v.weight")),
+                            wv: get(&b("attn_v.weight")),
                             wo: req(&b("attn_output.weight")),
                             bq: get(&b("attn_q.bias")),
                             bk: get(&b("attn_k.bias")),
@@ -182,6 +187,7 @@ impl Weights {
                             down: req(&b("ffn_down_shexp.weight")),
                         }),
                         post_ffn_norm: get(&b("post_ffw_norm.weight")),
+                        output_scale: get(&b("layer_output_scale.weight")),
                     }
                 })
                 .collect(),

@@ -29,8 +29,11 @@ pub const TINY_EXPERTS: (u64, u64) = (4, 2);
 /// A valid `arch` model ("llama", "qwen2", "qwen3moe", "gemma3",
 /// "llama-moe": LLaMA with Mixtral's experts, "qwen35": a Gated DeltaNet
 /// layer then a gated attention layer, "qwen35moe": those with experts
-/// and a shared expert, or "gpt-oss": an 8-token sliding window on every
-/// second layer, attention sinks, YaRN and biased experts) with F32
+/// and a shared expert, "gpt-oss": an 8-token sliding window on every
+/// second layer, attention sinks, YaRN and biased experts, or "gemma4":
+/// sliding-window layers of 2 KV heads of 8 (an 8-token window) then
+/// full-attention layers of 1 KV head of 32 whose keys serve as values,
+/// with proportional RoPE, output scales and soft-capped logits) with F32
 /// weights.
 pub fn tiny_model(arch: &str) -> GgufWriter {
     tiny_model_with(arch, TINY)
@@ -99,6 +102,50 @@ pub fn tiny_model_with(arch: &str, s: TinyShape) -> GgufWriter {
         w.set_kv(&a("rope.scaling.factor"), Meta::F32(32.0));
         w.set_kv(&a("rope.scaling.original_context_length"), Meta::U32(64));
     }
+    // gemma4: every second layer full attention, with heads four times as
+    // wide (keys and values of 32 values a position against the sliding
+    // layers' 16).
+    let gemma4_sliding = |i: u64| !(i + 1).is_multiple_of(2);
+    let gemma4_heads = |i: u64| {
+        if gemma4_sliding(i) {
+            (head_dim, s.n_head_kv)
+        } else {
+            (4 * head_dim, 1)
+        }
+    };
+    if arch == "gemma4" {
+        let per_layer = |f: &dyn Fn(u64) -> Meta| (0..s.n_layer).map(f).collect();
+        w.set_kv(
+            &a("attention.head_count_kv"),
+            Meta::Array(
+                super::gguf_writer::vt::I32,
+                per_layer(&|i| Meta::I32(gemma4_heads(i).1 as i32)),
+            ),
+        );
+        w.set_kv(
+            &a("attention.sliding_window_pattern"),
+            Meta::Array(
+                super::gguf_writer::vt::BOOL,
+                per_layer(&|i| Meta::Bool(gemma4_sliding(i))),
+            ),
+        );
+        let full = 4 * head_dim as u32;
+        for (k, v) in [
+            ("attention.key_length", full),
+            ("attention.value_length", full),
+            ("rope.dimension_count", full),
+            ("attention.key_length_swa", head_dim as u32),
+            ("attention.value_length_swa", head_dim as u32),
+            ("rope.dimension_count_swa", head_dim as u32),
+            ("attention.sliding_window", 8),
+            ("attention.shared_kv_layers", 0),
+            ("embedding_length_per_layer_input", 0),
+        ] {
+            w.set_kv(&a(k), Meta::U32(v));
+        }
+        w.set_kv(&a("rope.freq_base_swa"), Meta::F32(10000.0));
+        w.set_kv(&a("final_logit_softcapping"), Meta::F32(10.0));
+    }
     if arch == "gemma3" {
         w.set_kv(&a("attention.key_length"), Meta::U32(head_dim as u32));
         w.set_kv(&a("attention.value_length"), Meta::U32(head_dim as u32));
@@ -113,9 +160,39 @@ pub fn tiny_model_with(arch: &str, s: TinyShape) -> GgufWriter {
     let (d, v, ff) = (s.n_embd, s.n_vocab, s.n_ff);
     let (q, kv) = (s.n_head * head_dim, s.n_head_kv * head_dim);
     w = add(w, "token_embd.weight", &[d, v]);
+    if arch == "gemma4" {
+        // Proportional RoPE: the first quarter of each full-attention head's
+        // pairs turn, the others' angles are divided by 1e30 (as Gemma 4's
+        // converter writes them).
+        let pairs = 2 * head_dim;
+        let factors: Vec<u8> = (0..pairs)
+            .flat_map(|p| (if p < pairs / 4 { 1.0f32 } else { 1e30 }).to_le_bytes())
+            .collect();
+        w = w.tensor("rope_freqs.weight", &[pairs], tt::F32, factors);
+    }
     for i in 0..s.n_layer {
         let b = |n: &str| format!("blk.{i}.{n}");
         w = add(w, &b("attn_norm.weight"), &[d]);
+        if arch == "gemma4" {
+            let (hd, n_kv) = gemma4_heads(i);
+            w = add(w, &b("attn_q.weight"), &[d, s.n_head * hd]);
+            w = add(w, &b("attn_k.weight"), &[d, n_kv * hd]);
+            if gemma4_sliding(i) {
+                w = add(w, &b("attn_v.weight"), &[d, n_kv * hd]);
+            }
+            w = add(w, &b("attn_output.weight"), &[s.n_head * hd, d]);
+            w = add(w, &b("attn_q_norm.weight"), &[hd]);
+            w = add(w, &b("attn_k_norm.weight"), &[hd]);
+            w = add(w, &b("post_attention_norm.weight"), &[d]);
+            let scale = (0.75f32 + 0.125 * i as f32).to_le_bytes().to_vec();
+            w = w.tensor(&b("layer_output_scale.weight"), &[1], tt::F32, scale);
+            w = add(w, &b("ffn_norm.weight"), &[d]);
+            w = add(w, &b("ffn_gate.weight"), &[d, ff]);
+            w = add(w, &b("ffn_up.weight"), &[d, ff]);
+            w = add(w, &b("ffn_down.weight"), &[ff, d]);
+            w = add(w, &b("post_ffw_norm.weight"), &[d]);
+            continue;
+        }
         if hybrid {
             let (conv, state, groups, rank) = net;
             let (key, value) = (state * groups, state * rank);
@@ -217,7 +294,7 @@ pub fn tiny_model_with(arch: &str, s: TinyShape) -> GgufWriter {
         }
     }
     w = add(w, "output_norm.weight", &[d]);
-    if arch != "gemma3" {
+    if arch != "gemma3" && arch != "gemma4" {
         w = add(w, "output.weight", &[d, v]);
     }
     w

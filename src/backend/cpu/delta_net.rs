@@ -334,7 +334,7 @@ mod tests {
                 *start = end;
                 Some(p)
             });
-            let mut cache = KvCache::with_layers(1, &state, 0, 0).unwrap();
+            let mut cache = KvCache::with_layers(1, &state).unwrap();
             let mut out = vec![0f32; rows * shape.value_width()];
             for p in pieces {
                 let n = p.len();
@@ -383,7 +383,7 @@ mod tests {
             a: vec![-1.0],
         };
         let state = [crate::kv_cache::LayerState::Recurrent(shape)];
-        let mut cache = KvCache::with_layers(1, &state, 0, 0).unwrap();
+        let mut cache = KvCache::with_layers(1, &state).unwrap();
         let rows = [SeqPos { seq: 0, pos: 3 }];
         let err = delta_net(
             &ThreadPool::new(1),

@@ -345,14 +345,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn kv_cache(
-        &self,
-        n_ctx: usize,
-        layers: &[LayerState],
-        k_width: usize,
-        v_width: usize,
-    ) -> Result<KvCache> {
-        KvCache::with_layers(n_ctx, layers, k_width, v_width)
+    fn kv_cache(&self, n_ctx: usize, layers: &[LayerState]) -> Result<KvCache> {
+        KvCache::with_layers(n_ctx, layers)
     }
 
     fn reset_recurrent(&self, cache: &mut KvCache) {
@@ -427,6 +421,28 @@ impl Backend for CpuBackend {
                 ops::rms_norm(group, &w, eps);
             }
         });
+        Ok(())
+    }
+
+    fn rms_normalize(&self, x: &mut Vec<f32>, group: usize, eps: f32, len: usize) -> Result<()> {
+        self.rows_in_parallel(&mut x[..len], group, &|_, rows| {
+            for g in rows.chunks_exact_mut(group) {
+                ops::rms_normalize(g, eps);
+            }
+        });
+        Ok(())
+    }
+
+    fn scale_by(&self, x: &mut Vec<f32>, factor: &Weight, len: usize) -> Result<()> {
+        let factor = self.vector(factor)[0];
+        self.rows_in_parallel(&mut x[..len], 1, &|_, xs| {
+            xs.iter_mut().for_each(|v| *v *= factor);
+        });
+        Ok(())
+    }
+
+    fn soft_cap(&self, x: &mut Vec<f32>, cap: f32, len: usize) -> Result<()> {
+        self.rows_in_parallel(&mut x[..len], 1, &|_, xs| ops::soft_cap(xs, cap));
         Ok(())
     }
 
@@ -583,7 +599,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         for (i, r) in rows.iter().enumerate() {
             let cache = &mut caches[r.seq];
-            let (kw, vw) = (cache.k_width(), cache.v_width());
+            let (kw, vw) = (cache.k_width(layer), cache.v_width(layer));
             cache.store(
                 layer,
                 r.pos,

@@ -9,12 +9,31 @@ use crate::backend::{AttentionShape, Rope, RopeMode, SeqPos, Yarn};
 use crate::kv_cache::KvCache;
 use crate::quant::{exp, AttentionKernels, Kernels};
 
-/// x ← x / rms(x) · w.
-pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+/// 1 / rms(x), the RMS with `eps` added to the mean square.
+fn inverse_rms(x: &[f32], eps: f32) -> f32 {
     let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
     let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
+    1.0 / (mean + eps).sqrt()
+}
+
+/// x ← x / rms(x) · w.
+pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    let scale = inverse_rms(x, eps);
     x.iter_mut().zip(w).for_each(|(v, &w)| *v = *v * scale * w);
+}
+
+/// x ← x / rms(x): ggml's `rms_norm` without a weight.
+pub fn rms_normalize(x: &mut [f32], eps: f32) {
+    let scale = inverse_rms(x, eps);
+    x.iter_mut().for_each(|v| *v *= scale);
+}
+
+/// x ← cap · tanh(x / cap) in ggml's operations (llama.cpp's final logit
+/// soft-capping: a scale by 1 / cap, tanh, a scale by cap), so that values
+/// far below the cap pass almost unchanged and none exceeds it.
+pub fn soft_cap(x: &mut [f32], cap: f32) {
+    let inv = 1.0 / cap;
+    x.iter_mut().for_each(|v| *v = (*v * inv).tanh() * cap);
 }
 
 /// The inverse frequencies of one layer's RoPE.
@@ -275,8 +294,8 @@ pub fn attention(
             queries(i, kv_head),
             s,
             kv_head,
-            cache.k_width(),
-            cache.v_width(),
+            cache.k_width(layer),
+            cache.v_width(layer),
             part,
         );
     };
@@ -336,8 +355,8 @@ pub fn attention(
                         &block_queries,
                         s,
                         kv_head,
-                        cache.k_width(),
-                        cache.v_width(),
+                        cache.k_width(layer),
+                        cache.v_width(layer),
                         part,
                     );
                 } else {
@@ -435,6 +454,71 @@ mod tests {
         let mut normal = vec![1.0, 0.0, 0.0, 0.0];
         rotate(&mut normal, RopeMode::Normal, &cos, &sin);
         assert!((normal[0] - 1f32.cos()).abs() < 1e-6 && (normal[1] - 1f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rms_normalize_makes_unit_rms_without_a_weight() {
+        // ggml_rms_norm: x / sqrt(mean(x²) + eps); mean of squares of (3,
+        // −4, 0, 0) is 6.25.
+        let mut x = vec![3.0, -4.0, 0.0, 0.0];
+        rms_normalize(&mut x, 0.0);
+        assert_eq!(x, vec![1.2, -1.6, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn soft_cap_is_cap_times_tanh_of_x_over_cap() {
+        // llama.cpp's final logit soft-capping (src/models/gemma4.cpp):
+        // scale by 1/c, tanh, scale by c. At c = 10: 10 · tanh(0.5) =
+        // 4.6211716, 10 · tanh(−3) = −9.9505475, 10 · tanh(0.01) =
+        // 0.0999967, and large values stop at the cap.
+        let mut x = vec![5.0, -30.0, 0.1, 1000.0];
+        soft_cap(&mut x, 10.0);
+        for (got, want) in x.iter().zip([4.621_172, -9.950_548, 0.099_996_67, 10.0]) {
+            assert!((got - want).abs() < 1e-6, "{x:?}");
+        }
+    }
+
+    #[test]
+    fn proportional_rope_turns_only_the_pairs_whose_factor_is_one() {
+        // Gemma 4's full-attention RoPE as llama.cpp runs it: ggml's NEOX
+        // rope over the whole head (here 128 dimensions, base 10^6) with
+        // `rope_freqs` dividing each pair's angle; its converter writes 1
+        // for the first quarter of the pairs and 1e30 for the others, so
+        // that only those turn. θ_i = p · 10^6^(−2i/128) / f_i at p = 100:
+        // pair 0 turns 100 rad (cos 0.8623189, sin −0.5063656), pair 8
+        // 17.782794 (0.4829622, −0.8756412), pair 15 3.9241898
+        // (−0.7090847, −0.7051234); pairs 16 to 63 turn by under 1e-29.
+        let factors: Vec<f32> = (0..64).map(|i| if i < 16 { 1.0 } else { 1e30 }).collect();
+        let rope = Rope {
+            mode: RopeMode::Neox,
+            dims: 128,
+            freq_base: 1e6,
+            freq_scale: 1.0,
+            freq_factors: None,
+            yarn: None,
+        };
+        let table = RopeTable::new(&rope, Some(&factors));
+        let (cos, sin) = table.angles(100);
+        let turned = [
+            (0, 0.862_318_9, -0.506_365_6),
+            (8, 0.482_962_2, -0.875_641_2),
+            (15, -0.709_084_7, -0.705_123_4),
+        ];
+        for (i, c, s) in turned {
+            let mut head = vec![0f32; 128];
+            head[i] = 1.0;
+            rotate(&mut head, RopeMode::Neox, &cos, &sin);
+            assert!(
+                (head[i] - c).abs() < 1e-6 && (head[i + 64] - s).abs() < 1e-6,
+                "pair {i}"
+            );
+        }
+        let mut head: Vec<f32> = (0..128).map(|i| i as f32 - 60.0).collect();
+        let before = head.clone();
+        rotate(&mut head, RopeMode::Neox, &cos, &sin);
+        for i in (16..64).flat_map(|i| [i, i + 64]) {
+            assert!((head[i] - before[i]).abs() < 1e-20, "dimension {i}");
+        }
     }
 
     #[test]

@@ -29,13 +29,23 @@ const CHUNKED_FROM_ROWS: usize = 8;
 impl CudaBackend {
     /// A sequence's cache for `n_ctx` positions of `layers`: keys and values
     /// for the attention layers only, zero states for the recurrent ones.
+    /// The kernels address every attention layer's keys and values by one
+    /// width: layers of different widths (Gemma 4's) are refused.
     pub(super) fn sequence_cache(
         &self,
         n_ctx: usize,
         layers: &[LayerState],
-        k_width: usize,
-        v_width: usize,
     ) -> Result<CudaKvCache> {
+        let mut widths = layers.iter().filter_map(|l| match *l {
+            LayerState::Kv { k_width, v_width } => Some((k_width, v_width)),
+            LayerState::Recurrent(_) => None,
+        });
+        let (k_width, v_width) = widths.next().unwrap_or((0, 0));
+        if let Some((k, v)) = widths.find(|&w| w != (k_width, v_width)) {
+            return Err(Error::unsupported(format!(
+                "attention layers of different widths (keys and values of {k_width} and {v_width} values a position in one, {k} and {v} in another); the CUDA cache takes one width for every layer"
+            )));
+        }
         let _shared = self.no_capture();
         let state = self.lock();
         let mut kv_slots = Vec::with_capacity(layers.len());
@@ -43,7 +53,7 @@ impl CudaBackend {
         let (mut n_kv, mut n_state) = (0usize, 0usize);
         for layer in layers {
             match layer {
-                LayerState::Kv => {
+                LayerState::Kv { .. } => {
                     kv_slots.push(Some(n_kv));
                     recurrent.push(None);
                     n_kv += 1;

@@ -130,14 +130,8 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn kv_cache(
-        &self,
-        n_ctx: usize,
-        layers: &[LayerState],
-        k_width: usize,
-        v_width: usize,
-    ) -> Result<CudaKvCache> {
-        self.sequence_cache(n_ctx, layers, k_width, v_width)
+    fn kv_cache(&self, n_ctx: usize, layers: &[LayerState]) -> Result<CudaKvCache> {
+        self.sequence_cache(n_ctx, layers)
     }
 
     fn reset_recurrent(&self, cache: &mut CudaKvCache) {
@@ -207,6 +201,24 @@ impl Backend for CudaBackend {
         let x = x.as_mut_ptr();
         // SAFETY: x holds len values, a whole number of groups; in place.
         unsafe { self.rms_norm_into(&state, x, weight, eps, len / group, x) }
+    }
+
+    fn rms_normalize(&self, _: &mut DeviceBuffer, _: usize, _: f32, _: usize) -> Result<()> {
+        Err(Error::unsupported(
+            "the CUDA kernels have no RMS norm without a weight (Gemma 4's value norm; the CPU backend has)",
+        ))
+    }
+
+    fn scale_by(&self, _: &mut DeviceBuffer, _: &Weight, _: usize) -> Result<()> {
+        Err(Error::unsupported(
+            "the CUDA kernels have no scaling by a weight (Gemma 4's layer output scale; the CPU backend has)",
+        ))
+    }
+
+    fn soft_cap(&self, _: &mut DeviceBuffer, _: f32, _: usize) -> Result<()> {
+        Err(Error::unsupported(
+            "the CUDA kernels have no soft-capping (Gemma 4's final logits; the CPU backend has)",
+        ))
     }
 
     fn gather_rows(

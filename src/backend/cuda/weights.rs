@@ -326,6 +326,9 @@ fn missing_operations(architecture: &str) -> Option<&'static str> {
         "gpt-oss" => Some(
             "attention sinks, clamped SwiGLU (swiglu_oai), biases of the router and experts, or YaRN RoPE scaling",
         ),
+        "gemma4" => Some(
+            "KV caches of different widths per layer, values RMS-normed without a weight, per-layer output scales, or final logit soft-capping",
+        ),
         _ => None,
     }
 }
