@@ -1648,7 +1648,8 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
             if (!p.experts.shared[m]) return cudaErrorInvalidValue;
     const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
     if (glu && (p.n_matrices != 2 || p.m[0].rows != p.m[1].rows)) return cudaErrorInvalidValue;
-    if (type == M40_Q2_K || type == M40_Q3_K || type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K) {
+    if (type == M40_Q2_K || type == M40_Q3_K || type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K ||
+        type == M40_IQ4_XS) {
         if (p.cols % 256 != 0) return cudaErrorInvalidValue;  // whole super-blocks
     }
     return m40_with_format(type, [&](auto f) {

@@ -11,7 +11,7 @@
 enum M40Type {
     M40_F32 = 0, M40_F16 = 1, M40_Q4_0 = 2, M40_Q4_1 = 3, M40_Q5_0 = 6, M40_Q5_1 = 7,
     M40_Q8_0 = 8, M40_Q2_K = 10, M40_Q3_K = 11, M40_Q4_K = 12, M40_Q5_K = 13, M40_Q6_K = 14,
-    M40_BF16 = 30,
+    M40_IQ4_NL = 20, M40_IQ4_XS = 23, M40_BF16 = 30, M40_MXFP4 = 39,
 };
 
 // A format: VALUES per block, BYTES per block, and decode16(block, part, out)
@@ -201,6 +201,73 @@ template <> struct Format<M40_Q8_0> {
     }
 };
 
+// The table-lookup formats: each 4-bit code indexes a table of 16 int8
+// values (ggml-common.h's kvalues_iq4nl and kvalues_mxfp4, the latter the
+// FP4 E2M1 numbers doubled), as four little-endian words.
+__device__ __forceinline__ uint4 m40_iq4_values() { return make_uint4(0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u); }
+__device__ __forceinline__ uint4 m40_mxfp4_values() { return make_uint4(0x03020100u, 0x0C080604u, 0xFDFEFF00u, 0xF4F8FAFCu); }
+
+// The table's bytes for the four codes in the low nibbles of `codes`' bytes
+// (high nibbles zero): codes 0..7 from the first two words, 8..15 from the
+// last two, by one byte permute each (its selector nibbles' bit 3 must stay
+// clear: it would copy the sign instead) and a select on each code's bit 3.
+__device__ __forceinline__ uint32_t m40_lookup4(uint32_t codes, uint4 table) {
+    const uint32_t low = codes & 0x07070707u;
+    const uint32_t selector = (low & 0x7u) | ((low >> 4) & 0x70u) | ((low >> 8) & 0x700u) | ((low >> 12) & 0x7000u);
+    const uint32_t first = __byte_perm(table.x, table.y, selector), second = __byte_perm(table.z, table.w, selector);
+    const uint32_t upper = ((codes >> 3) & 0x01010101u) * 0xFFu;
+    return (first & ~upper) | (second & upper);
+}
+
+// 16 values of a table-lookup block: the codes of 16 quant bytes (low
+// nibbles for part 0, high for part 1), looked up and scaled by d as ggml
+// scales them (d · value; the product is exact either way round).
+__device__ __forceinline__ void m40_lookup16(const uint8_t *qs, int part, uint4 table, float d, float *v) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint32_t word = uint32_t(qs[4 * k]) | uint32_t(qs[4 * k + 1]) << 8 | uint32_t(qs[4 * k + 2]) << 16 |
+                              uint32_t(qs[4 * k + 3]) << 24;
+        const uint32_t values = m40_lookup4((word >> (4 * part)) & 0x0F0F0F0Fu, table);
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[4 * k + i] = d * float(int8_t(values >> (8 * i)));
+    }
+}
+
+// IQ4_NL: d, then 16 bytes whose low nibbles code values 0..15 and high
+// nibbles 16..31.
+template <> struct Format<M40_IQ4_NL> {
+    static constexpr int VALUES = 32, BYTES = 18;
+    __device__ static void decode16(const uint8_t *b, int part, float *v) {
+        m40_lookup16(b + 2, part, m40_iq4_values(), m40_f16(b), v);
+    }
+};
+
+// MXFP4: an E8M0 exponent e, then 16 bytes of codes as IQ4_NL's; the scale
+// is 2^(e − 127) / 2 (ggml_e8m0_to_fp32_half: exponents 0 and 1 give
+// subnormals).
+template <> struct Format<M40_MXFP4> {
+    static constexpr int VALUES = 32, BYTES = 17;
+    __device__ static void decode16(const uint8_t *b, int part, float *v) {
+        const uint32_t e = b[0];
+        const float d = __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+        m40_lookup16(b + 1, part, m40_mxfp4_values(), d, v);
+    }
+};
+
+// IQ4_XS: d, the sub-blocks' high scale bits (a u16, 2 bits each), their
+// low scale bits (4 bytes, 4 bits each), then 8 sub-blocks of 32 values
+// coded as IQ4_NL's under d · (scale − 32). Part p is sub-block p / 2's
+// low (p even) or high nibbles.
+template <> struct Format<M40_IQ4_XS> {
+    static constexpr int VALUES = 256, BYTES = 136;
+    __device__ static void decode16(const uint8_t *b, int part, float *v) {
+        const int sub = part / 2;
+        const uint32_t high = *reinterpret_cast<const uint16_t *>(b + 2);
+        const int scale = ((b[4 + sub / 2] >> (4 * (sub % 2))) & 0xF) | (((high >> (2 * sub)) & 3) << 4);
+        m40_lookup16(b + 8 + 16 * sub, part % 2, m40_iq4_values(), m40_f16(b) * float(scale - 32), v);
+    }
+};
+
 // The super-block formats hold 256 values as 16 parts of 16 (Q2_K, Q3_K,
 // Q6_K: one scale per part) or 8 sub-blocks of 32 (Q4_K, Q5_K). Values are
 // laid out in two halves of 128; within a half, 2-bit codes take four shifts
@@ -327,6 +394,9 @@ template <class F> cudaError_t m40_with_format(int type, F &&f) {
         case M40_Q4_K: f(Format<M40_Q4_K>{}); break;
         case M40_Q5_K: f(Format<M40_Q5_K>{}); break;
         case M40_Q6_K: f(Format<M40_Q6_K>{}); break;
+        case M40_IQ4_NL: f(Format<M40_IQ4_NL>{}); break;
+        case M40_IQ4_XS: f(Format<M40_IQ4_XS>{}); break;
+        case M40_MXFP4: f(Format<M40_MXFP4>{}); break;
         default: return cudaErrorInvalidValue;
     }
     return m40_launch_status();

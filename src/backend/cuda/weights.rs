@@ -333,14 +333,27 @@ fn missing_operations(architecture: &str) -> Option<&'static str> {
     }
 }
 
-/// Whether the CUDA kernels compute with tensors of `ty`: the build's
-/// types but the table-lookup formats (IQ4_NL, IQ4_XS, MXFP4), which only
-/// the CPU backend has yet.
+/// Whether the CUDA kernels compute with tensors of `ty` (cuda/quant.cuh's
+/// formats).
 pub(super) fn computes(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | Bf16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K
+        F32 | F16
+            | Bf16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q2K
+            | Q3K
+            | Q4K
+            | Q5K
+            | Q6K
+            | Iq4Nl
+            | Iq4Xs
+            | Mxfp4
     )
 }
 
