@@ -64,19 +64,9 @@ fn qwen3_q4_k_matches_llama_cpp() {
     matches_llama_cpp("qwen3-q4_k");
 }
 
-/// The table-lookup formats, which the CPU backend computes and the CUDA
-/// backend does not yet: skipped on a CUDA device.
-fn lookup_format_matches_llama_cpp(name: &str) {
-    if common::test_device() >= 0 {
-        eprintln!("skipped: {name}: the CUDA backend does not compute with its tensor type");
-        return;
-    }
-    matches_llama_cpp(name);
-}
-
 #[test]
 fn qwen3_iq4_nl_matches_llama_cpp() {
-    lookup_format_matches_llama_cpp("qwen3-iq4_nl");
+    matches_llama_cpp("qwen3-iq4_nl");
 }
 
 #[test]
@@ -241,5 +231,5 @@ fn gemma4_q4_k_matches_llama_cpp() {
 #[test]
 #[ignore = "over the median bound against llama.cpp's coarser activations; see the comment"]
 fn qwen35moe_iq4_xs_matches_llama_cpp() {
-    lookup_format_matches_llama_cpp("qwen35moe-iq4_xs");
+    matches_llama_cpp("qwen35moe-iq4_xs");
 }
