@@ -4,6 +4,8 @@
 //! values into `block_bytes()` bytes. The sizes are those of ggml's block
 //! structs (ggml-common.h), so byte ranges computed here match llama.cpp's.
 
+use super::q8::ActivationScales;
+
 /// A ggml tensor type, by its id in the GGUF tensor info.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GgmlType {
@@ -81,6 +83,22 @@ const TABLE: &[(GgmlType, u32, &str, u32, u32)] = &[
 ];
 
 impl GgmlType {
+    /// How llama.cpp's CPU dots of this weight format store their
+    /// activations' scales (ggml-cpu's `vec_dot_type`: Q8_0 for Q4_0, Q5_0,
+    /// Q8_0, IQ4_NL and MXFP4; Q8_1 for Q4_1 and Q5_1; Q8_K, f32 scales,
+    /// for the K-quants and IQ4_XS).
+    pub fn activation_scales(self) -> ActivationScales {
+        match self {
+            GgmlType::Q4_0
+            | GgmlType::Q5_0
+            | GgmlType::Q8_0
+            | GgmlType::Iq4Nl
+            | GgmlType::Mxfp4 => ActivationScales::Q8_0,
+            GgmlType::Q4_1 | GgmlType::Q5_1 => ActivationScales::Q8_1,
+            _ => ActivationScales::F32,
+        }
+    }
+
     /// The type with GGUF id `id`, or `None` for an id ggml does not define.
     pub fn from_id(id: u32) -> Option<GgmlType> {
         TABLE.iter().find(|row| row.1 == id).map(|row| row.0)

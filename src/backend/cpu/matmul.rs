@@ -10,8 +10,9 @@ use std::sync::Arc;
 use super::ThreadPool;
 use crate::error::{Error, Result};
 use crate::quant::{
-    interleaved_group_bytes, DotKernel, GgmlType, InterleavedKernels, Kernels, PairProduct, Panel,
-    Q8Block, DOT_TOKENS, GEMM_MIN_TOKENS, INTERLEAVED_ROWS, PANEL_ROWS, Q8_BLOCK,
+    interleaved_group_bytes, round_scales, ActivationScales, DotKernel, GgmlType,
+    InterleavedKernels, Kernels, PairProduct, Panel, Q8Block, DOT_TOKENS, GEMM_MIN_TOKENS,
+    INTERLEAVED_ROWS, PANEL_ROWS, Q8_BLOCK,
 };
 
 /// A weight matrix in its stored format: `rows` rows of `cols` values.
@@ -161,22 +162,23 @@ struct Plan<'a> {
     task: Box<dyn Fn(usize) + Sync + 'a>,
 }
 
-/// Activations quantized for a product, by the input they came from, so that
-/// products of one input share them.
-type Quantized = Vec<(*const f32, usize, Arc<Vec<Q8Block>>)>;
+/// Activations quantized for a product, by the input they came from and
+/// their scales' rounding, so that products of one input share them.
+type Quantized = Vec<((*const f32, usize, ActivationScales), Arc<Vec<Q8Block>>)>;
 
-/// `x`'s tokens quantized to Q8 blocks: taken from `quantized` when a
-/// product of the same input made them, else made (across the pool) and
-/// kept there.
+/// `x`'s tokens quantized to Q8 blocks with their scales rounded as
+/// `scales` says: taken from `quantized` when a product of the same input
+/// made them, else made (across the pool) and kept there.
 fn quantized_input(
     pool: &ThreadPool,
     kernels: Kernels,
     x: &[f32],
     cols: usize,
+    scales: ActivationScales,
     quantized: &mut Quantized,
 ) -> Result<Arc<Vec<Q8Block>>> {
-    let key = (x.as_ptr(), x.len());
-    if let Some((_, _, act)) = quantized.iter().find(|(p, len, _)| (*p, *len) == key) {
+    let key = (x.as_ptr(), x.len(), scales);
+    if let Some((_, act)) = quantized.iter().find(|(k, _)| *k == key) {
         return Ok(Arc::clone(act));
     }
     let blocks = cols / Q8_BLOCK;
@@ -192,9 +194,10 @@ fn quantized_input(
     pool.for_each_chunk(&mut act, per_task * blocks, &|i, acts| {
         let x = &x[i * per_task * cols..][..acts.len() * Q8_BLOCK];
         quantize(x, acts);
+        round_scales(acts, scales);
     });
     let act = Arc::new(act);
-    quantized.push((key.0, key.1, Arc::clone(&act)));
+    quantized.push((key, Arc::clone(&act)));
     Ok(act)
 }
 
@@ -259,7 +262,14 @@ fn plan<'a>(
         DotKernel::Q8(dot, dot4) => (dot, dot4),
     };
     let blocks = w.cols / Q8_BLOCK;
-    let act = quantized_input(pool, kernels, x, w.cols, quantized)?;
+    let act = quantized_input(
+        pool,
+        kernels,
+        x,
+        w.cols,
+        w.ty.activation_scales(),
+        quantized,
+    )?;
     if let Some((data, code, group_bytes)) = interleaved(kernels, &w) {
         if n_tokens >= GEMM_MIN_TOKENS {
             let pack = move |g: usize, panel: &mut Panel| {
