@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use m40llm::backend::{
     AttentionShape, AttentionStep, Backend, DeltaNetStep, Experts, GatedFfn, Glu, LayerState,
-    ModelBackend, Norm, Product, Rope, Scratch, SeqPos,
+    ModelBackend, Norm, Product, Rope, Scratch, SeqPos, SharedExpert, SharedScratch,
 };
 use m40llm::error::Result;
 use m40llm::model::transformer::{forward, logits_on_device};
@@ -385,6 +385,38 @@ impl<B: Backend> Backend for Profiled<'_, B> {
                 .norm_moe_ffn_residual(x, norm, rows, experts, glu, post_norm, scratch)
         })
     }
+    fn norm_moe_shared_ffn_residual(
+        &self,
+        x: &mut B::Buffer,
+        norm: Norm,
+        rows: usize,
+        experts: &Experts,
+        shared: &SharedExpert,
+        glu: Glu,
+        post_norm: Option<Norm>,
+        scratch: Scratch<B::Buffer>,
+        shared_scratch: SharedScratch<B::Buffer>,
+    ) -> Result<()> {
+        let name = format!(
+            "norm + experts ({} of {}) {} + shared expert + residual",
+            experts.n_used,
+            experts.n_expert,
+            shape(&experts.gate.part(0, experts.n_expert))
+        );
+        self.time(name, || {
+            self.inner.norm_moe_shared_ffn_residual(
+                x,
+                norm,
+                rows,
+                experts,
+                shared,
+                glu,
+                post_norm,
+                scratch,
+                shared_scratch,
+            )
+        })
+    }
     fn norm_matmuls(
         &self,
         x: &B::Buffer,
@@ -433,6 +465,7 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn matmul_residual(
         &self,
         w: &Weight,
+        bias: Option<&Weight>,
         a: &B::Buffer,
         rows: usize,
         post_norm: Option<Norm>,
@@ -441,7 +474,7 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     ) -> Result<()> {
         self.time(format!("matmul + residual {}", shape(w)), || {
             self.inner
-                .matmul_residual(w, a, rows, post_norm, product, x)
+                .matmul_residual(w, bias, a, rows, post_norm, product, x)
         })
     }
     fn attention_inputs(

@@ -804,11 +804,20 @@ fn fused_step_errors(arch: &str, ty: &str, gemv_rows_per_warp: u32) -> f64 {
         for post in [None, l.post_ffn_norm.as_ref().map(norm)] {
             let (mut r_fused, mut r_composed) = (upload(g, &x), upload(g, &x));
             let mut product = g.buffer(rows * d).unwrap();
-            g.matmul_residual(dense(l).2, a_fused, rows, post, &mut product, &mut r_fused)
-                .unwrap();
+            g.matmul_residual(
+                dense(l).2,
+                None,
+                a_fused,
+                rows,
+                post,
+                &mut product,
+                &mut r_fused,
+            )
+            .unwrap();
             fused::matmul_residual(
                 g,
                 dense(l).2,
+                None,
                 a_fused,
                 rows,
                 post,

@@ -223,10 +223,13 @@ pub fn norm_moe_shared_ffn_residual<B: Backend + ?Sized>(
     b.gated_add(x, s.out, s.logit, rows, experts.router.cols)
 }
 
-/// x += post_norm(a · Wᵀ) (the norm only where the model has one).
+/// x += post_norm(a · Wᵀ + bias) (the bias and the norm only where the
+/// model has them).
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_residual<B: Backend + ?Sized>(
     b: &B,
     w: &Weight,
+    bias: Option<&Weight>,
     a: &B::Buffer,
     rows: usize,
     post_norm: Option<Norm>,
@@ -234,6 +237,9 @@ pub fn matmul_residual<B: Backend + ?Sized>(
     x: &mut B::Buffer,
 ) -> Result<()> {
     b.matmul(w, a, rows, product)?;
+    if let Some(bias) = bias {
+        b.add_bias(product, bias, rows)?;
+    }
     if let Some(n) = post_norm {
         b.rms_norm(product, n.weight, n.eps, rows * w.rows)?;
     }

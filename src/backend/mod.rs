@@ -545,17 +545,19 @@ pub trait Backend {
         )
     }
 
-    /// x += post_norm(a · Wᵀ); `product` is scratch.
+    /// x += post_norm(a · Wᵀ + bias); `product` is scratch.
+    #[allow(clippy::too_many_arguments)]
     fn matmul_residual(
         &self,
         w: &Weight,
+        bias: Option<&Weight>,
         a: &Self::Buffer,
         rows: usize,
         post_norm: Option<Norm>,
         product: &mut Self::Buffer,
         x: &mut Self::Buffer,
     ) -> Result<()> {
-        fused::matmul_residual(self, w, a, rows, post_norm, product, x)
+        fused::matmul_residual(self, w, bias, a, rows, post_norm, product, x)
     }
 
     /// q, k and v of norm(x) (`qkv`, one row per row of the step), then

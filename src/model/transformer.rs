@@ -223,6 +223,9 @@ fn stage_on_device<B: Backend>(
     let mut shared_logit = b.buffer(if shared > 0 { n } else { 0 })?;
     let mut shared_out = b.buffer(if shared > 0 { n * d } else { 0 })?;
 
+    // Every row of the step, in order: the rows Gemma 4's full-attention
+    // layers copy from their keys into their values.
+    let every_row: Vec<usize> = (0..n).collect();
     for (il, lw) in w.layers[part.layers.clone()].iter().enumerate() {
         let model_layer = part.layers.start + il;
         let heads = layer_heads(hp, model_layer);
@@ -298,8 +301,7 @@ fn stage_on_device<B: Backend>(
                             // The keys' values before their norm and RoPE
                             // (the hyper-parameters make keys and values
                             // equally wide then).
-                            let all: Vec<usize> = (0..n).collect();
-                            b.gather_rows(&k, v_width, &all, &mut v)?;
+                            b.gather_rows(&k, v_width, &every_row, &mut v)?;
                         }
                         if t.value_norm {
                             b.rms_normalize(&mut v, heads.head_dim_v, hp.rms_eps, n * v_width)?;
@@ -312,17 +314,8 @@ fn stage_on_device<B: Backend>(
                     b.sigmoid_gate(&mut attn, &q_gate, n * n_head * heads.head_dim_v)?;
                 }
                 let post_attn = lw.post_attn_norm.as_ref().map(norm);
-                match &aw.bo {
-                    None => b.matmul_residual(&aw.wo, &attn, n, post_attn, &mut o, &mut x)?,
-                    Some(bo) => {
-                        b.matmul(&aw.wo, &attn, n, &mut o)?;
-                        b.add_bias(&mut o, bo, n)?;
-                        if let Some(pn) = post_attn {
-                            b.rms_norm(&mut o, pn.weight, pn.eps, n * d)?;
-                        }
-                        b.add(&mut x, &o, n * d)?;
-                    }
-                }
+                let bo = aw.bo.as_ref();
+                b.matmul_residual(&aw.wo, bo, &attn, n, post_attn, &mut o, &mut x)?;
             }
             // Gated DeltaNet block: q, k, v (convolved), the output gate z
             // and each value head's decay and write strength from norm(x);
@@ -351,7 +344,7 @@ fn stage_on_device<B: Backend>(
                 let width = n * s.value_width();
                 b.rms_norm(&mut net_out, &dw.norm, hp.rms_eps, width)?;
                 b.glu(Glu::Swiglu, &net_z, &net_out, width, &mut net_gated)?;
-                b.matmul_residual(&dw.out, &net_gated, n, None, &mut o, &mut x)?;
+                b.matmul_residual(&dw.out, None, &net_gated, n, None, &mut o, &mut x)?;
             }
         }
 
@@ -376,7 +369,7 @@ fn stage_on_device<B: Backend>(
                     product2: &mut up,
                 };
                 b.norm_gated_ffn(&x, norm(&lw.ffn_norm), n, ffn, scratch, &mut act)?;
-                b.matmul_residual(w_down, &act, n, post_ffn, &mut o, &mut x)?;
+                b.matmul_residual(w_down, None, &act, n, post_ffn, &mut o, &mut x)?;
             }
             FeedForward::Experts(experts) => {
                 let scratch = Scratch {

@@ -46,19 +46,16 @@ pub enum ActivationScales {
 
 /// Rounds the blocks' scales as `scales` says (the codes are unchanged).
 pub fn round_scales(blocks: &mut [Q8Block], scales: ActivationScales) {
+    if scales == ActivationScales::F32 {
+        return;
+    }
     let f16 = |v: f32| half::f16::from_f32(v).to_f32();
     for b in blocks {
-        match scales {
-            ActivationScales::F32 => return,
-            ActivationScales::Q8_0 => {
-                b.d = f16(b.d);
-                b.d_sum = b.d * b.sum() as f32;
-            }
-            ActivationScales::Q8_1 => {
-                b.d = f16(b.d);
-                b.d_sum = f16(b.d_sum);
-            }
-        }
+        b.d = f16(b.d);
+        b.d_sum = match scales {
+            ActivationScales::Q8_1 => f16(b.d_sum),
+            _ => b.d * b.sum() as f32,
+        };
     }
 }
 

@@ -120,7 +120,7 @@ impl CudaBackend {
         // product to read (each expert would otherwise normalize again
         // the few rows it takes).
         let mut logits = self.buffer(rows * n_expert)?;
-        let mut shared_logit = self.buffer(if shared.is_some() { rows } else { 0 })?;
+        let mut shared_logit = shared.map(|_| self.buffer(rows)).transpose()?;
         let router_route = self.route(&ex.router, rows);
         if rows == 1 {
             let router = Product {
@@ -128,12 +128,12 @@ impl CudaBackend {
                 bias: None,
                 out: &mut logits,
             };
-            match shared {
-                Some(sh) => {
+            match shared.zip(shared_logit.as_mut()) {
+                Some((sh, out)) => {
                     let gate_inp = Product {
                         w: &sh.gate_inp,
                         bias: None,
-                        out: &mut shared_logit,
+                        out,
                     };
                     self.norm_matmuls(x, norm, rows, scratch.normed, &mut [router, gate_inp])?
                 }
@@ -178,15 +178,15 @@ impl CudaBackend {
                         logits.as_mut_ptr(),
                     )?,
                 }
-                if let Some(sh) = shared {
-                    // SAFETY: normed holds rows × d values, shared_logit rows.
+                if let Some((sh, out)) = shared.zip(shared_logit.as_mut()) {
+                    // SAFETY: normed holds rows × d values, out rows.
                     self.product(
                         &mut state,
                         self.route(&sh.gate_inp, rows),
                         &sh.gate_inp,
                         scratch.normed.as_ptr(),
                         rows,
-                        shared_logit.as_mut_ptr(),
+                        out.as_mut_ptr(),
                     )?;
                 }
             }
@@ -276,11 +276,9 @@ impl CudaBackend {
                 m40_moe_route(
                     c_int::from(self.overlap_launches),
                     logits.as_ptr(),
-                    if shared.is_some() {
-                        shared_logit.as_ptr()
-                    } else {
-                        std::ptr::null()
-                    },
+                    shared_logit
+                        .as_ref()
+                        .map_or(std::ptr::null(), |l| l.as_ptr()),
                     n_rows,
                     e,
                     used,

@@ -769,12 +769,18 @@ impl Backend for CudaBackend {
     fn matmul_residual(
         &self,
         w: &Weight,
+        bias: Option<&Weight>,
         a: &DeviceBuffer,
         rows: usize,
         post_norm: Option<Norm>,
         product: &mut DeviceBuffer,
         x: &mut DeviceBuffer,
     ) -> Result<()> {
+        // An output bias (gpt-oss's, which the GPU does not load yet) takes
+        // the composition.
+        if bias.is_some() {
+            return fused::matmul_residual(self, w, bias, a, rows, post_norm, product, x);
+        }
         assert!(a.len() >= rows * w.cols && x.len() >= rows * w.rows);
         let route = self.route(w, rows);
         let mut state = self.lock();
