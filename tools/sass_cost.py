@@ -12,10 +12,10 @@ GB/s, so a format whose weight costs more issue slots than
 prints, for each format's one-session kernel as the M40 runs it (cuda/gemv.cu,
 rows a warp as the M40 takes them: 4 on the scaled path), the lane-instructions each weight
 costs: the scaled path for the formats that have one
-(`gemv_kernel<GemvScaled<T>, 4, 1, false, CHUNK, false>`; its activations
+(`gemv_kernel<GemvScaled<T>, 4, 1, false, CHUNK, false, 32>`; its activations
 are normalized and scaled by a launch before it, a cost per weight of 1/rows
 of the product's: nothing), the FP32 path for the float formats
-(`gemv_kernel<Gemv<T>, 2, 1, NORM, CHUNK, false>`, with and without the
+(`gemv_kernel<Gemv<T>, 2, 1, NORM, CHUNK, false, 32>`, with and without the
 RMSNorm on the way).
 
 The count follows the path a warp takes through the kernel's control flow
@@ -86,7 +86,7 @@ CONTROL = re.compile(r"^(BRA|SSY|SYNC|PBK|BRK|PCNT|CONT|EXIT|CAL|RET|BAR|NOP|DEP
 
 def kernel_name(ty, path, rows, norm, chunk):
     struct = "10GemvScaled" if path == "scaled" else "4Gemv"
-    return f"_Z11gemv_kernelI{struct}ILi{ty}EELi{rows}ELi1ELb{int(norm)}ELi{chunk}ELb0EEv7M40Gemv"
+    return f"_Z11gemv_kernelI{struct}ILi{ty}EELi{rows}ELi1ELb{int(norm)}ELi{chunk}ELb0ELi32EEv7M40Gemv"
 
 
 def chunk_row_bytes(name):
