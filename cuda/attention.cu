@@ -53,11 +53,14 @@ __device__ __forceinline__ M40Range m40_range(const M40Row &row, int layer, int 
 // Where decode attention also writes its output prepared for the product
 // that takes it (prepare.cuh: 8-bit codes or scaled values), sparing that
 // product its prepare launch: row r's value i at row r of n_x rows of cols
-// in scratch; none where scratch is null. Heads of a multiple of 32 values,
-// so that a warp's 32 lanes hold a block of 32.
+// in scratch, with the block scales `scales` says (q8.cuh's
+// M40ActivationScales: the product's format's); none where scratch is null.
+// Heads of a multiple of 32 values, so that a warp's 32 lanes hold a block
+// of 32.
 struct M40PreparedOut {
     int8_t *scratch;
     int cols, n_x;
+    int scales;
 };
 
 // One warp merges WARPS warps' online-softmax states (states[w], values
@@ -82,7 +85,8 @@ __device__ void m40_merge_warps(const Partial *states, const float *accs, int st
         for (int w = 0; w < WARPS; w++) a += accs[w * stride + d] * factor[w];
         if (normalize) {
             o[d] = a / block_sum;
-            if (prepared.scratch) m40_prepare_value(a / block_sum, first + d, prepared.cols, prepared.n_x, prepared.scratch, r);
+            if (prepared.scratch) m40_prepare_value(a / block_sum, first + d, prepared.cols, prepared.n_x, prepared.scratch, r,
+                                  prepared.scales);
         } else {
             o[2 + d] = a;
         }
@@ -169,7 +173,8 @@ __global__ void attention_combine_kernel(const float *__restrict__ partial, int 
         }
         out[(size_t(r) * n_head + head) * head_dim_v + d] = a / total;
         if (prepared.scratch)
-            m40_prepare_value(a / total, head * head_dim_v + d, prepared.cols, prepared.n_x, prepared.scratch, r);
+            m40_prepare_value(a / total, head * head_dim_v + d, prepared.cols, prepared.n_x, prepared.scratch, r,
+                              prepared.scales);
     }
 }
 
@@ -527,13 +532,14 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
 // n_splits × (head_dim_v + 2) floats of scratch (the tiled and
 // lane-per-position kernels with one range write out directly). prepared:
 // null, or scratch (m40_prepared_bytes(n_head · head_dim_v, n_rows) bytes)
-// where the output also goes prepared for the next decode product, for
+// where the output also goes prepared for the next decode product (its
+// block scales as prepared_scales says), for
 // rows that are not a prompt chunk, at most M40_GEMV_MAX_X of them, with
 // head_dim_v a multiple of 32 and head_dim_k of 8. overlap: see m40_launch.
 M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *rows, int layer, int n_head,
                                      int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
                                      int prompt_chunk, int n_splits, int heads_per_block, float *partial, float *out,
-                                     int8_t *prepared, int overlap, cudaStream_t stream) {
+                                     int8_t *prepared, int prepared_scales, int overlap, cudaStream_t stream) {
     const int dim = max(head_dim_k, head_dim_v);
     const bool multiple_of_8 = head_dim_k % 8 == 0 && head_dim_v % 8 == 0;
     if (dim > 32 * M40_ATTN_MAX_PER_LANE || n_splits < 1 || n_head_kv < 1 || n_head % n_head_kv != 0 ||
@@ -542,7 +548,7 @@ M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *r
         return cudaErrorInvalidValue;
     if (prepared && (prompt_chunk || !multiple_of_8 || head_dim_v % 32 != 0 || n_rows > M40_GEMV_MAX_X))
         return cudaErrorInvalidValue;
-    const M40PreparedOut prepared_out = {prepared, n_head * head_dim_v, n_rows};
+    const M40PreparedOut prepared_out = {prepared, n_head * head_dim_v, n_rows, prepared_scales};
     if (n_rows < 1) return cudaSuccess;
     const auto by_head_size = [&](auto launch) {
         if (dim <= 64)

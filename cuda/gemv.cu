@@ -1658,7 +1658,8 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
             if (p.x_q8) {
                 const int x_rows = p.experts.work ? p.experts.x_rows : p.n_x;
                 if (!p.x_quantized)
-                    m40_prepare_activations(p.overlap, p.x, p.norm, p.eps, p.cols, x_rows, p.x_q8, stream);
+                    m40_prepare_activations(p.overlap, p.x, p.norm, p.eps, p.cols, x_rows, p.x_q8,
+                                            m40_activation_scales(TYPE), stream);
                 if (m40_code_version() >= 61)
                     m40_gemv_shapes<GemvQ8<TYPE>, TYPE, false>(p, rows_per_warp, stream);
                 else

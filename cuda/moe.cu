@@ -35,13 +35,15 @@
 static_assert(M40_MOE_THREADS == M40_NORM_THREADS, "the routing launch's blocks also prepare rows (prepare.cuh)");
 
 // Rows the routing launch prepares (n_x rows of x, normalized with `norm`
-// where given, into q8), or q8 null.
+// where given, into q8, with the block scales `scales` says: q8.cuh's
+// M40ActivationScales), or q8 null.
 struct M40MoeQuantize {
     const float *x;
     const float *norm;
     float eps;
     int cols, n_x;
     int8_t *q8;
+    int scales;
 };
 
 // One block does the routing: a step has at most a few thousand (row, slot)
@@ -76,7 +78,7 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
     if (blockIdx.x > 0) {
         const int parts = (quantize.cols + M40_NORM_THREADS - 1) / M40_NORM_THREADS, b = blockIdx.x - 1;
         m40_prepare_part(quantize.x, quantize.norm, quantize.eps, quantize.cols, quantize.n_x, quantize.q8,
-                             b / parts, b % parts);
+                         quantize.scales, b / parts, b % parts);
         return;
     }
     __shared__ int count[M40_MOE_MAX_EXPERTS], next[M40_MOE_MAX_EXPERTS];
@@ -221,7 +223,7 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
 M40_EXPORT cudaError_t m40_moe_route(int overlap, const float *logits, const float *shared_logit, int n_rows,
                                      int n_expert, int n_used, int piece_rows, float *slot_weight, int *slot_row, int *sorted_source,
                                      M40ExpertWork *work, int n_work, const float *x, const float *norm, float eps,
-                                     int cols, int x_rows, int8_t *x_q8, cudaStream_t stream) {
+                                     int cols, int x_rows, int8_t *x_q8, int x_scales, cudaStream_t stream) {
     if (n_rows < 1 || n_expert < 1 || n_expert > M40_MOE_MAX_EXPERTS || n_used < 1 || n_used > n_expert ||
         n_used > M40_MOE_MAX_USED || piece_rows < 1 || n_work < 1)
         return cudaErrorInvalidValue;
@@ -229,7 +231,7 @@ M40_EXPORT cudaError_t m40_moe_route(int overlap, const float *logits, const flo
         return cudaErrorInvalidValue;
     if (x_q8 && (!x || cols < 32 || cols % 32 != 0 || x_rows < 1 || x_rows > 65535))
         return cudaErrorInvalidValue;
-    const M40MoeQuantize quantize = {x, norm, eps, cols, x_rows, x_q8};
+    const M40MoeQuantize quantize = {x, norm, eps, cols, x_rows, x_q8, x_scales};
     const unsigned quantize_blocks = x_q8 ? unsigned(x_rows) * m40_blocks(size_t(cols), M40_NORM_THREADS) : 0;
     const auto launch = [&](auto kernel) {
         m40_launch(overlap, kernel, dim3(1 + quantize_blocks), M40_MOE_THREADS, stream, logits, shared_logit, n_rows,

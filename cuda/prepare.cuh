@@ -21,13 +21,16 @@
 static inline size_t m40_prepared_bytes(int cols, int n_x) { return m40_scaled_bytes(cols, n_x); }
 
 // Value v (index i) of activation row t into scratch, as this code's
-// products read it; its warp holds the 32 values of its block of 32 (lane
-// i % 32), and every lane of the warp calls it.
-__device__ __forceinline__ void m40_prepare_value(float v, int i, int cols, int n_x, int8_t *scratch, int t) {
+// products read it, rounded to 8 bits with the block scales `scales` says
+// (M40ActivationScales, q8.cuh: the products' weight format's); its warp
+// holds the 32 values of its block of 32 (lane i % 32), and every lane of
+// the warp calls it.
+__device__ __forceinline__ void m40_prepare_value(float v, int i, int cols, int n_x, int8_t *scratch, int t,
+                                                  int scales) {
 #if M40_DP4A_CODE
-    m40_quantize_q8_value(v, i, cols, n_x, scratch, t);
+    m40_quantize_q8_value(v, i, cols, n_x, scratch, t, scales);
 #else
-    m40_scale_value(v, i, cols, n_x, scratch, t);
+    m40_scale_value(v, i, cols, n_x, scratch, t, scales);
 #endif
 }
 
@@ -38,26 +41,27 @@ __device__ __forceinline__ void m40_prepare_value(float v, int i, int cols, int 
 // row's rms itself; the row is read from L2). Every thread of the block
 // calls it.
 __device__ void m40_prepare_part(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
-                                 int n_x, int8_t *scratch, int t, int part) {
+                                 int n_x, int8_t *scratch, int scales, int t, int part) {
     int i;
     float v;
     if (!m40_row_value(x, norm, eps, cols, t, part, i, v)) return;  // whole warps: cols is a multiple of 32
-    m40_prepare_value(v, i, cols, n_x, scratch, t);
+    m40_prepare_value(v, i, cols, n_x, scratch, t, scales);
 }
 
 // Activation row blockIdx.y, values blockIdx.x · M40_NORM_THREADS.., into scratch.
 __global__ void __launch_bounds__(M40_NORM_THREADS)
     prepare_activations_kernel(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
-                               int n_x, int8_t *scratch) {
+                               int n_x, int8_t *scratch, int scales) {
     m40_wait_for_prior_kernels();
     m40_allow_next_kernel();
-    m40_prepare_part(x, norm, eps, cols, n_x, scratch, blockIdx.y, blockIdx.x);
+    m40_prepare_part(x, norm, eps, cols, n_x, scratch, scales, blockIdx.y, blockIdx.x);
 }
 
-// Prepares n_x rows of x (normalized first where `norm` is given) into scratch.
+// Prepares n_x rows of x (normalized first where `norm` is given) into
+// scratch, with the block scales `scales` says.
 static void m40_prepare_activations(bool overlap, const float *x, const float *norm, float eps, int cols, int n_x,
-                                    int8_t *scratch, cudaStream_t stream) {
+                                    int8_t *scratch, int scales, cudaStream_t stream) {
     const dim3 grid(m40_blocks(size_t(cols), M40_NORM_THREADS), unsigned(n_x));
     m40_launch(overlap, prepare_activations_kernel, grid, M40_NORM_THREADS, stream, x, norm, eps, cols, n_x,
-               scratch);
+               scratch, scales);
 }

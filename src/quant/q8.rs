@@ -34,14 +34,17 @@ pub(crate) const Q8_BLOCK: usize = 32;
 /// rounding the scales as llama.cpp does matters on small random models,
 /// where the difference between f32 and f16 scales alone carried qwen35's
 /// Q8_0 logits past a 2% 95th percentile against llama.cpp's.
+/// The CUDA backend's prepare kernels take the same choice as an `int`
+/// (`M40ActivationScales` in cuda/q8.cuh, these discriminants).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
 pub enum ActivationScales {
     /// f32 scales (Q8_K: the K-quants and IQ4_XS).
-    F32,
+    F32 = 0,
     /// Q8_0: `d` made in f32 (the codes round with it) and stored as f16.
-    Q8_0,
+    Q8_0 = 1,
     /// Q8_1: `d` as Q8_0's, and `s` = d · Σq made in f32 and stored as f16.
-    Q8_1,
+    Q8_1 = 2,
 }
 
 /// Rounds the blocks' scales as `scales` says (the codes are unchanged).

@@ -40,6 +40,8 @@ pub struct TeacherForced {
     pub errors: Vec<f64>,
     /// Steps where llama.cpp's top-2 margin exceeds 0.5 and our top-1 differs.
     pub disagreements: Vec<String>,
+    /// The largest errors with their (prompt, step), largest first.
+    pub worst: Vec<(f64, usize, usize)>,
 }
 
 impl TeacherForced {
@@ -48,6 +50,7 @@ impl TeacherForced {
     pub fn run(model: &std::sync::Arc<m40llm::model::Model>, cases: &[Case]) -> TeacherForced {
         use m40llm::session::{Session, SessionParams};
         let mut errors = Vec::new();
+        let mut located = Vec::new();
         let mut disagreements = Vec::new();
         for (ci, case) in cases.iter().enumerate() {
             let params = SessionParams {
@@ -60,7 +63,9 @@ impl TeacherForced {
                 let logits = session.logits().unwrap();
                 let (ref_tok, ref_logit) = top[0];
                 let ours = logits[ref_tok as usize];
-                errors.push(((ours - ref_logit).abs() / ref_logit.abs().max(1.0)) as f64);
+                let error = ((ours - ref_logit).abs() / ref_logit.abs().max(1.0)) as f64;
+                errors.push(error);
+                located.push((error, ci, si));
                 let our_top = m40llm::sampling::argmax(logits);
                 let margin = top[0].1 - top[1].1;
                 if margin > 0.5 && our_top != ref_tok {
@@ -72,9 +77,12 @@ impl TeacherForced {
             }
         }
         errors.sort_by(f64::total_cmp);
+        located.sort_by(|a, b| b.0.total_cmp(&a.0));
+        located.truncate(3);
         TeacherForced {
             errors,
             disagreements,
+            worst: located,
         }
     }
 
@@ -84,12 +92,18 @@ impl TeacherForced {
     }
 
     pub fn summary(&self) -> String {
+        let worst: Vec<String> = self
+            .worst
+            .iter()
+            .map(|(e, prompt, step)| format!("{:.2}% (prompt {prompt} step {step})", e * 100.0))
+            .collect();
         format!(
-            "{} steps: relative error of the reference top-1 logit median {:.2}%, p95 {:.2}%, max {:.2}%",
+            "{} steps: relative error of the reference top-1 logit median {:.2}%, p95 {:.2}%, max {:.2}%; largest {}",
             self.errors.len(),
             self.percentile(0.5) * 100.0,
             self.percentile(0.95) * 100.0,
-            self.percentile(1.0) * 100.0
+            self.percentile(1.0) * 100.0,
+            worst.join(", ")
         )
     }
 }

@@ -12,6 +12,7 @@
 #include "matmul.cu"
 #include "gemv.cu"
 #include "mmq.cu"
+#include "moe.cu"
 #include "layout.cuh"
 
 #include <cstdio>

@@ -298,6 +298,7 @@ impl CudaBackend {
                     } else {
                         std::ptr::null_mut()
                     },
+                    gate.ty.activation_scales() as c_int,
                     stream,
                 )
             },

@@ -380,6 +380,7 @@ extern "C" {
         cols: c_int,
         x_rows: c_int,
         x_q8: *mut i8,
+        x_scales: c_int,
         stream: Stream,
     ) -> c_int;
     /// The most work pieces a routing of this shape makes (host arithmetic).
@@ -580,6 +581,7 @@ extern "C" {
         partial: *mut f32,
         out: *mut f32,
         prepared: *mut i8,
+        prepared_scales: c_int,
         overlap: c_int,
         stream: Stream,
     ) -> c_int;

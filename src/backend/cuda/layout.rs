@@ -12,6 +12,7 @@ use super::kernels::{
     GemvMatrix, MmqLaunch, ProjectionRole, ATTENTION_MAX_HEAD_DIM, GEMV_MAX_X, MOE_MAX_EXPERTS,
     MOE_MAX_USED,
 };
+use crate::quant::ActivationScales;
 
 /// Asserts, at compile time, a struct's size and alignment and then each
 /// named field's offset.
@@ -122,6 +123,12 @@ const _: () = assert!(
         && GemvEpilogue::GluSilu as i32 == 2
         && GemvEpilogue::GluGelu as i32 == 3,
     "GemvEpilogue differs from cuda/layout.cuh"
+);
+const _: () = assert!(
+    ActivationScales::F32 as i32 == 0
+        && ActivationScales::Q8_0 as i32 == 1
+        && ActivationScales::Q8_1 as i32 == 2,
+    "ActivationScales differs from cuda/layout.cuh"
 );
 
 // M40_GEMV_MAX_X, M40_MAX_HEAD_DIM, M40_MOE_MAX_EXPERTS, M40_MOE_MAX_USED

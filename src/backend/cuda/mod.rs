@@ -51,7 +51,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::json::JsonObject;
-use crate::quant::GgmlType;
+use crate::quant::{ActivationScales, GgmlType};
 pub use graph::GraphStats;
 use graph::{Capture, DecodeGraphs};
 use kernels::{m40_launch_overlap, prepared_bytes, ExpertWork, GEMV_MAX_X};
@@ -76,6 +76,9 @@ pub struct CudaBackend {
     weights: DeviceWeights,
     /// Which kernel takes each product.
     routes: Routes,
+    /// The block scales of each layer's attention output product
+    /// (`weights::attention_output_scales`).
+    attention_output_scales: Vec<ActivationScales>,
     /// Weight rows per warp of the one-session decode kernel (2 or 4, or 0:
     /// the format's own choice).
     gemv_rows_per_warp: c_int,
@@ -148,6 +151,9 @@ struct PreparedInput {
     cols: usize,
     rows: usize,
     op: u64,
+    /// The block scales it was prepared with: only products of formats
+    /// that keep the same ones read it.
+    scales: ActivationScales,
 }
 
 /// One sequence's cache in device memory: the keys and values (f16) of its
@@ -295,6 +301,7 @@ impl CudaBackend {
         }
         runtime::synchronize(&stream)?;
         Ok(CudaBackend {
+            attention_output_scales: weights::attention_output_scales(&file),
             row_pieces,
             row_slice_bytes: options.row_slice_bytes,
             info,

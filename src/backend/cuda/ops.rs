@@ -19,6 +19,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::kv_cache::LayerState;
+use crate::quant::ActivationScales;
 
 impl Backend for CudaBackend {
     type Buffer = DeviceBuffer;
@@ -520,11 +521,17 @@ impl Backend for CudaBackend {
             }
             _ => std::ptr::null_mut(),
         };
+        let scales = self
+            .attention_output_scales
+            .get(layer)
+            .copied()
+            .unwrap_or(ActivationScales::F32);
         st.prepared_input = (!prepared.is_null()).then_some(PreparedInput {
             x: out.as_ptr() as usize,
             cols: width,
             rows: rows.len(),
             op: st.op + 1,
+            scales,
         });
         // SAFETY: q and out hold rows.len() × n_head heads; the partials
         // piece is sized for the launch; the row table names live caches
@@ -552,6 +559,7 @@ impl Backend for CudaBackend {
                     partial,
                     out.as_mut_ptr(),
                     prepared,
+                    scales as c_int,
                     c_int::from(self.overlap_launches),
                     st.stream.raw(),
                 ),

@@ -12,7 +12,7 @@ use super::route::ProductRoute;
 use super::runtime::{check, Stream};
 use super::{dim, CudaBackend, DeviceBuffer, Norm, PreparedInput, Product, State, Weight};
 use crate::error::{Error, Result};
-use crate::quant::GgmlType;
+use crate::quant::{ActivationScales, GgmlType};
 
 /// Largest band of a dequantized weight matrix fed to one cuBLAS product.
 const GEMM_BAND_BYTES: usize = 64 << 20;
@@ -422,6 +422,7 @@ impl CudaBackend {
                     cols: like.cols,
                     rows: n_x,
                     op: st.op,
+                    scales: like.ty.activation_scales(),
                 });
         let input_quantized = input_quantized || prepared_before;
         // The scratch holds one launch's rows.
@@ -546,7 +547,9 @@ impl CudaBackend {
             ProjectionRole::Values,
         ];
         let fused_norm = Some((self.weights.vector(norm.weight)?, norm.eps));
-        let mut quantized = false;
+        // The block scales x was last prepared with, if it was: a launch of
+        // a format that keeps other ones prepares it again.
+        let mut quantized: Option<ActivationScales> = None;
         let mut first = 0;
         while first < products.len() {
             let ty = products[first].w.ty;
@@ -579,11 +582,13 @@ impl CudaBackend {
                     &matrices[..n],
                     GemvEpilogue::Store,
                     fused_norm,
-                    quantized && prepared,
+                    prepared && quantized == Some(ty.activation_scales()),
                     attention.unwrap_or(&AttentionInputs::NONE),
                 )?
             };
-            quantized |= prepared;
+            if prepared {
+                quantized = Some(ty.activation_scales());
+            }
             first += n;
         }
         Ok(())

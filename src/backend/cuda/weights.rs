@@ -13,7 +13,7 @@ use super::staging::Staging;
 use super::{dim, Weight};
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::quant::GgmlType;
+use crate::quant::{ActivationScales, GgmlType};
 
 /// Bytes allocated past the data section: the decode kernel reads rows in
 /// 16-byte-aligned pieces, up to 15 bytes past the end of the last row.
@@ -282,6 +282,28 @@ fn locate_in(
 /// The file's matrices: every tensor but the one-row weights.
 pub(super) fn matrices(file: &GgufFile) -> impl Iterator<Item = &TensorInfo> {
     file.tensors().iter().filter(|t| !is_vector(t))
+}
+
+/// The block scales each layer's attention output product prepares its
+/// activations with (its weight format's, `GgmlType::activation_scales`),
+/// by layer: decode attention writes its output prepared with them. F32
+/// for a layer without one.
+pub(super) fn attention_output_scales(file: &GgufFile) -> Vec<ActivationScales> {
+    let mut scales = Vec::new();
+    for t in file.tensors() {
+        let layer = t
+            .name
+            .strip_prefix("blk.")
+            .and_then(|rest| rest.strip_suffix(".attn_output.weight"))
+            .and_then(|layer| layer.parse::<usize>().ok());
+        if let Some(layer) = layer.filter(|&l| l < 1 << 16) {
+            if scales.len() <= layer {
+                scales.resize(layer + 1, ActivationScales::F32);
+            }
+            scales[layer] = t.ggml_type.activation_scales();
+        }
+    }
+    scales
 }
 
 /// Copies each piece (bytes, offset in `dst`) to the device through two
