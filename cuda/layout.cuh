@@ -104,7 +104,7 @@ static_assert(M40_PLAIN_OUTPUT == 0 && M40_QUERIES == 1 && M40_KEYS == 2 && M40_
 static_assert(M40_GEMV_STORE == 0 && M40_GEMV_ACCUMULATE == 1 && M40_GEMV_GLU_SILU == 2 && M40_GEMV_GLU_GELU == 3,
               "M40GemvEpilogue differs from src/backend/cuda/layout.rs");
 // ActivationScales (src/quant/q8.rs; an int here)
-static_assert(M40_SCALES_F32 == 0 && M40_SCALES_Q8_0 == 1 && M40_SCALES_Q8_1 == 2,
+static_assert(M40_SCALES_F32 == 0 && M40_SCALES_Q8_0 == 1 && M40_SCALES_Q8_1 == 2 && M40_SCALES_Q8_K == 3,
               "M40ActivationScales differs from src/backend/cuda/layout.rs");
 
 // GEMV_MAX_X, ATTENTION_MAX_HEAD_DIM, MOE_MAX_EXPERTS, MOE_MAX_USED

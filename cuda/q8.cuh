@@ -25,20 +25,25 @@ __device__ __forceinline__ M40Q8Row m40_q8_row(const int8_t *q8, int cols, int n
 // Eight codes from an 8-byte-aligned position of a row.
 __device__ __forceinline__ int2 m40_q8_words2(const int8_t *q) { return __ldg(reinterpret_cast<const int2 *>(q)); }
 
-// How the blocks' scales are stored, per weight format, as llama.cpp's CPU
-// products store them (ggml-cpu's vec_dot_type; `ActivationScales` in
-// src/quant/q8.rs, whose discriminants these are): F32 for the K-quants and
-// IQ4_XS (Q8_K), Q8_0 (d made in f32, the codes rounded with it, d kept as
-// f16) for Q4_0, Q5_0, Q8_0, IQ4_NL and MXFP4, Q8_1 (d as Q8_0's, d·Σq made
-// in f32 and kept as f16) for Q4_1 and Q5_1. On small models the difference
-// between f32 and f16 scales alone moves logits measurably.
-enum M40ActivationScales { M40_SCALES_F32 = 0, M40_SCALES_Q8_0 = 1, M40_SCALES_Q8_1 = 2 };
+// How the blocks' scales are kept, per weight format, as llama.cpp's CPU
+// products keep them (ggml-cpu's vec_dot_type; `ActivationScales` in
+// src/quant/q8.rs, whose discriminants these are): Q8_0 (d made in f32, the
+// codes rounded with it, d kept as f16) for Q4_0, Q5_0, Q8_0, IQ4_NL and
+// MXFP4, Q8_1 (d as Q8_0's, d·Σq made in f32 and kept as f16) for Q4_1 and
+// Q5_1, f32 scales otherwise. The K-quants and IQ4_XS take Q8_K, one scale
+// per 256 values on the CPU; here, where a warp holds a block of 32, they
+// keep an f32 scale per block of 32. On small models the difference between
+// f32 and f16 scales alone moves logits measurably.
+enum M40ActivationScales { M40_SCALES_F32 = 0, M40_SCALES_Q8_0 = 1, M40_SCALES_Q8_1 = 2, M40_SCALES_Q8_K = 3 };
 
 __host__ __device__ constexpr int m40_activation_scales(int type) {
     return type == M40_Q4_0 || type == M40_Q5_0 || type == M40_Q8_0 || type == M40_IQ4_NL || type == M40_MXFP4
                ? M40_SCALES_Q8_0
            : type == M40_Q4_1 || type == M40_Q5_1 ? M40_SCALES_Q8_1
-                                                  : M40_SCALES_F32;
+           : type == M40_Q2_K || type == M40_Q3_K || type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K ||
+                   type == M40_IQ4_XS
+               ? M40_SCALES_Q8_K
+               : M40_SCALES_F32;
 }
 
 __device__ __forceinline__ float m40_round_to_f16(float v) { return __half2float(__float2half_rn(v)); }
@@ -55,7 +60,7 @@ __device__ __forceinline__ int m40_q8_code(float v, float &d) {
 
 // The scale d as `scales` keeps it.
 __device__ __forceinline__ float m40_kept_scale(float d, int scales) {
-    return scales == M40_SCALES_F32 ? d : m40_round_to_f16(d);
+    return scales == M40_SCALES_Q8_0 || scales == M40_SCALES_Q8_1 ? m40_round_to_f16(d) : d;
 }
 
 // Value v (index i) of activation row t into q8, its warp holding the 32

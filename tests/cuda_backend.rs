@@ -8,7 +8,8 @@
 //! Bounds, as a fraction of the largest reference magnitude of each output:
 //! - matrix products, against f64 products of the CPU's bit-exact
 //!   dequantization, per output row: 2e-5 for the decode kernel (FP32);
-//!   on its integer path (8-bit activations, sm_61+), each output within
+//!   on its prepared paths (8-bit activations: the integer path on sm_61+,
+//!   the M40's scaled path on the same 8-bit grid), each output within
 //!   `dot_error_bound`, the rounding bound of the CPU's 8-bit activations;
 //!   2e-3 for prefill's cuBLAS products (on tensor cores, f16 operands from
 //!   Volta on and TF32 for F32 weights from Ampere on, both rounding the
@@ -23,10 +24,11 @@
 //!   same steps composed of the backend's single operations: 1e-5;
 //! - whole forward passes, GPU logits against CPU logits: 1.5% of the logit
 //!   scale (for mixtures of experts' prompts and batches, the median
-//!   step's: 3%, see MOE_MEDIAN_BOUND) (the CPU quantizes activations to 8 bits for quantized weights, as
-//!   llama.cpp does; the GPU does too on sm_61+, and multiplies f32
-//!   activations on the M40 and in the PTX build), and the same top-1
-//!   token wherever the CPU's top-2 margin exceeds 2% of the scale.
+//!   step's: 3%, see MOE_MEDIAN_BOUND) (the CPU quantizes activations to 8
+//!   bits for quantized weights, as llama.cpp does; the GPU's decode
+//!   products do too, and its prompt products multiply f16 activations),
+//!   and the same top-1 token wherever the CPU's top-2 margin exceeds 2% of
+//!   the scale.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -50,7 +52,7 @@ use m40llm::model::{
     Model, Weight, Weights,
 };
 use m40llm::quant::q8::dot_error_bound;
-use m40llm::quant::{dequantize_row, GgmlType};
+use m40llm::quant::{dequantize_row, ActivationScales, GgmlType};
 use m40llm::sampling::{argmax, SamplerParams};
 use m40llm::session::{Session, SessionParams};
 
@@ -189,6 +191,16 @@ fn download<B: Backend>(b: &B, buf: &B::Buffer, n: usize) -> Vec<f32> {
 }
 
 /// Largest difference as a fraction of the largest reference magnitude.
+/// The activation scales the GPU's decode products of `ty` keep: the
+/// CPU's, but an f32 scale per 32 values where the CPU takes Q8_K's one per
+/// 256 (cuda/q8.cuh).
+fn gpu_scales(ty: GgmlType) -> ActivationScales {
+    match ty.activation_scales() {
+        ActivationScales::Q8K => ActivationScales::F32,
+        scales => scales,
+    }
+}
+
 fn relative_error(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len());
     let scale = want
@@ -277,12 +289,12 @@ fn product_errors(pairs: &[(bool, Pair)], w: &Weight, row_counts: &[usize]) -> (
                     .zip(xr)
                     .map(|(&a, &b)| f64::from(a) * f64::from(b))
                     .sum::<f64>();
-                (exact, dot_error_bound(wr, xr))
+                (exact, dot_error_bound(gpu_scales(w.ty), wr, xr))
             })
             .unzip();
         let want32: Vec<f32> = want.iter().map(|&v| v as f32).collect();
         for (use_cublas, p) in pairs {
-            let integer = p.gpu.integer_products(w.ty);
+            let integer = p.gpu.rounded_activation_products(w.ty);
             let xd = upload(&p.gpu, &x);
             let mut out = p.gpu.buffer(rows * w.rows).unwrap();
             p.gpu.matmul(w, &xd, rows, &mut out).unwrap();
@@ -355,7 +367,7 @@ fn matrix_products_match_f64_products_for_every_type_on_every_path() {
             worst_rounded = worst_rounded.max(rounded);
             worst_integer = worst_integer.max(integer);
         }
-        let integer = if pairs[0].1.gpu.integer_products(dense(l).1.ty) {
+        let integer = if pairs[0].1.gpu.rounded_activation_products(dense(l).1.ty) {
             format!(", 8-bit {worst_integer:.2} of its bound")
         } else {
             String::new()

@@ -187,7 +187,7 @@ fn allowed_error(ty: GgmlType, w: &[f32], x: &[f32]) -> f64 {
         .sum();
     match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => magnitude * 1e-5 + 1e-30,
-        _ => dot_error_bound(w, x),
+        _ => dot_error_bound(ty.activation_scales(), w, x),
     }
 }
 

@@ -31,7 +31,7 @@ pub use interleaved::{
 };
 pub use panel::{GemmKernels, PairProduct, Panel, GEMM_MIN_TOKENS, PANEL_ROWS};
 pub(crate) use q8::Q8_BLOCK;
-pub use q8::{quantize_row_q8, round_scales, ActivationScales, Q8Block};
+pub use q8::{quantize_row_q8, quantize_row_q8_k, round_scales, ActivationScales, Q8Block};
 pub use types::GgmlType;
 
 /// The f16 at byte `at` of a block, as f32.

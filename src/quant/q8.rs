@@ -39,17 +39,24 @@ pub(crate) const Q8_BLOCK: usize = 32;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(i32)]
 pub enum ActivationScales {
-    /// f32 scales (Q8_K: the K-quants and IQ4_XS).
+    /// f32 scales, one a block of 32: formats without integer dots.
     F32 = 0,
     /// Q8_0: `d` made in f32 (the codes round with it) and stored as f16.
     Q8_0 = 1,
     /// Q8_1: `d` as Q8_0's, and `s` = d · Σq made in f32 and stored as f16.
     Q8_1 = 2,
+    /// Q8_K (the K-quants and IQ4_XS): one f32 scale for each 256 values,
+    /// from their value of largest magnitude (`quantize_row_q8_k`); every
+    /// block of 32 of the 256 carries it. The CUDA kernels keep an f32
+    /// scale per 32 values instead (a warp holds a block of 32 there).
+    Q8K = 3,
 }
 
-/// Rounds the blocks' scales as `scales` says (the codes are unchanged).
+/// Rounds the blocks' scales as `scales` says (the codes are unchanged),
+/// for the scales a block of 32 makes on its own (all but Q8K).
 pub fn round_scales(blocks: &mut [Q8Block], scales: ActivationScales) {
-    if scales == ActivationScales::F32 {
+    debug_assert_ne!(scales, ActivationScales::Q8K);
+    if matches!(scales, ActivationScales::F32 | ActivationScales::Q8K) {
         return;
     }
     let f16 = |v: f32| half::f16::from_f32(v).to_f32();
@@ -67,6 +74,42 @@ pub fn quantize_row_q8(x: &[f32], out: &mut [Q8Block]) {
     debug_assert_eq!(x.len(), out.len() * Q8_BLOCK);
     for (block, xs) in out.iter_mut().zip(x.chunks_exact(Q8_BLOCK)) {
         *block = quantize_block(xs);
+    }
+}
+
+/// Values in a Q8_K block: one activation scale each.
+pub const Q8K_BLOCK: usize = 256;
+
+/// Quantizes `x` (a multiple of 256 long) as llama.cpp's Q8_K does
+/// (`quantize_row_q8_K_ref`, which its x86 build runs too), into blocks of
+/// 32 (`out`, one per 32 values): each 256 values share d = 1 / (−127 / m),
+/// m their value of largest magnitude (the first, in a tie), and each value
+/// becomes min(127, round(v · (−127 / m))), ties to even; d is negative
+/// where m is positive, and a block of zeros has d = 0.
+pub fn quantize_row_q8_k(x: &[f32], out: &mut [Q8Block]) {
+    debug_assert_eq!(x.len(), out.len() * Q8_BLOCK);
+    debug_assert_eq!(x.len() % Q8K_BLOCK, 0);
+    for (blocks, xs) in out
+        .chunks_exact_mut(Q8K_BLOCK / Q8_BLOCK)
+        .zip(x.chunks_exact(Q8K_BLOCK))
+    {
+        // The largest magnitude, then the first value that has it (the
+        // two loops vectorize where llama.cpp's one does not).
+        let amax = xs.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+        let (iscale, d) = match xs.iter().find(|v| v.abs() == amax) {
+            Some(&max) if amax != 0.0 => {
+                let iscale = -127.0 / max;
+                (iscale, 1.0 / iscale)
+            }
+            _ => (0.0, 0.0),
+        };
+        for (block, xs) in blocks.iter_mut().zip(xs.chunks_exact(Q8_BLOCK)) {
+            let mut qs = [0i8; 32];
+            for (q, &v) in qs.iter_mut().zip(xs) {
+                *q = round_small(v * iscale).min(127.0) as i8;
+            }
+            *block = with_sums(d, qs);
+        }
     }
 }
 
@@ -89,6 +132,11 @@ fn quantize_block(xs: &[f32]) -> Q8Block {
         // same way; its scalar one rounds ties away).
         *q = round_small(v * id) as i8;
     }
+    with_sums(d, qs)
+}
+
+/// The block of codes `qs` at scale `d`, with its sums.
+fn with_sums(d: f32, qs: [i8; 32]) -> Q8Block {
     let half = |h: &[i8]| h.iter().map(|&q| i16::from(q)).sum::<i16>();
     let half_sums = [half(&qs[..16]), half(&qs[16..])];
     let d_sum = d * (i32::from(half_sums[0]) + i32::from(half_sums[1])) as f32;
@@ -101,12 +149,20 @@ fn quantize_block(xs: &[f32]) -> Q8Block {
 }
 
 /// How far a dot with `quantized` activations can land from the dot with the
-/// exact `x`, for weights `w` (dequantized): each activation moved by at most
-/// half its block's step, plus f32 rounding of the sums.
-pub fn dot_error_bound(w: &[f32], x: &[f32]) -> f64 {
+/// exact `x`, for weights `w` (dequantized), activations quantized as
+/// `scales` says: each activation moved by at most half its block's step
+/// (blocks of 32, or Q8_K's of 256), plus, where the block's scale is kept
+/// in f16, that scale's rounding, 2^−11 of each |x| (and of half a step),
+/// plus f32 rounding of the sums.
+pub fn dot_error_bound(scales: ActivationScales, w: &[f32], x: &[f32]) -> f64 {
+    let block = if scales == ActivationScales::Q8K {
+        Q8K_BLOCK
+    } else {
+        Q8_BLOCK
+    };
     let rounding: f64 = w
-        .chunks(Q8_BLOCK)
-        .zip(x.chunks(Q8_BLOCK))
+        .chunks(block)
+        .zip(x.chunks(block))
         .map(|(wb, xb)| {
             let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64;
             let step = amax / 127.0;
@@ -114,7 +170,15 @@ pub fn dot_error_bound(w: &[f32], x: &[f32]) -> f64 {
         })
         .sum();
     let magnitude: f64 = w.iter().zip(x).map(|(a, b)| (a * b).abs() as f64).sum();
-    rounding * 1.001 + magnitude * 1e-5 + 1e-30
+    // 2^−10 rather than 2^−11 of the magnitude: Q8_1's sum term is rounded
+    // to f16 too, within about as much of a block's |w|·|x|.
+    let f16_scales = matches!(scales, ActivationScales::Q8_0 | ActivationScales::Q8_1);
+    let (step_share, magnitude_share) = if f16_scales {
+        (1.0 / 2048.0, 1.0 / 1024.0)
+    } else {
+        (0.0, 0.0)
+    };
+    rounding * (1.001 + step_share) + magnitude * (1e-5 + magnitude_share) + 1e-30
 }
 
 #[cfg(test)]
@@ -136,6 +200,43 @@ mod tests {
         assert_eq!(&b.qs[..4], &[127, 2, -2, 0]);
         assert_eq!(b.half_sums, [127, -127]);
         assert_eq!(b.sum(), 0);
+    }
+
+    /// ggml's quantize_row_q8_K_ref: one scale for 256 values from the
+    /// first value of largest magnitude m, iscale = −127 / m, codes
+    /// min(127, nearest(iscale · x)) and d = 1 / iscale, so that d is
+    /// negative where m is positive; zeros give d = 0.
+    #[test]
+    fn q8_k_blocks_share_llama_cpps_scale_per_256_values() {
+        let mut x: Vec<f32> = (0..512)
+            .map(|i| ((i * 37) % 101) as f32 * 0.13 - 6.1)
+            .collect();
+        x[70] = 25.4; // the first 256's largest magnitude, positive
+        x[300] = -31.75; // the second's, negative, ahead of an equal positive one
+        x[301] = 31.75;
+        x[5] = -25.4 * 0.5 / 127.0 * 3.0; // iscale · x = 1.5: a tie, to even
+        let mut out = [Q8Block::default(); 16];
+        quantize_row_q8_k(&x, &mut out);
+        for (half, max) in [(0usize, 25.4f32), (1, -31.75)] {
+            let iscale = -127.0f32 / max;
+            for b in &out[half * 8..half * 8 + 8] {
+                assert_eq!(b.d, 1.0 / iscale);
+            }
+            for (j, &v) in x[half * 256..half * 256 + 256].iter().enumerate() {
+                let want = (v * iscale).round_ties_even().min(127.0) as i8;
+                assert_eq!(out[half * 8 + j / 32].qs[j % 32], want, "value {j}");
+            }
+        }
+        assert!(out[0].d < 0.0 && out[8].d > 0.0);
+        assert_eq!(out[0].qs[5], 2);
+        assert_eq!(out[2].qs[70 - 64], -127);
+        assert_eq!(out[9].qs[300 - 288], -127);
+        assert_eq!(out[9].qs[301 - 288], 127);
+        let b = out[3];
+        assert_eq!(b.d_sum, b.d * b.sum() as f32);
+        let mut zeros = [Q8Block::default(); 8];
+        quantize_row_q8_k(&[0.0; 256], &mut zeros);
+        assert!(zeros.iter().all(|b| *b == Q8Block::default()));
     }
 
     #[test]
@@ -213,6 +314,6 @@ mod tests {
             .map(|(xq, &wv)| xq * wv as f64)
             .sum();
         let exact: f64 = x.iter().zip(&w).map(|(&a, &b)| a as f64 * b as f64).sum();
-        assert!((rounded - exact).abs() <= dot_error_bound(&w, &x));
+        assert!((rounded - exact).abs() <= dot_error_bound(ActivationScales::F32, &w, &x));
     }
 }

@@ -85,8 +85,8 @@ const TABLE: &[(GgmlType, u32, &str, u32, u32)] = &[
 impl GgmlType {
     /// How llama.cpp's CPU dots of this weight format store their
     /// activations' scales (ggml-cpu's `vec_dot_type`: Q8_0 for Q4_0, Q5_0,
-    /// Q8_0, IQ4_NL and MXFP4; Q8_1 for Q4_1 and Q5_1; Q8_K, f32 scales,
-    /// for the K-quants and IQ4_XS).
+    /// Q8_0, IQ4_NL and MXFP4; Q8_1 for Q4_1 and Q5_1; Q8_K, an f32 scale
+    /// per 256 values, for the K-quants and IQ4_XS).
     pub fn activation_scales(self) -> ActivationScales {
         match self {
             GgmlType::Q4_0
@@ -95,6 +95,12 @@ impl GgmlType {
             | GgmlType::Iq4Nl
             | GgmlType::Mxfp4 => ActivationScales::Q8_0,
             GgmlType::Q4_1 | GgmlType::Q5_1 => ActivationScales::Q8_1,
+            GgmlType::Q2K
+            | GgmlType::Q3K
+            | GgmlType::Q4K
+            | GgmlType::Q5K
+            | GgmlType::Q6K
+            | GgmlType::Iq4Xs => ActivationScales::Q8K,
             _ => ActivationScales::F32,
         }
     }

@@ -127,7 +127,8 @@ const _: () = assert!(
 const _: () = assert!(
     ActivationScales::F32 as i32 == 0
         && ActivationScales::Q8_0 as i32 == 1
-        && ActivationScales::Q8_1 as i32 == 2,
+        && ActivationScales::Q8_1 as i32 == 2
+        && ActivationScales::Q8K as i32 == 3,
     "ActivationScales differs from cuda/layout.cuh"
 );
 

@@ -407,9 +407,12 @@ impl CudaBackend {
         event.record(&self.lock().stream)
     }
 
-    /// Whether decode products of type `ty` run on 8-bit activations (dp4a).
-    pub fn integer_products(&self, ty: GgmlType) -> bool {
-        self.routes.dp4a() && self.routes.route(ty, 1) == ProductRoute::Decode { prepared: true }
+    /// Whether decode products of type `ty` run on activations rounded to
+    /// 8 bits in blocks of 32, as the CPU's are: prepared for the integer
+    /// path (dp4a, sm_61+ code) or, on the M40's scaled path, rounded to
+    /// the same grid.
+    pub fn rounded_activation_products(&self, ty: GgmlType) -> bool {
+        self.routes.route(ty, 1) == ProductRoute::Decode { prepared: true }
     }
 
     /// Whether products of the same `rows` activation rows with each of
