@@ -2504,10 +2504,7 @@ fn expert_biases_and_clamped_swiglu_match_the_cpu_in_decode_batches_and_prompts(
                     "{experts} experts, layer {layer}, {rows} rows: error {:.3}%",
                     err * 100.0
                 );
-                assert!(
-                    effect > 10.0 * bound,
-                    "the biases hardly matter: {effect:e}"
-                );
+                assert!(effect > 3.0 * bound, "the biases hardly matter: {effect:e}");
                 report.push(format!(
                     "{experts} layer {layer} {rows} rows: {:.4}% (biases move it {:.1}%)",
                     err * 100.0,
