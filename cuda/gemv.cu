@@ -954,13 +954,11 @@ template <int R> struct M40RowGroup {
     bool valid[R];
 };
 
-// The weights and biases of a launch's matrices for the block (expert 0's,
-// or those of its work piece's expert).
+// The weights of a launch's matrices for the block (expert 0's, or those
+// of its work piece's expert).
 struct M40Matrices {
     const uint8_t *w[3];
-    const float *bias[3];
     __device__ const uint8_t *operator[](int m) const { return m == 0 ? w[0] : m == 1 ? w[1] : w[2]; }
-    __device__ const float *bias_of(int m) const { return m == 0 ? bias[0] : m == 1 ? bias[1] : bias[2]; }
 };
 
 template <int R>
@@ -1030,24 +1028,31 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
     int n_x = NX == 1 ? 1 : p.n_x;
     // An expert product: this block's slice of the grid takes one work
     // piece, whose expert (and so whose weights) the routing kernel chose.
-    M40Matrices matrices = {{p.m[0].w, p.m[1].w, p.m[2].w}, {p.m[0].bias, p.m[1].bias, p.m[2].bias}};
+    M40Matrices matrices = {{p.m[0].w, p.m[1].w, p.m[2].w}};
     int x_row0 = 0, y_row0 = 0, q8_rows = n_x;
+    // The work piece's expert, whose row of each bias table the epilogue
+    // adds (−1: a plain product, the matrices' own biases).
+    int piece_expert = -1;
     if (p.experts.work) {
         m40_wait_for_prior_kernels();
         const M40ExpertWork work = p.experts.work[blockIdx.y];
         if (work.count == 0) return;
 #pragma unroll
         for (int m = 0; m < 3; m++)
-            if (m < p.n_matrices) {
-                matrices.w[m] = m40_expert_matrix(p.experts, p.m[m].w, m, work.expert);
-                matrices.bias[m] = m40_expert_bias(p.experts, p.m[m].bias, work.expert);
-            }
+            if (m < p.n_matrices) matrices.w[m] = m40_expert_matrix(p.experts, p.m[m].w, m, work.expert);
+        piece_expert = work.expert;
         y_row0 = work.first;
         x_row0 = p.experts.x_shared ? 0 : work.first;
         if (NX > 1) n_x = work.count;
         q8_rows = p.experts.x_rows;
     }
     const float *x = p.x + size_t(x_row0) * cols;
+    // Matrix m's bias for the block, found in the epilogue: only the expert
+    // index stays live through the loop.
+    const auto bias_of = [&](int m) {
+        const float *bias = m40_matrix(p, m).bias;
+        return piece_expert < 0 ? bias : m40_expert_bias(p.experts, bias, piece_expert);
+    };
     const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
     const int rows_per_warp = glu ? R / 2 : R;
     int total_rows = p.m[0].rows;
@@ -1229,7 +1234,7 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
             for (int j = 0; j < R / 2; j++) {
                 if (!g.valid[j]) continue;
                 const M40GemvMatrix &gm = p.m[0];
-                const float *gate_bias = matrices.bias[0], *up_bias = matrices.bias[1];
+                const float *gate_bias = bias_of(0), *up_bias = bias_of(1);
                 const float gate = sums[j] + (gate_bias ? gate_bias[g.row[j]] : 0.0f);
                 const float up = sums[j + R / 2] + (up_bias ? up_bias[g.row[j]] : 0.0f);
                 gm.y[size_t(y_row0 + t) * gm.rows + g.row[j]] = m40_gated(p.epilogue - M40_GEMV_GLU_SILU, gate, up);
@@ -1241,7 +1246,7 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
             for (int j = 0; j < R; j += 2) {
                 if (!g.valid[j]) continue;
                 const M40GemvMatrix &m = m40_matrix(p, g.mat[j]);
-                const float *bias = matrices.bias_of(g.mat[j]);
+                const float *bias = bias_of(g.mat[j]);
                 const int row = g.row[j];
                 const float x0 = sums[j] + (bias ? bias[row] : 0.0f);
                 const float x1 = sums[j + 1] + (bias ? bias[row + 1] : 0.0f);
@@ -1258,7 +1263,7 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
             for (int j = 0; j < R; j++) {
                 if (!g.valid[j]) continue;
                 const M40GemvMatrix &m = m40_matrix(p, g.mat[j]);
-                const float *bias = matrices.bias_of(g.mat[j]);
+                const float *bias = bias_of(g.mat[j]);
                 const float value = sums[j] + (bias ? bias[g.row[j]] : 0.0f);
                 float *out = m.y + size_t(y_row0 + t) * m.rows + g.row[j];
                 *out = p.epilogue == M40_GEMV_ACCUMULATE ? *out + value : value;

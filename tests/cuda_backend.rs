@@ -2456,7 +2456,7 @@ fn expert_biases_and_clamped_swiglu_match_the_cpu_in_decode_batches_and_prompts(
                 let width = rows * d.max(ff);
                 // The CPU's block, with and without the biases.
                 let mut cpu_out = Vec::new();
-                for experts in [
+                for mixture in [
                     **ex,
                     Experts {
                         biases: None,
@@ -2476,7 +2476,7 @@ fn expert_biases_and_clamped_swiglu_match_the_cpu_in_decode_batches_and_prompts(
                             &mut c,
                             norm,
                             rows,
-                            &experts,
+                            &mixture,
                             Glu::SwigluOai,
                             None,
                             scratch,
