@@ -6,7 +6,9 @@
 // the output is written directly). Decode rows take
 // a kernel whose lanes score 32 positions at once; prompt chunks a tiled
 // kernel sharing each key and value among 32 rows; odd head sizes a kernel
-// with a warp per position.
+// with a warp per position. A head's sink logit (gpt-oss's attention sinks),
+// where the model has them, joins its softmax without a value wherever the
+// output is normalized (m40_softmax_divisor).
 #include <type_traits>
 
 #include "ops.cuh"
@@ -19,6 +21,17 @@
 struct Partial {
     float max, sum;
 };
+
+// What a head's weighted sum of values is divided by to become its output,
+// given the softmax's maximum score and its sum of e^(score − max) over the
+// positions: that sum, plus e^(sink − max) where the head has a sink logit
+// (`sinks`: one per query head, or null). The sink joins the softmax
+// without a value, as ggml's soft_max with sinks takes it; the CPU backend's
+// finish_partials (src/backend/cpu/ops.rs) computes the same quotient with
+// the sink in the maximum.
+__device__ __forceinline__ float m40_softmax_divisor(float max, float sum, const float *sinks, int head) {
+    return sinks ? sum + expf(sinks[head] - max) : sum;
+}
 
 // One KV head of a row's cache at `layer` (keys or values, `width` values
 // per position): position p's head_dim values start at the result + p × width.
@@ -65,12 +78,14 @@ struct M40PreparedOut {
 
 // One warp merges WARPS warps' online-softmax states (states[w], values
 // accs[w * stride + d]; a warp that saw no position has max −∞ and sum 0)
-// into `o`: the normalized output (o[d]) when `normalize`, else a partial
-// [max, sum, acc[head_dim_v]] for the combine kernel. A normalized output
-// also goes to `prepared` (row r, values from `first`) where it has a scratch.
+// into `o`: the normalized output (o[d]) of query head `head` (its sink
+// where `sinks` has one) when `normalize`, else a partial [max, sum,
+// acc[head_dim_v]] for the combine kernel. A normalized output also goes to
+// `prepared` (row r, values from `first`) where it has a scratch.
 template <int WARPS>
 __device__ void m40_merge_warps(const Partial *states, const float *accs, int stride, int head_dim_v, bool normalize,
-                                float *o, M40PreparedOut prepared = {}, int r = 0, int first = 0) {
+                                float *o, const float *sinks = nullptr, int head = 0, M40PreparedOut prepared = {},
+                                int r = 0, int first = 0) {
     const int lane = threadIdx.x % 32;
     float block_max = -INFINITY;
     for (int w = 0; w < WARPS; w++) block_max = fmaxf(block_max, states[w].max);
@@ -80,12 +95,13 @@ __device__ void m40_merge_warps(const Partial *states, const float *accs, int st
         block_sum += states[w].sum * factor[w];
     }
     if (!normalize && lane == 0) o[0] = block_max, o[1] = block_sum;
+    const float divisor = normalize ? m40_softmax_divisor(block_max, block_sum, sinks, head) : 1.0f;
     for (int d = lane; d < head_dim_v; d += 32) {
         float a = 0.0f;
         for (int w = 0; w < WARPS; w++) a += accs[w * stride + d] * factor[w];
         if (normalize) {
-            o[d] = a / block_sum;
-            if (prepared.scratch) m40_prepare_value(a / block_sum, first + d, prepared.cols, prepared.n_x, prepared.scratch, r,
+            o[d] = a / divisor;
+            if (prepared.scratch) m40_prepare_value(a / divisor, first + d, prepared.cols, prepared.n_x, prepared.scratch, r,
                                   prepared.scales);
         } else {
             o[2 + d] = a;
@@ -150,7 +166,8 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
 }
 
 __global__ void attention_combine_kernel(const float *__restrict__ partial, int n_head, int head_dim_v,
-                                         int n_splits, float *__restrict__ out, M40PreparedOut prepared) {
+                                         int n_splits, const float *__restrict__ sinks, float *__restrict__ out,
+                                         M40PreparedOut prepared) {
     m40_wait_for_prior_kernels();
     m40_allow_next_kernel();
     const int r = blockIdx.x, head = blockIdx.y;
@@ -165,6 +182,7 @@ __global__ void attention_combine_kernel(const float *__restrict__ partial, int 
         const float *p = parts + s * (head_dim_v + 2);
         if (p[1] > 0.0f) total += p[1] * expf(p[0] - max_all);
     }
+    total = m40_softmax_divisor(max_all, total, sinks, head);
     for (int d = threadIdx.x; d < head_dim_v; d += blockDim.x) {
         float a = 0.0f;
         for (int s = 0; s < n_splits; s++) {
@@ -231,7 +249,8 @@ template <int MAX_D>
 __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
     attention_prefill_kernel(const float *__restrict__ q, int n_rows, const M40Row *__restrict__ rows, int layer,
                              int n_head, int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
-                             int n_splits, float *__restrict__ partial, float *__restrict__ out) {
+                             int n_splits, const float *__restrict__ sinks, float *__restrict__ partial,
+                             float *__restrict__ out) {
     m40_wait_for_prior_kernels();
     m40_allow_next_kernel();
     using T = PrefillTile<MAX_D>;
@@ -351,10 +370,11 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
         const size_t row_head = size_t(first_row + local) * n_head + head;
         if (n_splits == 1) {
             float *o = out + row_head * head_dim_v;
+            const float divisor = m40_softmax_divisor(run_max[r], sum, sinks, head);
 #pragma unroll
             for (int j = 0; j < T::LANE_PAIRS; j++) {
                 const int d = 2 * (lane + 32 * j);
-                if (d < head_dim_v) o[d] = acc[r][2 * j] / sum, o[d + 1] = acc[r][2 * j + 1] / sum;
+                if (d < head_dim_v) o[d] = acc[r][2 * j] / divisor, o[d + 1] = acc[r][2 * j + 1] / divisor;
             }
         } else {
             float *o = partial + (row_head * n_splits + split) * (head_dim_v + 2);
@@ -396,7 +416,8 @@ template <int MAX_D, int HEADS>
 __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     attention_decode_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, int layer, int n_head,
                             int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale, int n_splits,
-                            float *__restrict__ partial, float *__restrict__ out, M40PreparedOut prepared) {
+                            const float *__restrict__ sinks, float *__restrict__ partial, float *__restrict__ out,
+                            M40PreparedOut prepared) {
     m40_wait_for_prior_kernels();
     m40_allow_next_kernel();
     static_assert(M40_ATTN_WARPS % HEADS == 0, "a head's warps are a whole share of the block's");
@@ -521,7 +542,7 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     m40_merge_warps<HEAD_WARPS>(&states[warp], &accs[warp][0], MAX_D, head_dim_v, n_splits == 1,
                                 n_splits == 1 ? out + row_head * head_dim_v
                                               : partial + (row_head * n_splits + split) * (head_dim_v + 2),
-                                prepared, r, head * head_dim_v);
+                                sinks, head, prepared, r, head * head_dim_v);
 }
 
 // Attention of n_rows rows. With prompt_chunk the rows are one sequence at
@@ -535,11 +556,14 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
 // where the output also goes prepared for the next decode product (its
 // block scales as prepared_scales says), for
 // rows that are not a prompt chunk, at most M40_GEMV_MAX_X of them, with
-// head_dim_v a multiple of 32 and head_dim_k of 8. overlap: see m40_launch.
+// head_dim_v a multiple of 32 and head_dim_k of 8. sinks: null, or one
+// logit per query head that joins its softmax without a value (gpt-oss's
+// attention sinks). overlap: see m40_launch.
 M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *rows, int layer, int n_head,
                                      int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
-                                     int prompt_chunk, int n_splits, int heads_per_block, float *partial, float *out,
-                                     int8_t *prepared, int prepared_scales, int overlap, cudaStream_t stream) {
+                                     const float *sinks, int prompt_chunk, int n_splits, int heads_per_block,
+                                     float *partial, float *out, int8_t *prepared, int prepared_scales, int overlap,
+                                     cudaStream_t stream) {
     const int dim = max(head_dim_k, head_dim_v);
     const bool multiple_of_8 = head_dim_k % 8 == 0 && head_dim_v % 8 == 0;
     if (dim > 32 * M40_ATTN_MAX_PER_LANE || n_splits < 1 || n_head_kv < 1 || n_head % n_head_kv != 0 ||
@@ -564,7 +588,7 @@ M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *r
             using T = PrefillTile<MAX_D>;
             const dim3 grid((n_rows + T::TILE_ROWS - 1) / T::TILE_ROWS, n_head, n_splits);
             m40_launch(overlap, attention_prefill_kernel<MAX_D>, grid, 32 * T::WARPS, stream, q, n_rows, rows, layer,
-                       n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial, out);
+                       n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, sinks, partial, out);
         });
     } else if (multiple_of_8) {
         by_head_size([&](auto size) {
@@ -573,8 +597,8 @@ M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *r
                 constexpr int HEADS = decltype(heads)::value;
                 m40_launch(overlap, attention_decode_kernel<MAX_D, HEADS>,
                            dim3(n_rows, (n_head + HEADS - 1) / HEADS, n_splits), 32 * M40_ATTN_WARPS, stream, q, rows,
-                           layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, partial, out,
-                           prepared_out);
+                           layer, n_head, n_head_kv, head_dim_k, head_dim_v, window, scale, n_splits, sinks, partial,
+                           out, prepared_out);
             };
             if (heads_per_block == 4)
                 launch(std::integral_constant<int, 4>{});
@@ -588,6 +612,6 @@ M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *r
     cudaError_t status = m40_launch_status();
     if (status != cudaSuccess || (multiple_of_8 && n_splits == 1)) return status;
     m40_launch(overlap, attention_combine_kernel, dim3(n_rows, n_head), 128, stream, partial, n_head, head_dim_v,
-               n_splits, out, prepared_out);
+               n_splits, sinks, out, prepared_out);
     return m40_launch_status();
 }

@@ -178,6 +178,23 @@ __device__ __forceinline__ float m40_activation(bool gelu, float g) {
     return g / (1.0f + expf(-2.0f * y));
 }
 
+// The gated activations act(gate) · up a kernel may apply (`glu_activation`
+// in src/backend/cuda/kernels.rs names the same numbers).
+enum M40Glu { M40_GLU_SILU = 0, M40_GLU_GELU = 1, M40_GLU_OAI = 2 };
+
+// gpt-oss's clamped SwiGLU (ggml's swiglu_oai, as src/quant/float.rs
+// computes it): the gate clamped from above at 7, the up value to ±7, then
+// g · σ(1.702 g) · (u + 1).
+__device__ __forceinline__ float m40_swiglu_oai(float gate, float up) {
+    const float g = fminf(gate, 7.0f), u = fminf(fmaxf(up, -7.0f), 7.0f);
+    return g / (1.0f + expf(-1.702f * g)) * (u + 1.0f);
+}
+
+// act(gate) · up for `act` an M40Glu.
+__device__ __forceinline__ float m40_gated(int act, float gate, float up) {
+    return act == M40_GLU_OAI ? m40_swiglu_oai(gate, up) : m40_activation(act == M40_GLU_GELU, gate) * up;
+}
+
 static inline unsigned m40_blocks(size_t n, unsigned threads) {
     return unsigned((n + threads - 1) / threads);
 }

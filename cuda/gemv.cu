@@ -25,7 +25,7 @@
 //   - with overlapping launches (sm_90, see common.cuh) a warp's first
 //     weights are in flight before the previous kernel has finished.
 // Epilogues write, accumulate into (the residual add) or combine a gate and
-// an up row (SwiGLU/GeGLU), so a transformer layer's projections need no
+// an up row (SwiGLU/GeGLU/gpt-oss's clamped SwiGLU), so a transformer layer's projections need no
 // separate element-wise kernels; the query, key and value projections of
 // models without per-head norms rotate their RoPE pairs and store keys and
 // values in the KV cache (attention's inputs) in theirs.
@@ -37,7 +37,14 @@
 // Waves of resident blocks the one-row kernel's expert slices share.
 #define M40_GEMV_EXPERT_WAVES 4
 
-enum M40GemvEpilogue { M40_GEMV_STORE = 0, M40_GEMV_ACCUMULATE = 1, M40_GEMV_GLU_SILU = 2, M40_GEMV_GLU_GELU = 3 };
+// The gated epilogues are M40_GEMV_GLU_SILU + the activation's M40Glu.
+enum M40GemvEpilogue {
+    M40_GEMV_STORE = 0,
+    M40_GEMV_ACCUMULATE = 1,
+    M40_GEMV_GLU_SILU = 2,
+    M40_GEMV_GLU_GELU = 3,
+    M40_GEMV_GLU_OAI = 4
+};
 
 // One weight matrix of a launch: `rows` × cols weights, an optional bias of
 // `rows` f32, and its output (n_x rows of `rows` values; for keys and values,
@@ -1023,6 +1030,9 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
     // piece, whose expert (and so whose weights) the routing kernel chose.
     M40Matrices matrices = {{p.m[0].w, p.m[1].w, p.m[2].w}};
     int x_row0 = 0, y_row0 = 0, q8_rows = n_x;
+    // The work piece's expert, whose row of each bias table the epilogue
+    // adds (−1: a plain product, the matrices' own biases).
+    int piece_expert = -1;
     if (p.experts.work) {
         m40_wait_for_prior_kernels();
         const M40ExpertWork work = p.experts.work[blockIdx.y];
@@ -1030,12 +1040,19 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
 #pragma unroll
         for (int m = 0; m < 3; m++)
             if (m < p.n_matrices) matrices.w[m] = m40_expert_matrix(p.experts, p.m[m].w, m, work.expert);
+        piece_expert = work.expert;
         y_row0 = work.first;
         x_row0 = p.experts.x_shared ? 0 : work.first;
         if (NX > 1) n_x = work.count;
         q8_rows = p.experts.x_rows;
     }
     const float *x = p.x + size_t(x_row0) * cols;
+    // Matrix m's bias for the block, found in the epilogue: only the expert
+    // index stays live through the loop.
+    const auto bias_of = [&](int m) {
+        const float *bias = m40_matrix(p, m).bias;
+        return piece_expert < 0 ? bias : m40_expert_bias(p.experts, bias, piece_expert);
+    };
     const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
     const int rows_per_warp = glu ? R / 2 : R;
     int total_rows = p.m[0].rows;
@@ -1216,10 +1233,11 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
 #pragma unroll
             for (int j = 0; j < R / 2; j++) {
                 if (!g.valid[j]) continue;
-                const M40GemvMatrix &gm = p.m[0], &um = p.m[1];
-                const float gate = sums[j] + (gm.bias ? gm.bias[g.row[j]] : 0.0f);
-                const float up = sums[j + R / 2] + (um.bias ? um.bias[g.row[j]] : 0.0f);
-                gm.y[size_t(y_row0 + t) * gm.rows + g.row[j]] = m40_activation(p.epilogue == M40_GEMV_GLU_GELU, gate) * up;
+                const M40GemvMatrix &gm = p.m[0];
+                const float *gate_bias = bias_of(0), *up_bias = bias_of(1);
+                const float gate = sums[j] + (gate_bias ? gate_bias[g.row[j]] : 0.0f);
+                const float up = sums[j + R / 2] + (up_bias ? up_bias[g.row[j]] : 0.0f);
+                gm.y[size_t(y_row0 + t) * gm.rows + g.row[j]] = m40_gated(p.epilogue - M40_GEMV_GLU_SILU, gate, up);
             }
         } else if (p.attention.rows) {
             // RoPE pairs are adjacent rows of one matrix: every height is
@@ -1228,9 +1246,10 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
             for (int j = 0; j < R; j += 2) {
                 if (!g.valid[j]) continue;
                 const M40GemvMatrix &m = m40_matrix(p, g.mat[j]);
+                const float *bias = bias_of(g.mat[j]);
                 const int row = g.row[j];
-                const float x0 = sums[j] + (m.bias ? m.bias[row] : 0.0f);
-                const float x1 = sums[j + 1] + (m.bias ? m.bias[row + 1] : 0.0f);
+                const float x0 = sums[j] + (bias ? bias[row] : 0.0f);
+                const float x1 = sums[j + 1] + (bias ? bias[row + 1] : 0.0f);
                 float *out = m.y + size_t(t) * m.rows;
                 if (m.role == M40_PLAIN_OUTPUT) {
                     out[row] = x0;
@@ -1244,7 +1263,8 @@ __device__ __forceinline__ void m40_gemv_body(const M40Gemv &p) {
             for (int j = 0; j < R; j++) {
                 if (!g.valid[j]) continue;
                 const M40GemvMatrix &m = m40_matrix(p, g.mat[j]);
-                const float value = sums[j] + (m.bias ? m.bias[g.row[j]] : 0.0f);
+                const float *bias = bias_of(g.mat[j]);
+                const float value = sums[j] + (bias ? bias[g.row[j]] : 0.0f);
                 float *out = m.y + size_t(y_row0 + t) * m.rows + g.row[j];
                 *out = p.epilogue == M40_GEMV_ACCUMULATE ? *out + value : value;
             }
@@ -1623,7 +1643,8 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
         if ((m < p.n_matrices) != (p.m[m].rows > 0)) return cudaErrorInvalidValue;
     if (p.attention.rows) {
         const M40AttentionInputs &a = p.attention;
-        if (p.epilogue != M40_GEMV_STORE || a.q_norm || a.k_norm || a.factors || a.neox || a.head_dim_k < 2 ||
+        if (p.epilogue != M40_GEMV_STORE || a.q_norm || a.k_norm || a.factors || a.neox || a.yarn.enabled ||
+            a.head_dim_k < 2 ||
             a.head_dim_k > M40_MAX_HEAD_DIM || a.head_dim_v > M40_MAX_HEAD_DIM || a.rope_dims % 2 != 0 ||
             a.rope_dims > a.head_dim_k)
             return cudaErrorInvalidValue;
@@ -1641,11 +1662,12 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
             if (p.m[m].role != M40_PLAIN_OUTPUT) return cudaErrorInvalidValue;
     }
     if (p.experts.work && (p.experts.n_work < 1 || p.experts.n_work > 65535 || p.experts.x_rows < 1 ||
-                           p.experts.expert_bytes < 0 || p.attention.rows))
+                           p.experts.expert_bytes < 0 || p.experts.bias_stride < 0 || p.attention.rows))
         return cudaErrorInvalidValue;
     if (p.experts.shared[0])
         for (int m = 1; m < p.n_matrices; m++)
             if (!p.experts.shared[m]) return cudaErrorInvalidValue;
+    if (p.epilogue < M40_GEMV_STORE || p.epilogue > M40_GEMV_GLU_OAI) return cudaErrorInvalidValue;
     const bool glu = p.epilogue >= M40_GEMV_GLU_SILU;
     if (glu && (p.n_matrices != 2 || p.m[0].rows != p.m[1].rows)) return cudaErrorInvalidValue;
     if (type == M40_Q2_K || type == M40_Q3_K || type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K ||

@@ -32,8 +32,15 @@ M40_FIELD(M40GemvMatrix, y, 16);
 M40_FIELD(M40GemvMatrix, rows, 24);
 M40_FIELD(M40GemvMatrix, role, 28);
 
+// YarnRamp (ops.cuh)
+M40_SIZE(M40Yarn, 16, 4);
+M40_FIELD(M40Yarn, low, 0);
+M40_FIELD(M40Yarn, high, 4);
+M40_FIELD(M40Yarn, magnitude, 8);
+M40_FIELD(M40Yarn, enabled, 12);
+
 // AttentionInputs (ops.cuh)
-M40_SIZE(M40AttentionInputs, 96, 8);
+M40_SIZE(M40AttentionInputs, 112, 8);
 M40_FIELD(M40AttentionInputs, rows, 0);
 M40_FIELD(M40AttentionInputs, q_norm, 8);
 M40_FIELD(M40AttentionInputs, k_norm, 16);
@@ -50,9 +57,10 @@ M40_FIELD(M40AttentionInputs, head_dim_v, 76);
 M40_FIELD(M40AttentionInputs, neox, 80);
 M40_FIELD(M40AttentionInputs, rope_dims, 84);
 M40_FIELD(M40AttentionInputs, overlap, 88);
+M40_FIELD(M40AttentionInputs, yarn, 92);
 
 // GemvLaunch (gemv.cu)
-M40_SIZE(M40Gemv, 304, 8);
+M40_SIZE(M40Gemv, 328, 8);
 M40_FIELD(M40Gemv, m, 0);
 M40_FIELD(M40Gemv, n_matrices, 96);
 M40_FIELD(M40Gemv, cols, 100);
@@ -66,10 +74,10 @@ M40_FIELD(M40Gemv, x_q8, 136);
 M40_FIELD(M40Gemv, x_quantized, 144);
 M40_FIELD(M40Gemv, overlap, 148);
 M40_FIELD(M40Gemv, attention, 152);
-M40_FIELD(M40Gemv, experts, 248);
+M40_FIELD(M40Gemv, experts, 264);
 
 // MmqLaunch (mmq.cu)
-M40_SIZE(M40Mmq, 136, 8);
+M40_SIZE(M40Mmq, 144, 8);
 M40_FIELD(M40Mmq, w, 0);
 M40_FIELD(M40Mmq, rows, 8);
 M40_FIELD(M40Mmq, cols, 12);
@@ -89,7 +97,7 @@ M40_SIZE(M40ExpertWork, 12, 4);
 M40_FIELD(M40ExpertWork, expert, 0);
 M40_FIELD(M40ExpertWork, first, 4);
 M40_FIELD(M40ExpertWork, count, 8);
-M40_SIZE(M40Experts, 56, 8);
+M40_SIZE(M40Experts, 64, 8);
 M40_FIELD(M40Experts, work, 0);
 M40_FIELD(M40Experts, expert_bytes, 8);
 M40_FIELD(M40Experts, n_work, 16);
@@ -97,12 +105,17 @@ M40_FIELD(M40Experts, x_shared, 20);
 M40_FIELD(M40Experts, x_rows, 24);
 M40_FIELD(M40Experts, shared_expert, 28);
 M40_FIELD(M40Experts, shared, 32);
+M40_FIELD(M40Experts, bias_stride, 56);
 
 // ProjectionRole, GemvEpilogue (fields of type int here, repr(i32) there)
 static_assert(M40_PLAIN_OUTPUT == 0 && M40_QUERIES == 1 && M40_KEYS == 2 && M40_VALUES == 3,
               "M40ProjectionRole differs from src/backend/cuda/layout.rs");
-static_assert(M40_GEMV_STORE == 0 && M40_GEMV_ACCUMULATE == 1 && M40_GEMV_GLU_SILU == 2 && M40_GEMV_GLU_GELU == 3,
+static_assert(M40_GEMV_STORE == 0 && M40_GEMV_ACCUMULATE == 1 && M40_GEMV_GLU_SILU == 2 && M40_GEMV_GLU_GELU == 3 &&
+                  M40_GEMV_GLU_OAI == 4,
               "M40GemvEpilogue differs from src/backend/cuda/layout.rs");
+// The gated activations (GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI there)
+static_assert(M40_GLU_SILU == 0 && M40_GLU_GELU == 1 && M40_GLU_OAI == 2,
+              "M40Glu differs from src/backend/cuda/layout.rs");
 // ActivationScales (src/quant/q8.rs; an int here)
 static_assert(M40_SCALES_F32 == 0 && M40_SCALES_Q8_0 == 1 && M40_SCALES_Q8_1 == 2 && M40_SCALES_Q8_K == 3,
               "M40ActivationScales differs from src/backend/cuda/layout.rs");

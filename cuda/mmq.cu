@@ -70,7 +70,8 @@ struct M40Mmq {
     const uint16_t *x_f16;
     const float *x_scales;
     int n_x;
-    const float *bias;  // rows f32, or null
+    // rows f32, or null; with experts, expert 0's row of a table (M40Experts::bias_stride).
+    const float *bias;
     float *y;           // n_x rows of `rows` values
     int accumulate;     // y += product instead of y = product
     // Splits of K (m40_mmq_splits), and their partial sums: splits × n_x ×
@@ -295,11 +296,13 @@ template <class M, int X> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) 
     const int row0 = blockIdx.x * M40_MMQ_ROWS;
     int x0 = blockIdx.z * X, n_x = p.n_x;
     const uint8_t *w = p.w;
+    const float *bias = p.bias;
     if (p.experts.work) {
         m40_wait_for_prior_kernels();
         const M40ExpertWork work = p.experts.work[blockIdx.z];
         if (work.count == 0) return;
         w = m40_expert_matrix(p.experts, w, 0, work.expert);
+        bias = m40_expert_bias(p.experts, bias, work.expert);
         x0 = work.first;
         n_x = work.first + work.count;  // the bound of x's rows below
     }
@@ -438,7 +441,7 @@ template <class M, int X> __global__ void __launch_bounds__(32 * M40_MMQ_WARPS) 
             if (p.splits > 1) {
                 p.partials[(size_t(blockIdx.y) * n_x + x) * p.rows + row] = acc[n][e];
             } else {
-                const float value = acc[n][e] * p.x_scales[x] + (p.bias ? p.bias[row] : 0.0f);
+                const float value = acc[n][e] * p.x_scales[x] + (bias ? bias[row] : 0.0f);
                 float *out = p.y + size_t(x) * p.rows + row;
                 *out = p.accumulate ? *out + value : value;
             }
@@ -585,7 +588,7 @@ M40_EXPORT cudaError_t m40_mmq(int type, const M40Mmq *params, cudaStream_t stre
     if ((type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K) && p.cols % 256 != 0)
         return cudaErrorInvalidValue;
     if (p.experts.work && (p.splits != 1 || p.experts.n_work < 1 || p.experts.n_work > 65535 ||
-                           p.experts.expert_bytes < 0 || p.n_x > 32))
+                           p.experts.expert_bytes < 0 || p.experts.bias_stride < 0 || p.n_x > 32))
         return cudaErrorInvalidValue;
     cudaError_t status = cudaSuccess;
     const cudaError_t launched = m40_with_mmq_format(type, [&](auto m) {

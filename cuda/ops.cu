@@ -64,22 +64,24 @@ M40_EXPORT cudaError_t m40_gather_rows(const float *src, int width, const int *r
     return m40_launch_status();
 }
 
-// RoPE's cos and sin of pair i of a head at `pos`. The angle is computed in
-// double, as the CPU backend does: positions reach 10^5 and the f32 product
-// would lose the phase.
+// RoPE's cos and sin of pair i of a head at `pos`, with YaRN's corrections
+// where `yarn` is enabled. The angle is computed in double, as the CPU
+// backend does: positions reach 10^5 and the f32 product would lose the
+// phase.
 __device__ void m40_rope_angle(int pos, int i, int dims, double freq_base, double freq_scale,
-                               const float *factors, float &c, float &s) {
+                               const float *factors, const M40Yarn &yarn, float &c, float &s) {
     double inv_freq = pow(freq_base, -2.0 * i / dims);
     if (factors) inv_freq /= double(factors[i]);
-    const double theta = double(pos) * freq_scale * inv_freq;
+    const double theta = double(pos) * m40_yarn_position_scale(yarn, i, freq_scale) * inv_freq;
     c = float(cos(theta));
     s = float(sin(theta));
+    if (yarn.enabled) c *= yarn.magnitude, s *= yarn.magnitude;
 }
 
 // One thread per (row, head, pair).
 __global__ void rope_kernel(float *__restrict__ x, int n_rows, int n_heads, int head_dim,
                             const M40Row *__restrict__ rows, int neox, int dims, double freq_base,
-                            double freq_scale, const float *__restrict__ factors) {
+                            double freq_scale, const float *__restrict__ factors, M40Yarn yarn) {
     const int half = dims / 2;
     const size_t index = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (index >= size_t(n_rows) * n_heads * half) return;
@@ -88,7 +90,7 @@ __global__ void rope_kernel(float *__restrict__ x, int n_rows, int n_heads, int 
     const int row = int(head / n_heads);
     float *h = x + head * head_dim;
     float c, s;
-    m40_rope_angle(rows[row].pos, i, dims, freq_base, freq_scale, factors, c, s);
+    m40_rope_angle(rows[row].pos, i, dims, freq_base, freq_scale, factors, yarn, c, s);
     const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
     const float x0 = h[a], x1 = h[b];
     h[a] = x0 * c - x1 * s;
@@ -96,24 +98,26 @@ __global__ void rope_kernel(float *__restrict__ x, int n_rows, int n_heads, int 
 }
 
 M40_EXPORT cudaError_t m40_rope(float *x, int n_rows, int n_heads, int head_dim, const M40Row *rows, int neox,
-                                int dims, float freq_base, float freq_scale, const float *factors,
+                                int dims, float freq_base, float freq_scale, const float *factors, M40Yarn yarn,
                                 cudaStream_t stream) {
     const size_t n = size_t(n_rows) * n_heads * (dims / 2);
     if (n == 0) return cudaSuccess;
     rope_kernel<<<m40_blocks(n, 256), 256, 0, stream>>>(x, n_rows, n_heads, head_dim, rows, neox, dims,
-                                                        double(freq_base), double(freq_scale), factors);
+                                                        double(freq_base), double(freq_scale), factors, yarn);
     return m40_launch_status();
 }
 
-// out = act(gate) · up; act 0: SiLU, 1: tanh-GELU.
+// out = act(gate) · up, act an M40Glu (SiLU, tanh-GELU, or gpt-oss's
+// clamped SwiGLU).
 __global__ void glu_kernel(int act, const float *__restrict__ gate, const float *__restrict__ up, size_t n,
                            float *__restrict__ out) {
     const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = m40_activation(act == 1, gate[i]) * up[i];
+    if (i < n) out[i] = m40_gated(act, gate[i], up[i]);
 }
 
 M40_EXPORT cudaError_t m40_glu(int act, const float *gate, const float *up, size_t n, float *out,
                                cudaStream_t stream) {
+    if (act != M40_GLU_SILU && act != M40_GLU_GELU && act != M40_GLU_OAI) return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
     glu_kernel<<<m40_blocks(n, 256), 256, 0, stream>>>(act, gate, up, n, out);
     return m40_launch_status();
@@ -184,7 +188,7 @@ __global__ void __launch_bounds__(M40_NORM_THREADS)
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         if (i < half) {
             float c, s;
-            m40_rope_angle(row.pos, i, a.rope_dims, a.freq_base, a.freq_scale, a.factors, c, s);
+            m40_rope_angle(row.pos, i, a.rope_dims, a.freq_base, a.freq_scale, a.factors, a.yarn, c, s);
             const int ia = a.neox ? i : 2 * i, ib = a.neox ? i + half : 2 * i + 1;
             const float x0 = head[ia], x1 = head[ib];
             put(ia, x0 * c - x1 * s);

@@ -21,6 +21,27 @@ struct M40Row {
 // Head sizes the attention kernels handle.
 #define M40_MAX_HEAD_DIM 256
 
+// YaRN's corrections to RoPE's angles (ggml's rope_yarn with an
+// extrapolation factor of 1; `Rope::yarn_ramp` in src/backend/mod.rs
+// computes the numbers): pair i keeps its unscaled angle up to `low`, takes
+// the scaled one from `high`, and mixes the two along a linear ramp
+// between; cos and sin are multiplied by `magnitude`. enabled 0: plain
+// RoPE. Mirrors `YarnRamp` in src/backend/cuda/kernels.rs.
+struct M40Yarn {
+    float low, high, magnitude;
+    int enabled;
+};
+
+// Pair i's position scale: freq_scale, or under YaRN its mix of freq_scale
+// and 1, in the CPU backend's arithmetic (`RopeTable` in
+// src/backend/cpu/ops.rs: the ramp in f32, the mix in double).
+__device__ __forceinline__ double m40_yarn_position_scale(const M40Yarn &yarn, int i, double freq_scale) {
+    if (!yarn.enabled) return freq_scale;
+    const float ramp = (float(i) - yarn.low) / fmaxf(yarn.high - yarn.low, 0.001f);
+    const double extrapolate = double(1.0f - fminf(fmaxf(ramp, 0.0f), 1.0f));
+    return freq_scale * (1.0 - extrapolate) + extrapolate;
+}
+
 // One layer's attention-input step (per-head norms, RoPE, KV store).
 // Mirrors `AttentionInputs` in src/backend/cuda/kernels.rs.
 struct M40AttentionInputs {
@@ -40,6 +61,7 @@ struct M40AttentionInputs {
     int neox;
     int rope_dims;
     int overlap;  // overlap the stream's previous kernel (see m40_launch)
+    M40Yarn yarn;
 };
 
 // RoPE's cos and sin of pair i of a head at `pos`, as the decode products'
@@ -51,7 +73,9 @@ struct M40AttentionInputs {
 // sin taken in f32 (__sincosf: absolute error under 4e-7). No frequency
 // factors: their double division alone changes the code of every product
 // kernel, those with no attention inputs to store included, and measured
-// slower on the H100, so models with factors keep the separate kernel.
+// slower on the H100, so models with factors keep the separate kernel. No
+// YaRN either, for the same reason and because its one architecture
+// (gpt-oss) pairs halves (NeoX), which the epilogue does not take anyway.
 __device__ __forceinline__ void m40_rope_angle_reduced(int pos, int i, double ratio, double freq_scale, float &c,
                                                        float &s) {
     double inv_freq = 1.0, power = ratio;
@@ -133,6 +157,11 @@ struct M40Experts {
     int x_rows;
     int shared_expert;
     const uint8_t *shared[3];
+    // Values from one expert's bias row to the next: a matrix's bias
+    // (M40GemvMatrix::bias, M40Mmq::bias) is then a table of a row per
+    // expert, as gpt-oss's expert biases are; 0: every expert takes the
+    // same row. The shared expert has none.
+    long long bias_stride;
 };
 
 // Matrix m's weights for a work piece of expert `expert` (see M40Experts),
@@ -140,4 +169,11 @@ struct M40Experts {
 __device__ __forceinline__ const uint8_t *m40_expert_matrix(const M40Experts &e, const uint8_t *w, int m, int expert) {
     if (e.shared[0] && expert == e.shared_expert) return m == 0 ? e.shared[0] : m == 1 ? e.shared[1] : e.shared[2];
     return w + size_t(expert) * size_t(e.expert_bytes);
+}
+
+// A matrix's bias for a work piece of expert `expert`, given the launch's
+// bias `bias` (expert 0's row, or null).
+__device__ __forceinline__ const float *m40_expert_bias(const M40Experts &e, const float *bias, int expert) {
+    if (!bias || (e.shared[0] && expert == e.shared_expert)) return nullptr;
+    return bias + size_t(expert) * size_t(e.bias_stride);
 }

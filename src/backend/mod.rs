@@ -69,6 +69,33 @@ pub struct Yarn {
     pub attn_factor: f32,
 }
 
+impl Yarn {
+    /// The pairs where the ramp starts and ends (ggml's
+    /// `ggml_rope_yarn_corr_dims`) for RoPE over `dims` dimensions of base
+    /// `freq_base`: the pair that turns `beta_fast` times over the original
+    /// context and the one that turns `beta_slow` times, the first rounded
+    /// down and the second up, within the rotated dimensions. Pairs up to
+    /// the first keep their unscaled angle; pair i past it takes the
+    /// fraction (i − low) / max(high − low, 0.001), clamped to [0, 1], of
+    /// the scaled one.
+    pub fn ramp(&self, dims: usize, freq_base: f32) -> [f32; 2] {
+        let dims = dims as f32;
+        let corr_dim = |turns: f32| {
+            dims * (self.orig_ctx as f32 / (turns * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * freq_base.ln())
+        };
+        [
+            corr_dim(self.beta_fast).floor().max(0.0),
+            corr_dim(self.beta_slow).ceil().min(dims - 1.0),
+        ]
+    }
+
+    /// What cos and sin are multiplied by at position scale `freq_scale`.
+    pub fn magnitude(&self, freq_scale: f32) -> f32 {
+        self.attn_factor * (1.0 + 0.1 * (1.0 / freq_scale).ln())
+    }
+}
+
 /// The gated activation of the feed-forward block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Glu {

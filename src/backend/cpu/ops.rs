@@ -5,7 +5,7 @@
 use half::f16;
 
 use super::ThreadPool;
-use crate::backend::{AttentionShape, Rope, RopeMode, SeqPos, Yarn};
+use crate::backend::{AttentionShape, Rope, RopeMode, SeqPos};
 use crate::kv_cache::KvCache;
 use crate::quant::{exp, AttentionKernels, Kernels};
 
@@ -59,7 +59,7 @@ impl RopeTable {
         let (pos_scale, magnitude) = match &rope.yarn {
             None => (vec![freq_scale; half], 1.0),
             Some(yarn) => {
-                let [low, high] = yarn_corr_dims(rope, yarn);
+                let [low, high] = yarn.ramp(rope.dims, rope.freq_base);
                 let scale = (0..half)
                     .map(|i| {
                         // ggml's `rope_yarn_ramp`: 1 below `low`, 0 above
@@ -69,7 +69,7 @@ impl RopeTable {
                         freq_scale * (1.0 - extrapolate) + extrapolate
                     })
                     .collect();
-                let magnitude = yarn.attn_factor * (1.0 + 0.1 * (1.0 / rope.freq_scale).ln());
+                let magnitude = yarn.magnitude(rope.freq_scale);
                 (scale, magnitude)
             }
         };
@@ -92,22 +92,6 @@ impl RopeTable {
             })
             .unzip()
     }
-}
-
-/// The pairs where YaRN's ramp starts and ends (ggml's
-/// `ggml_rope_yarn_corr_dims`): the pair that turns `beta_fast` times over
-/// the original context and the one that turns `beta_slow` times, the
-/// first rounded down and the second up, within the rotated dimensions.
-fn yarn_corr_dims(rope: &Rope, yarn: &Yarn) -> [f32; 2] {
-    let dims = rope.dims as f32;
-    let corr_dim = |turns: f32| {
-        dims * (yarn.orig_ctx as f32 / (turns * 2.0 * std::f32::consts::PI)).ln()
-            / (2.0 * rope.freq_base.ln())
-    };
-    [
-        corr_dim(yarn.beta_fast).floor().max(0.0),
-        corr_dim(yarn.beta_slow).ceil().min(dims - 1.0),
-    ]
 }
 
 /// Rotates the first `2 · cos.len()` dimensions of one head.
@@ -422,6 +406,7 @@ pub fn attention(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Yarn;
 
     #[test]
     fn rms_norm_makes_unit_rms_before_the_weight() {
@@ -740,7 +725,7 @@ mod tests {
         // ggml_rope_yarn_corr_dims: 64 · ln(4096 / (β · 2π)) / (2 ln 150000)
         // is 8.093 for β = 32 (down to 8) and 17.398 for β = 1 (up to 18).
         let yarn = rope.yarn.unwrap();
-        assert_eq!(yarn_corr_dims(&rope, &yarn), [8.0, 18.0]);
+        assert_eq!(yarn.ramp(rope.dims, rope.freq_base), [8.0, 18.0]);
         // rope_yarn: pairs up to 8 keep θ = p · 150000^(−2i/64), pairs from
         // 18 take θ / 32, pair 13 sits half way up the ramp: θ · (0.5 / 32 +
         // 0.5); cos and sin are scaled by 1 + 0.1 ln 32 = 1.346574. At

@@ -7,25 +7,13 @@
 
 use std::ffi::c_int;
 
-use super::kernels::{AttentionInputs, DeviceRow};
+use super::kernels::{AttentionInputs, DeviceRow, YarnRamp};
 use super::route::GEMM_MIN_ROWS;
 use super::staging::RowTableKind;
 use super::{
-    dim, AttentionShape, AttentionStep, CudaBackend, CudaKvCache, Rope, RopeMode, SeqPos, State,
-    Weight,
+    dim, AttentionShape, AttentionStep, CudaBackend, CudaKvCache, RopeMode, SeqPos, State, Weight,
 };
-use crate::error::{Error, Result};
-
-/// The RoPE kernels rotate by scaled positions alone: YaRN's ramp and
-/// magnitude are not in them.
-pub(super) fn refuse_yarn(rope: &Rope) -> Result<()> {
-    match rope.yarn {
-        None => Ok(()),
-        Some(_) => Err(Error::unsupported(
-            "the CUDA RoPE kernels have no YaRN scaling (the CPU backend has)",
-        )),
-    }
-}
+use crate::error::Result;
 
 /// An attention launch (`m40_attention`): the tiled prefill kernel or not,
 /// the ranges each (row, head) splits its positions into, and the query
@@ -83,7 +71,6 @@ impl CudaBackend {
         caches: &[&mut CudaKvCache],
         step: AttentionStep,
     ) -> Result<AttentionInputs> {
-        refuse_yarn(step.rope)?;
         let table = device_rows(caches, step.rows)?;
         let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
         let vector_or_null = |w: Option<&Weight>| match w {
@@ -107,6 +94,7 @@ impl CudaBackend {
             neox: c_int::from(step.rope.mode == RopeMode::Neox),
             rope_dims: step.rope.dims as c_int,
             overlap: c_int::from(self.overlap_launches),
+            yarn: YarnRamp::of(step.rope),
         })
     }
 }

@@ -9,6 +9,12 @@
 //! row's expert outputs into the residual. No value comes back to the host, so a
 //! decode step with experts is recorded and replayed like any other.
 //!
+//! Biases (gpt-oss's) go where the CPU backend adds them: the router's into
+//! its logits before the routing, each expert's gate, up and down rows into
+//! that expert's products (the launches read row e of each bias table for
+//! expert e's pieces), so that the down bias is weighted with its expert's
+//! output.
+//!
 //! A shared expert (Qwen3.5 MoE) of the routed experts' shapes and formats
 //! joins a decode step's mixture as one more expert that every row uses,
 //! weighted σ(its gate's logit): its products are pieces of the experts'
@@ -43,6 +49,9 @@ struct Routing {
 /// tensors) and how the launch finds the others.
 struct ExpertProduct<'a> {
     matrices: &'a [(Weight, *mut f32)],
+    /// Each matrix's bias table (a row per expert), where the mixture has
+    /// biases.
+    biases: Option<&'a [Weight]>,
     epilogue: GemvEpilogue,
     /// Bytes from one expert's matrix to the next.
     expert_bytes: usize,
@@ -102,13 +111,18 @@ impl CudaBackend {
             "expert shapes"
         );
         assert!(x.len() >= rows * d && scratch.normed.len() >= rows * d);
-        if ex.biases.is_some() {
-            return Err(Error::unsupported(
-                "the CUDA kernels have no biases of the router and experts (the CPU backend has)",
-            ));
+        let biases = ex.biases.as_ref();
+        if let Some(b) = biases {
+            assert!(
+                b.router.cols * b.router.rows == n_expert
+                    && [(&b.gate, ff), (&b.up, ff), (&b.down, d)]
+                        .iter()
+                        .all(|(t, width)| t.cols == *width && t.rows == n_expert),
+                "a bias per expert and output"
+            );
         }
-        let activation = glu_activation(glu)?;
-        let gated_epilogue = GemvEpilogue::gated(glu)?;
+        let activation = glu_activation(glu);
+        let gated_epilogue = GemvEpilogue::gated(glu);
         if rows == 0 {
             return Ok(());
         }
@@ -125,7 +139,7 @@ impl CudaBackend {
         if rows == 1 {
             let router = Product {
                 w: &ex.router,
-                bias: None,
+                bias: biases.map(|b| &b.router),
                 out: &mut logits,
             };
             match shared.zip(shared_logit.as_mut()) {
@@ -178,6 +192,10 @@ impl CudaBackend {
                         logits.as_mut_ptr(),
                     )?,
                 }
+                if let Some(b) = biases {
+                    // SAFETY: logits holds rows × n_expert values.
+                    self.add_bias_into(&state, logits.as_mut_ptr(), &b.router, rows)?;
+                }
                 if let Some((sh, out)) = shared.zip(shared_logit.as_mut()) {
                     // SAFETY: normed holds rows × d values, out rows.
                     self.product(
@@ -192,6 +210,11 @@ impl CudaBackend {
             }
         }
         let h = scratch.normed.as_ptr();
+        // Each product's bias table, where the mixture has biases.
+        let [gate_bias, up_bias, down_bias] = match biases {
+            Some(b) => [Some(&b.gate), Some(&b.up), Some(&b.down)],
+            None => [None; 3],
+        };
 
         let route = self.routes.expert_route(gate.ty, down.ty, rows);
         let piece_rows = match route {
@@ -315,6 +338,7 @@ impl CudaBackend {
                 self.experts_on_tensor_cores(
                     st,
                     &gate,
+                    gate_bias,
                     shared.map(|s| &s.gate),
                     x_f16,
                     x_scales,
@@ -325,6 +349,7 @@ impl CudaBackend {
                 self.experts_on_tensor_cores(
                     st,
                     &up,
+                    up_bias,
                     shared.map(|s| &s.up),
                     x_f16,
                     x_scales,
@@ -340,6 +365,7 @@ impl CudaBackend {
                 self.experts_on_tensor_cores(
                     st,
                     &down,
+                    down_bias,
                     shared.map(|s| &s.down),
                     x_f16,
                     x_scales,
@@ -364,10 +390,12 @@ impl CudaBackend {
             } else {
                 std::ptr::null_mut()
             };
+            let gate_up_biases = biases.map(|b| [b.gate, b.up]);
             if gate.ty == up.ty {
                 let shared_gate_up = shared.map(|s| [s.gate, s.up]);
                 let product = ExpertProduct {
                     matrices: &[(gate, act), (up, act)],
+                    biases: gate_up_biases.as_ref().map(|b| &b[..]),
                     epilogue: gated_epilogue,
                     expert_bytes: gate.n_bytes,
                     shared: shared_gate_up.as_ref().map(|m| &m[..]),
@@ -393,6 +421,7 @@ impl CudaBackend {
                 for (i, (w, out)) in [(gate, act), (up, up_out)].into_iter().enumerate() {
                     let product = ExpertProduct {
                         matrices: &[(w, out)],
+                        biases: gate_up_biases.as_ref().map(|b| &b[i..=i]),
                         epilogue: GemvEpilogue::Store,
                         expert_bytes: w.n_bytes,
                         shared: shared_gate_up.as_ref().map(|m| &m[i..=i]),
@@ -419,8 +448,10 @@ impl CudaBackend {
                 )?;
             }
             let shared_down = shared.map(|s| [s.down]);
+            let down_biases = biases.map(|b| [b.down]);
             let product = ExpertProduct {
                 matrices: &[(down, sorted)],
+                biases: down_biases.as_ref().map(|b| &b[..]),
                 epilogue: GemvEpilogue::Store,
                 expert_bytes: down.n_bytes,
                 shared: shared_down.as_ref().map(|m| &m[..]),
@@ -548,7 +579,8 @@ impl CudaBackend {
     }
 
     /// One expert product on the tensor cores: the sorted rows (as f16)
-    /// times each piece's expert's matrix `w` (expert 0's part), into `out`.
+    /// times each piece's expert's matrix `w` (expert 0's part), plus its
+    /// row of `bias` (a table of a row per expert) where given, into `out`.
     ///
     /// # Safety
     /// x_f16 and x_scales hold the sorted rows' conversion, out the sorted
@@ -559,6 +591,7 @@ impl CudaBackend {
         &self,
         st: &State,
         w: &Weight,
+        bias: Option<&Weight>,
         shared: Option<&Weight>,
         x_f16: *const u16,
         x_scales: *const f32,
@@ -573,7 +606,10 @@ impl CudaBackend {
             x_f16,
             x_scales,
             n_x: dim(piece_rows, "a piece size")?,
-            bias: std::ptr::null(),
+            bias: match bias {
+                Some(b) => self.weights.vector(b)?,
+                None => std::ptr::null(),
+            },
             y: out,
             accumulate: 0,
             splits: 1,
@@ -589,6 +625,7 @@ impl CudaBackend {
                     std::ptr::null(),
                     std::ptr::null(),
                 ],
+                bias_stride: w.rows as i64,
                 ..ExpertView::NONE
             },
         };
@@ -626,8 +663,11 @@ impl CudaBackend {
     ) -> Result<()> {
         let (like, _) = product.matrices[0];
         let mut m = [GemvMatrix::NONE; 3];
-        for (slot, &(w, out)) in m.iter_mut().zip(product.matrices) {
-            *slot = self.gemv_matrix(&w, None, out)?;
+        for (i, (slot, &(w, out))) in m.iter_mut().zip(product.matrices).enumerate() {
+            // A launch's matrices share their height (gate and up), so one
+            // stride steps every bias table a row per expert.
+            assert_eq!(w.rows, like.rows);
+            *slot = self.gemv_matrix(&w, product.biases.map(|b| &b[i]), out)?;
         }
         let mut shared = [std::ptr::null(); 3];
         for (slot, w) in shared.iter_mut().zip(product.shared.unwrap_or(&[])) {
@@ -659,6 +699,7 @@ impl CudaBackend {
                 x_rows: dim(x_rows, "a row count")?,
                 shared_expert: routing.shared_expert,
                 shared,
+                bias_stride: like.rows as i64,
             },
         };
         // SAFETY: as the caller promises.

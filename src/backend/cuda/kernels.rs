@@ -5,8 +5,7 @@
 use std::ffi::c_int;
 
 use super::runtime::Stream;
-use crate::backend::Glu;
-use crate::error::{Error, Result};
+use crate::backend::{Glu, Rope};
 
 /// One batch row for the KV-cache kernels (`M40Row` in cuda/ops.cuh).
 #[repr(C)]
@@ -40,6 +39,8 @@ pub enum GemvEpilogue {
     GluSilu = 2,
     /// y₀ = gelu_tanh(gate) · up.
     GluGelu = 3,
+    /// y₀ = gpt-oss's clamped SwiGLU of gate and up.
+    GluOai = 4,
 }
 
 /// One weight matrix of a `m40_gemv` launch (M40GemvMatrix).
@@ -146,6 +147,10 @@ pub struct ExpertView {
     /// The shared expert's matrix for each of the launch's matrices, or
     /// null: no shared expert.
     pub shared: [*const u8; 3],
+    /// Values from one expert's bias row to the next: each matrix's bias
+    /// is then a table of a row per expert (gpt-oss's expert biases); 0:
+    /// every piece takes the same bias. The shared expert's pieces take none.
+    pub bias_stride: i64,
 }
 
 impl ExpertView {
@@ -157,6 +162,7 @@ impl ExpertView {
         x_rows: 0,
         shared_expert: 0,
         shared: [std::ptr::null(); 3],
+        bias_stride: 0,
     };
 }
 
@@ -199,6 +205,44 @@ pub struct MmqLaunch {
     pub experts: ExpertView,
 }
 
+/// YaRN's corrections to RoPE's angles as the kernels take them (M40Yarn
+/// in cuda/ops.cuh): the pairs where the ramp starts and ends
+/// (`Yarn::ramp`) and what cos and sin are multiplied by
+/// (`Yarn::magnitude`); `enabled` 0: plain RoPE.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YarnRamp {
+    pub low: f32,
+    pub high: f32,
+    pub magnitude: f32,
+    pub enabled: c_int,
+}
+
+impl YarnRamp {
+    pub const NONE: YarnRamp = YarnRamp {
+        low: 0.0,
+        high: 0.0,
+        magnitude: 1.0,
+        enabled: 0,
+    };
+
+    /// `rope`'s YaRN corrections, or none.
+    pub fn of(rope: &Rope) -> YarnRamp {
+        match rope.yarn {
+            None => YarnRamp::NONE,
+            Some(yarn) => {
+                let [low, high] = yarn.ramp(rope.dims, rope.freq_base);
+                YarnRamp {
+                    low,
+                    high,
+                    magnitude: yarn.magnitude(rope.freq_scale),
+                    enabled: 1,
+                }
+            }
+        }
+    }
+}
+
 /// One layer's attention-input step (M40AttentionInputs in cuda/ops.cuh).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -222,6 +266,9 @@ pub struct AttentionInputs {
     pub rope_dims: c_int,
     /// As `GemvLaunch::overlap`.
     pub overlap: c_int,
+    /// YaRN's corrections (`attention_inputs_kernel` only: the products'
+    /// epilogue refuses them).
+    pub yarn: YarnRamp,
 }
 
 impl AttentionInputs {
@@ -243,40 +290,36 @@ impl AttentionInputs {
         neox: 0,
         rope_dims: 0,
         overlap: 0,
+        yarn: YarnRamp::NONE,
     };
 }
 
 /// Head sizes the attention kernel handles (32 lanes × M40_ATTN_MAX_PER_LANE).
 pub const ATTENTION_MAX_HEAD_DIM: usize = 256;
 
-/// The activation of `m40_glu`.
+/// The activation of `m40_glu` (M40Glu in cuda/common.cuh).
 pub const GLU_SILU: c_int = 0;
 pub const GLU_GELU_TANH: c_int = 1;
+pub const GLU_SWIGLU_OAI: c_int = 2;
 
 /// `m40_glu`'s activation for `glu`.
-pub fn glu_activation(glu: Glu) -> Result<c_int> {
+pub fn glu_activation(glu: Glu) -> c_int {
     match glu {
-        Glu::Swiglu => Ok(GLU_SILU),
-        Glu::Geglu => Ok(GLU_GELU_TANH),
-        Glu::SwigluOai => Err(no_clamped_swiglu()),
+        Glu::Swiglu => GLU_SILU,
+        Glu::Geglu => GLU_GELU_TANH,
+        Glu::SwigluOai => GLU_SWIGLU_OAI,
     }
 }
 
 impl GemvEpilogue {
     /// The gated-activation epilogue for `glu`.
-    pub fn gated(glu: Glu) -> Result<GemvEpilogue> {
+    pub fn gated(glu: Glu) -> GemvEpilogue {
         match glu {
-            Glu::Swiglu => Ok(GemvEpilogue::GluSilu),
-            Glu::Geglu => Ok(GemvEpilogue::GluGelu),
-            Glu::SwigluOai => Err(no_clamped_swiglu()),
+            Glu::Swiglu => GemvEpilogue::GluSilu,
+            Glu::Geglu => GemvEpilogue::GluGelu,
+            Glu::SwigluOai => GemvEpilogue::GluOai,
         }
     }
-}
-
-fn no_clamped_swiglu() -> Error {
-    Error::unsupported(
-        "the CUDA kernels have no clamped SwiGLU (gpt-oss's swiglu_oai; the CPU backend has)",
-    )
 }
 
 extern "C" {
@@ -540,6 +583,7 @@ extern "C" {
         freq_base: f32,
         freq_scale: f32,
         factors: *const f32,
+        yarn: YarnRamp,
         stream: Stream,
     ) -> c_int;
     pub fn m40_glu(
@@ -560,10 +604,11 @@ extern "C" {
         layer: c_int,
         stream: Stream,
     ) -> c_int;
-    /// Attention of `n_rows` rows (cuda/attention.cu). `prepared`: null, or
-    /// the decode scratch, where a decode step's output (at most
-    /// GEMV_MAX_X rows, heads of a multiple of 32 values) also goes
-    /// prepared for the next decode product.
+    /// Attention of `n_rows` rows (cuda/attention.cu). `sinks`: null, or
+    /// one logit per query head that joins its softmax without a value.
+    /// `prepared`: null, or the decode scratch, where a decode step's
+    /// output (at most GEMV_MAX_X rows, heads of a multiple of 32 values)
+    /// also goes prepared for the next decode product.
     pub fn m40_attention(
         q: *const f32,
         n_rows: c_int,
@@ -575,6 +620,7 @@ extern "C" {
         head_dim_v: c_int,
         window: c_int,
         scale: f32,
+        sinks: *const f32,
         prompt_chunk: c_int,
         n_splits: c_int,
         heads_per_block: c_int,

@@ -9,8 +9,8 @@ use std::mem::{align_of, offset_of, size_of};
 
 use super::kernels::{
     prepared_bytes, AttentionInputs, DeviceRow, ExpertView, ExpertWork, GemvEpilogue, GemvLaunch,
-    GemvMatrix, MmqLaunch, ProjectionRole, ATTENTION_MAX_HEAD_DIM, GEMV_MAX_X, MOE_MAX_EXPERTS,
-    MOE_MAX_USED,
+    GemvMatrix, MmqLaunch, ProjectionRole, YarnRamp, ATTENTION_MAX_HEAD_DIM, GEMV_MAX_X,
+    GLU_GELU_TANH, GLU_SILU, GLU_SWIGLU_OAI, MOE_MAX_EXPERTS, MOE_MAX_USED,
 };
 use crate::quant::ActivationScales;
 
@@ -40,8 +40,11 @@ layout!(DeviceRow, size 32, align 8, { keys: 0, values: 8, pos: 16, n_ctx: 20, s
 // M40GemvMatrix (cuda/gemv.cu)
 layout!(GemvMatrix, size 32, align 8, { w: 0, bias: 8, y: 16, rows: 24, role: 28 });
 
+// M40Yarn (cuda/ops.cuh)
+layout!(YarnRamp, size 16, align 4, { low: 0, high: 4, magnitude: 8, enabled: 12 });
+
 // M40AttentionInputs (cuda/ops.cuh)
-layout!(AttentionInputs, size 96, align 8, {
+layout!(AttentionInputs, size 112, align 8, {
     rows: 0,
     q_norm: 8,
     k_norm: 16,
@@ -58,10 +61,11 @@ layout!(AttentionInputs, size 96, align 8, {
     neox: 80,
     rope_dims: 84,
     overlap: 88,
+    yarn: 92,
 });
 
 // M40Gemv (cuda/gemv.cu)
-layout!(GemvLaunch, size 304, align 8, {
+layout!(GemvLaunch, size 328, align 8, {
     m: 0,
     n_matrices: 96,
     cols: 100,
@@ -75,11 +79,11 @@ layout!(GemvLaunch, size 304, align 8, {
     x_quantized: 144,
     overlap: 148,
     attention: 152,
-    experts: 248,
+    experts: 264,
 });
 
 // M40Mmq (cuda/mmq.cu)
-layout!(MmqLaunch, size 136, align 8, {
+layout!(MmqLaunch, size 144, align 8, {
     w: 0,
     rows: 8,
     cols: 12,
@@ -97,7 +101,7 @@ layout!(MmqLaunch, size 136, align 8, {
 
 // M40ExpertWork, M40Experts (cuda/ops.cuh)
 layout!(ExpertWork, size 12, align 4, { expert: 0, first: 4, count: 8 });
-layout!(ExpertView, size 56, align 8, {
+layout!(ExpertView, size 64, align 8, {
     work: 0,
     expert_bytes: 8,
     n_work: 16,
@@ -105,6 +109,7 @@ layout!(ExpertView, size 56, align 8, {
     x_rows: 24,
     shared_expert: 28,
     shared: 32,
+    bias_stride: 56,
 });
 
 // M40ProjectionRole, M40GemvEpilogue (fields of type int on the C++ side)
@@ -121,8 +126,14 @@ const _: () = assert!(
         && GemvEpilogue::Store as i32 == 0
         && GemvEpilogue::Accumulate as i32 == 1
         && GemvEpilogue::GluSilu as i32 == 2
-        && GemvEpilogue::GluGelu as i32 == 3,
+        && GemvEpilogue::GluGelu as i32 == 3
+        && GemvEpilogue::GluOai as i32 == 4,
     "GemvEpilogue differs from cuda/layout.cuh"
+);
+// M40Glu (cuda/common.cuh)
+const _: () = assert!(
+    GLU_SILU == 0 && GLU_GELU_TANH == 1 && GLU_SWIGLU_OAI == 2,
+    "the GLU activations differ from cuda/layout.cuh"
 );
 const _: () = assert!(
     ActivationScales::F32 as i32 == 0

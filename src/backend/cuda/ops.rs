@@ -5,7 +5,7 @@
 
 use std::ffi::c_int;
 
-use super::attention::{device_rows, heads_of_multiples_of_8, refuse_yarn};
+use super::attention::{device_rows, heads_of_multiples_of_8};
 use super::kernels::*;
 use super::memory::Arena;
 use super::products::TensorCoreProduct;
@@ -282,7 +282,6 @@ impl Backend for CudaBackend {
         positions: &[SeqPos],
         rope: &Rope,
     ) -> Result<()> {
-        refuse_yarn(rope)?;
         let mut state = self.lock();
         let st = &mut *state;
         let table: Vec<DeviceRow> = positions
@@ -317,6 +316,7 @@ impl Backend for CudaBackend {
                     rope.freq_base,
                     rope.freq_scale,
                     factors,
+                    YarnRamp::of(rope),
                     st.stream.raw(),
                 ),
                 || "RoPE".to_string(),
@@ -332,7 +332,7 @@ impl Backend for CudaBackend {
         len: usize,
         out: &mut DeviceBuffer,
     ) -> Result<()> {
-        let act = glu_activation(glu)?;
+        let act = glu_activation(glu);
         let state = self.lock();
         // SAFETY: all three hold len values.
         unsafe {
@@ -469,11 +469,6 @@ impl Backend for CudaBackend {
         shape: &AttentionShape,
         out: &mut DeviceBuffer,
     ) -> Result<()> {
-        if shape.sinks.is_some() {
-            return Err(Error::unsupported(
-                "the CUDA attention kernel has no attention sinks (the CPU backend has)",
-            ));
-        }
         if rows.is_empty() {
             return Ok(());
         }
@@ -484,6 +479,14 @@ impl Backend for CudaBackend {
             )));
         }
         let slot = dim(caches[rows[0].seq].kv_slot(layer)?, "a layer")?;
+        // A sink logit per query head (gpt-oss), converted to f32 at load.
+        let sinks = match &shape.sinks {
+            Some(w) => {
+                assert_eq!(w.cols * w.rows, shape.n_head, "a sink logit per query head");
+                self.weights.vector(w)?
+            }
+            None => std::ptr::null(),
+        };
         let mut state = self.lock();
         let st = &mut *state;
         let table = device_rows(caches, rows)?;
@@ -533,8 +536,8 @@ impl Backend for CudaBackend {
             op: st.op + 1,
             scales,
         });
-        // SAFETY: q and out hold rows.len() × n_head heads; the partials
-        // piece is sized for the launch; the row table names live caches
+        // SAFETY: q and out hold rows.len() × n_head heads; sinks, when not
+        // null, n_head values; the partials piece is sized for the launch; the row table names live caches
         // (for the tiled kernel, one sequence at consecutive positions);
         // the decode scratch holds GEMV_MAX_X prepared rows of the widest
         // product's width.
@@ -553,6 +556,7 @@ impl Backend for CudaBackend {
                         .window
                         .map_or(0, |w| w.min(i32::MAX as usize) as c_int),
                     shape.scale,
+                    sinks,
                     c_int::from(launch.tiled),
                     n_splits as c_int,
                     launch.heads_per_block as c_int,
@@ -666,9 +670,9 @@ impl Backend for CudaBackend {
         ];
         let routes = self.shared_rows_routes(qkv.iter().map(|p| p.w), n);
         // The decode products' epilogue takes the attention-input step where
-        // its RoPE pairs are adjacent rows, without frequency factors
-        // (m40_rope_angle_reduced in cuda/ops.cuh says why), and the heads
-        // have no norms.
+        // its RoPE pairs are adjacent rows, without frequency factors or
+        // YaRN (m40_rope_angle_reduced in cuda/ops.cuh says why), and the
+        // heads have no norms.
         let in_epilogue = n > 0
             && routes
                 .iter()
@@ -676,6 +680,7 @@ impl Backend for CudaBackend {
             && qk_norm.is_none()
             && rope.mode == RopeMode::Normal
             && rope.freq_factors.is_none()
+            && rope.yarn.is_none()
             && rope.dims.is_multiple_of(2)
             && rope.dims <= heads.head_dim_k
             && heads.head_dim_k.max(heads.head_dim_v) <= ATTENTION_MAX_HEAD_DIM
@@ -753,7 +758,7 @@ impl Backend for CudaBackend {
         assert!(out.len() >= rows * gate.rows && gate.cols == width);
         assert!(x.len() >= rows * width);
         let state = self.lock();
-        let epilogue = GemvEpilogue::gated(ffn.glu)?;
+        let epilogue = GemvEpilogue::gated(ffn.glu);
         let matrices = [
             self.gemv_matrix(gate, None, out.as_mut_ptr())?,
             self.gemv_matrix(up, None, out.as_mut_ptr())?,
@@ -784,20 +789,30 @@ impl Backend for CudaBackend {
         product: &mut DeviceBuffer,
         x: &mut DeviceBuffer,
     ) -> Result<()> {
-        // An output bias (gpt-oss's, which the GPU does not load yet) takes
-        // the composition.
-        if bias.is_some() {
-            return fused::matmul_residual(self, w, bias, a, rows, post_norm, product, x);
-        }
         assert!(a.len() >= rows * w.cols && x.len() >= rows * w.rows);
+        if let Some(b) = bias {
+            assert_eq!(
+                b.cols * b.rows,
+                w.rows,
+                "an output bias per row of the product"
+            );
+        }
         let route = self.route(w, rows);
+        // Without a post-norm, the decode and tensor-core kernels add their
+        // products, with the bias where there is one (gpt-oss's), to x
+        // themselves; the other routes take the composition.
+        match (route, post_norm) {
+            (ProductRoute::Decode { .. } | ProductRoute::TensorCores, None) => {}
+            _ if bias.is_some() => {
+                return fused::matmul_residual(self, w, bias, a, rows, post_norm, product, x);
+            }
+            _ => {}
+        }
         let mut state = self.lock();
         let st = &mut *state;
-        // Without a post-norm, the decode and tensor-core kernels add their
-        // products to x themselves.
         match (route, post_norm) {
             (ProductRoute::Decode { .. }, None) => {
-                let matrix = self.gemv_matrix(w, None, x.as_mut_ptr())?;
+                let matrix = self.gemv_matrix(w, bias, x.as_mut_ptr())?;
                 // SAFETY: sizes checked above.
                 return unsafe {
                     self.gemv(
@@ -816,11 +831,12 @@ impl Backend for CudaBackend {
             (ProductRoute::TensorCores, None) => {
                 let product = TensorCoreProduct {
                     w,
-                    bias: None,
+                    bias,
                     out: x.as_mut_ptr(),
                     accumulate: true,
                 };
-                // SAFETY: a holds rows × w.cols values, x rows × w.rows (checked).
+                // SAFETY: a holds rows × w.cols values, x rows × w.rows, a
+                // bias w.rows (checked).
                 return unsafe {
                     self.products_on_tensor_cores(st, a.as_ptr(), rows, None, &[product])
                 };

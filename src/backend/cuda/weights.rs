@@ -1,6 +1,7 @@
 //! The model's weights on the device: the file's data section uploaded once,
 //! as it is in the file (the kernels read every format in place), and the
-//! one-row weights (norms, biases, RoPE factors) converted to f32 beside it.
+//! one-row weights (norms, biases, RoPE factors, attention sinks) and the
+//! experts' bias tables converted to f32 beside it.
 
 use std::collections::HashMap;
 use std::ffi::c_int;
@@ -345,9 +346,6 @@ fn upload(pieces: &[(&[u8], usize)], dst: &mut DevicePtr<u8>) -> Result<()> {
 /// if anything.
 fn missing_operations(architecture: &str) -> Option<&'static str> {
     match architecture {
-        "gpt-oss" => Some(
-            "attention sinks, clamped SwiGLU (swiglu_oai), biases of the router and experts, or YaRN RoPE scaling",
-        ),
         "gemma4" => Some(
             "KV caches of different widths per layer, values RMS-normed without a weight, per-layer output scales, or final logit soft-capping",
         ),
@@ -380,12 +378,15 @@ pub(super) fn computes(ty: GgmlType) -> bool {
 }
 
 /// A weight converted to f32 whole at load rather than multiplied as a
-/// matrix: one row (norms, biases), or a Gated DeltaNet layer's convolution
-/// taps (a few values a channel). Any other matrix is multiplied, and must
-/// have rows the products take (`check_tensor_layouts`).
+/// matrix: one row (norms, biases), a mixture's bias table of an expert
+/// product (a row per expert, gpt-oss's; the expert launches add row e to
+/// expert e's outputs), or a Gated DeltaNet layer's convolution taps (a few
+/// values a channel). Any other matrix is multiplied, and must have rows
+/// the products take (`check_tensor_layouts`).
 fn is_vector(t: &TensorInfo) -> bool {
     let taps = t.dims.len() == 2 && t.dims[0] < 32 && t.name.ends_with(".ssm_conv1d.weight");
-    t.dims.iter().skip(1).all(|&d| d == 1) || taps
+    let expert_biases = t.dims.len() == 2 && t.name.ends_with("_exps.bias");
+    t.dims.iter().skip(1).all(|&d| d == 1) || taps || expert_biases
 }
 
 /// The kernels read matrices with vector loads: every matrix row must be a
