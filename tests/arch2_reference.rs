@@ -179,13 +179,9 @@ fn gpt_oss_q8_0_mxfp4_matches_llama_cpp() {
 }
 
 /// Gemma 4: four layers (sliding window of 64, full, sliding, full).
-fn gemma4_matches_llama_cpp(name: &str) {
-    cpu_only_matches_llama_cpp(name, "soft-capping");
-}
-
 #[test]
 fn gemma4_f16_matches_llama_cpp() {
-    gemma4_matches_llama_cpp("gemma4-f16");
+    matches_llama_cpp("gemma4-f16");
 }
 
 // The 8-bit rounding of activations, which this tiny preset (q·k of std 3
@@ -202,13 +198,13 @@ fn gemma4_f16_matches_llama_cpp() {
 // 256 values, ours one per 32.
 #[test]
 fn gemma4_q8_0_matches_llama_cpp() {
-    gemma4_matches_llama_cpp("gemma4-q8_0");
+    matches_llama_cpp("gemma4-q8_0");
 }
 
 #[test]
 #[ignore = "8-bit activation rounding, amplified by this model, exceeds the bounds (see the comment)"]
 fn gemma4_q4_k_matches_llama_cpp() {
-    gemma4_matches_llama_cpp("gemma4-q4_k");
+    matches_llama_cpp("gemma4-q4_k");
 }
 
 // Median 1.43% and 95th percentile 2.58% on the CPU: over the bounds.
