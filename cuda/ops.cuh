@@ -104,10 +104,16 @@ enum M40ProjectionRole { M40_PLAIN_OUTPUT = 0, M40_QUERIES = 1, M40_KEYS = 2, M4
 __device__ inline void m40_attention_input_pair(const M40AttentionInputs &a, int role, int t, int row, float x0,
                                                 float x1, float *queries) {
     const M40Row kv = a.rows[t];
-    if (role == M40_VALUES) {
-        __half *values = m40_cached_values(kv, a.layer, kv.pos, a.n_head_kv * a.head_dim_v) + row;
-        values[0] = __float2half_rn(x0);
-        values[1] = __float2half_rn(x1);
+    // Where a key or value pair goes: one address for either, so that the
+    // epilogue's registers do not hold two.
+    const bool is_values = role == M40_VALUES;
+    const int start = is_values ? a.layer.v_start : a.layer.k_start;
+    const int width = a.n_head_kv * (is_values ? a.head_dim_v : a.head_dim_k);
+    __half *cached = reinterpret_cast<__half *>(is_values ? kv.values : kv.keys) + size_t(start) * kv.n_ctx +
+                     size_t(kv.pos) * width + row;
+    if (is_values) {
+        cached[0] = __float2half_rn(x0);
+        cached[1] = __float2half_rn(x1);
         return;
     }
     const int i = row % a.head_dim_k;
@@ -121,9 +127,8 @@ __device__ inline void m40_attention_input_pair(const M40AttentionInputs &a, int
         queries[row] = x0;
         queries[row + 1] = x1;
     } else {
-        __half *keys = m40_cached_keys(kv, a.layer, kv.pos, a.n_head_kv * a.head_dim_k) + row;
-        keys[0] = __float2half_rn(x0);
-        keys[1] = __float2half_rn(x1);
+        cached[0] = __float2half_rn(x0);
+        cached[1] = __float2half_rn(x1);
     }
 }
 
