@@ -33,11 +33,12 @@ __device__ __forceinline__ float m40_softmax_divisor(float max, float sum, const
     return sinks ? sum + expf(sinks[head] - max) : sum;
 }
 
-// One KV head of a row's cache at `layer` (keys or values, `width` values
-// per position): position p's head_dim values start at the result + p × width.
-__device__ __forceinline__ const __half *m40_cache_head(unsigned long long cache, int layer, int n_ctx, int width,
-                                                        int kv_head, int head_dim) {
-    return reinterpret_cast<const __half *>(cache) + size_t(layer) * n_ctx * width + size_t(kv_head) * head_dim;
+// One KV head of a row's cache at the layer that starts `start` values a
+// position in (keys or values, `width` values per position: M40KvLayer):
+// position p's head_dim values start at the result + p × width.
+__device__ __forceinline__ const __half *m40_cache_head(unsigned long long cache, int start, int n_ctx, int kv_head,
+                                                        int head_dim) {
+    return reinterpret_cast<const __half *>(cache) + size_t(start) * n_ctx + size_t(kv_head) * head_dim;
 }
 
 // What (row r, head, split) of a decode-style launch attends to: its range
@@ -48,7 +49,7 @@ struct M40Range {
     const __half *keys, *values;
 };
 
-__device__ __forceinline__ M40Range m40_range(const M40Row &row, int layer, int head, int n_head, int n_head_kv,
+__device__ __forceinline__ M40Range m40_range(const M40Row &row, M40KvLayer layer, int head, int n_head, int n_head_kv,
                                               int head_dim_k, int head_dim_v, int window, int n_splits, int split) {
     M40Range g;
     const int first = window > 0 ? max(0, row.pos + 1 - window) : 0;
@@ -58,8 +59,8 @@ __device__ __forceinline__ M40Range m40_range(const M40Row &row, int layer, int 
     const int kv_head = head / (n_head / n_head_kv);
     g.k_width = n_head_kv * head_dim_k;
     g.v_width = n_head_kv * head_dim_v;
-    g.keys = m40_cache_head(row.keys, layer, row.n_ctx, g.k_width, kv_head, head_dim_k);
-    g.values = m40_cache_head(row.values, layer, row.n_ctx, g.v_width, kv_head, head_dim_v);
+    g.keys = m40_cache_head(row.keys, layer.k_start, row.n_ctx, kv_head, head_dim_k);
+    g.values = m40_cache_head(row.values, layer.v_start, row.n_ctx, kv_head, head_dim_v);
     return g;
 }
 
@@ -111,7 +112,7 @@ __device__ void m40_merge_warps(const Partial *states, const float *accs, int st
 
 // partial layout: per (row, head, split): [max, sum, acc[head_dim_v]].
 __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
-    attention_partial_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, int layer, int n_head,
+    attention_partial_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, M40KvLayer layer, int n_head,
                              int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale, int n_splits,
                              float *__restrict__ partial) {
     m40_wait_for_prior_kernels();
@@ -247,7 +248,7 @@ __device__ __forceinline__ void m40_load_kv_tile(uint32_t *tile, const __half *h
 // with one split the normalized output goes straight to out.
 template <int MAX_D>
 __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
-    attention_prefill_kernel(const float *__restrict__ q, int n_rows, const M40Row *__restrict__ rows, int layer,
+    attention_prefill_kernel(const float *__restrict__ q, int n_rows, const M40Row *__restrict__ rows, M40KvLayer layer,
                              int n_head, int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
                              int n_splits, const float *__restrict__ sinks, float *__restrict__ partial,
                              float *__restrict__ out) {
@@ -274,8 +275,8 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
 
     const int kv_head = head / (n_head / n_head_kv);
     const int k_width = n_head_kv * head_dim_k, v_width = n_head_kv * head_dim_v;
-    const __half *keys = m40_cache_head(row0.keys, layer, row0.n_ctx, k_width, kv_head, head_dim_k);
-    const __half *values = m40_cache_head(row0.values, layer, row0.n_ctx, v_width, kv_head, head_dim_v);
+    const __half *keys = m40_cache_head(row0.keys, layer.k_start, row0.n_ctx, kv_head, head_dim_k);
+    const __half *values = m40_cache_head(row0.values, layer.v_start, row0.n_ctx, kv_head, head_dim_v);
 
     for (int i = threadIdx.x; i < T::TILE_ROWS * MAX_D; i += 32 * T::WARPS) {
         const int r = i / MAX_D, d = i % MAX_D;
@@ -414,7 +415,7 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
 // chooses).
 template <int MAX_D, int HEADS>
 __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
-    attention_decode_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, int layer, int n_head,
+    attention_decode_kernel(const float *__restrict__ q, const M40Row *__restrict__ rows, M40KvLayer layer, int n_head,
                             int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale, int n_splits,
                             const float *__restrict__ sinks, float *__restrict__ partial, float *__restrict__ out,
                             M40PreparedOut prepared) {
@@ -559,7 +560,7 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
 // head_dim_v a multiple of 32 and head_dim_k of 8. sinks: null, or one
 // logit per query head that joins its softmax without a value (gpt-oss's
 // attention sinks). overlap: see m40_launch.
-M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *rows, int layer, int n_head,
+M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *rows, M40KvLayer layer, int n_head,
                                      int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
                                      const float *sinks, int prompt_chunk, int n_splits, int heads_per_block,
                                      float *partial, float *out, int8_t *prepared, int prepared_scales, int overlap,

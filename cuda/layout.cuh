@@ -24,6 +24,11 @@ M40_FIELD(M40Row, pos, 16);
 M40_FIELD(M40Row, n_ctx, 20);
 M40_FIELD(M40Row, state, 24);
 
+// KvLayer (ops.cuh)
+M40_SIZE(M40KvLayer, 8, 4);
+M40_FIELD(M40KvLayer, k_start, 0);
+M40_FIELD(M40KvLayer, v_start, 4);
+
 // GemvMatrix (gemv.cu)
 M40_SIZE(M40GemvMatrix, 32, 8);
 M40_FIELD(M40GemvMatrix, w, 0);
@@ -50,14 +55,14 @@ M40_FIELD(M40AttentionInputs, freq_scale, 40);
 M40_FIELD(M40AttentionInputs, inv_freq_ratio, 48);
 M40_FIELD(M40AttentionInputs, eps, 56);
 M40_FIELD(M40AttentionInputs, layer, 60);
-M40_FIELD(M40AttentionInputs, n_head, 64);
-M40_FIELD(M40AttentionInputs, n_head_kv, 68);
-M40_FIELD(M40AttentionInputs, head_dim_k, 72);
-M40_FIELD(M40AttentionInputs, head_dim_v, 76);
-M40_FIELD(M40AttentionInputs, neox, 80);
-M40_FIELD(M40AttentionInputs, rope_dims, 84);
-M40_FIELD(M40AttentionInputs, overlap, 88);
-M40_FIELD(M40AttentionInputs, yarn, 92);
+M40_FIELD(M40AttentionInputs, n_head, 68);
+M40_FIELD(M40AttentionInputs, n_head_kv, 72);
+M40_FIELD(M40AttentionInputs, head_dim_k, 76);
+M40_FIELD(M40AttentionInputs, head_dim_v, 80);
+M40_FIELD(M40AttentionInputs, neox, 84);
+M40_FIELD(M40AttentionInputs, rope_dims, 88);
+M40_FIELD(M40AttentionInputs, overlap, 92);
+M40_FIELD(M40AttentionInputs, yarn, 96);
 
 // GemvLaunch (gemv.cu)
 M40_SIZE(M40Gemv, 328, 8);

@@ -1,15 +1,17 @@
 // The transformer's element-wise operations on f32 rows: RMSNorm, residual
-// and bias adds, row gathers, RoPE, the gated activations, and the KV-cache
-// store. Definitions follow src/backend/cpu/ops.rs.
+// and bias adds, scaling and soft-capping, row gathers, RoPE, the gated
+// activations, and the KV-cache store. Definitions follow
+// src/backend/cpu/ops.rs.
 #include "ops.cuh"
 
-// Each of n_groups groups of `group` values: out ← x / rms(x) · w (out may be x).
+// Each of n_groups groups of `group` values: out ← x / rms(x) · w, or
+// x / rms(x) where w is null (Gemma 4's value heads); out may be x.
 __global__ void __launch_bounds__(M40_NORM_THREADS)
     rms_norm_kernel(const float *x, const float *__restrict__ w, int group, float eps, float *out) {
     const float *g = x + size_t(blockIdx.x) * group;
     float *o = out + size_t(blockIdx.x) * group;
     const float scale = m40_inverse_rms(g, group, eps);
-    for (int i = threadIdx.x; i < group; i += M40_NORM_THREADS) o[i] = g[i] * scale * w[i];
+    for (int i = threadIdx.x; i < group; i += M40_NORM_THREADS) o[i] = w ? g[i] * scale * w[i] : g[i] * scale;
 }
 
 M40_EXPORT cudaError_t m40_rms_norm(const float *x, const float *w, int group, int n_groups, float eps, float *out,
@@ -45,6 +47,32 @@ __global__ void add_kernel(float *__restrict__ x, const float *__restrict__ y, s
 M40_EXPORT cudaError_t m40_add(float *x, const float *y, size_t n, size_t period, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
     add_kernel<<<m40_blocks(n, 256), 256, 0, stream>>>(x, y, n, period);
+    return m40_launch_status();
+}
+
+// x[i] ← x[i] · factor[0]: a layer's output scale (Gemma 4), read on the
+// device so that a recorded step needs no host copy of it.
+__global__ void scale_by_kernel(float *__restrict__ x, const float *__restrict__ factor, size_t n) {
+    const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= *factor;
+}
+
+M40_EXPORT cudaError_t m40_scale_by(float *x, const float *factor, size_t n, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    scale_by_kernel<<<m40_blocks(n, 256), 256, 0, stream>>>(x, factor, n);
+    return m40_launch_status();
+}
+
+// x[i] ← cap · tanh(x[i] / cap) in ggml's steps (a scale by 1 / cap, tanh, a
+// scale by cap), as the CPU backend computes it: the final logits' soft-capping.
+__global__ void soft_cap_kernel(float *__restrict__ x, float cap, size_t n) {
+    const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = tanhf(x[i] * (1.0f / cap)) * cap;
+}
+
+M40_EXPORT cudaError_t m40_soft_cap(float *x, float cap, size_t n, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    soft_cap_kernel<<<m40_blocks(n, 256), 256, 0, stream>>>(x, cap, n);
     return m40_launch_status();
 }
 
@@ -125,23 +153,22 @@ M40_EXPORT cudaError_t m40_glu(int act, const float *gate, const float *up, size
 
 // Writes each row's key and value (f32 → f16) at its position of `layer`.
 __global__ void store_kv_kernel(const float *__restrict__ k, const float *__restrict__ v, int n_rows, int k_width,
-                                int v_width, const M40Row *__restrict__ rows, int layer) {
+                                int v_width, const M40Row *__restrict__ rows, M40KvLayer layer) {
     const int width = k_width + v_width;
     const size_t index = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (index >= size_t(n_rows) * width) return;
     const int r = int(index / width), e = int(index % width);
     const M40Row row = rows[r];
-    const size_t slot = size_t(layer) * row.n_ctx + row.pos;
     if (e < k_width) {
-        reinterpret_cast<__half *>(row.keys)[slot * k_width + e] = __float2half_rn(k[size_t(r) * k_width + e]);
+        m40_cached_keys(row, layer, row.pos, k_width)[e] = __float2half_rn(k[size_t(r) * k_width + e]);
     } else {
         const int j = e - k_width;
-        reinterpret_cast<__half *>(row.values)[slot * v_width + j] = __float2half_rn(v[size_t(r) * v_width + j]);
+        m40_cached_values(row, layer, row.pos, v_width)[j] = __float2half_rn(v[size_t(r) * v_width + j]);
     }
 }
 
 M40_EXPORT cudaError_t m40_store_kv(const float *k, const float *v, int n_rows, int k_width, int v_width,
-                                    const M40Row *rows, int layer, cudaStream_t stream) {
+                                    const M40Row *rows, M40KvLayer layer, cudaStream_t stream) {
     const size_t n = size_t(n_rows) * (k_width + v_width);
     if (n == 0) return cudaSuccess;
     store_kv_kernel<<<m40_blocks(n, 256), 256, 0, stream>>>(k, v, n_rows, k_width, v_width, rows, layer);
@@ -166,9 +193,8 @@ __global__ void __launch_bounds__(M40_NORM_THREADS)
     const float *src = is_q ? q + (size_t(r) * n_q + h) * dim
                        : is_k ? k + (size_t(r) * n_k + (h - n_q)) * dim
                               : v + (size_t(r) * n_k + (h - n_q - n_k)) * dim;
-    const size_t slot = size_t(a.layer) * row.n_ctx + row.pos;
     if (!is_q && !is_k) {
-        __half *cache = reinterpret_cast<__half *>(row.values) + slot * n_k * dim + size_t(h - n_q - n_k) * dim;
+        __half *cache = m40_cached_values(row, a.layer, row.pos, n_k * dim) + size_t(h - n_q - n_k) * dim;
         for (int i = threadIdx.x; i < dim; i += blockDim.x) cache[i] = __float2half_rn(src[i]);
         return;
     }
@@ -177,7 +203,7 @@ __global__ void __launch_bounds__(M40_NORM_THREADS)
     for (int i = threadIdx.x; i < dim; i += blockDim.x) head[i] = norm ? src[i] * scale * norm[i] : src[i];
     __syncthreads();
     float *q_out = q + (size_t(r) * n_q + h) * dim;
-    __half *k_out = reinterpret_cast<__half *>(row.keys) + slot * n_k * dim + size_t(h - n_q) * dim;
+    __half *k_out = m40_cached_keys(row, a.layer, row.pos, n_k * dim) + size_t(h - n_q) * dim;
     const auto put = [&](int i, float value) {
         if (is_q)
             q_out[i] = value;

@@ -7,8 +7,9 @@
 // cache lives and the row's position there. Mirrors `DeviceRow` in
 // src/backend/cuda/kernels.rs.
 struct M40Row {
-    // Device addresses of the sequence's f16 keys and values:
-    // n_layer × n_ctx × width each, layer-major.
+    // Device addresses of the sequence's f16 keys and values: each layer's
+    // n_ctx positions one after another, layer after layer, each layer as
+    // wide as its own heads (M40KvLayer).
     unsigned long long keys;
     unsigned long long values;
     int pos;
@@ -42,6 +43,30 @@ __device__ __forceinline__ double m40_yarn_position_scale(const M40Yarn &yarn, i
     return freq_scale * (1.0 - extrapolate) + extrapolate;
 }
 
+// Where one layer lies in every sequence's cache: its keys start
+// n_ctx × k_start halves into the keys block, its values n_ctx × v_start
+// into the values block (the starts are the widths of the layers before
+// it, in values a position), so that layers of different widths (Gemma
+// 4's sliding-window and full-attention layers) each take their own.
+// Every sequence of a model has the same layers, so a launch takes the
+// layer's starts as a parameter whatever its rows' caches. Mirrors
+// `KvLayer` in src/backend/cuda/kernels.rs.
+struct M40KvLayer {
+    int k_start;
+    int v_start;
+};
+
+// Position `pos`'s keys (all KV heads, `width` values) of `layer` in the
+// cache of `row`.
+__device__ __forceinline__ __half *m40_cached_keys(const M40Row &row, M40KvLayer layer, int pos, int width) {
+    return reinterpret_cast<__half *>(row.keys) + size_t(layer.k_start) * row.n_ctx + size_t(pos) * width;
+}
+
+// The same for its values.
+__device__ __forceinline__ __half *m40_cached_values(const M40Row &row, M40KvLayer layer, int pos, int width) {
+    return reinterpret_cast<__half *>(row.values) + size_t(layer.v_start) * row.n_ctx + size_t(pos) * width;
+}
+
 // One layer's attention-input step (per-head norms, RoPE, KV store).
 // Mirrors `AttentionInputs` in src/backend/cuda/kernels.rs.
 struct M40AttentionInputs {
@@ -53,7 +78,7 @@ struct M40AttentionInputs {
     double freq_scale;
     double inv_freq_ratio;  // freq_base^(-2 / rope_dims)
     float eps;
-    int layer;
+    M40KvLayer layer;
     int n_head;
     int n_head_kv;
     int head_dim_k;
@@ -103,11 +128,16 @@ enum M40ProjectionRole { M40_PLAIN_OUTPUT = 0, M40_QUERIES = 1, M40_KEYS = 2, M4
 __device__ inline void m40_attention_input_pair(const M40AttentionInputs &a, int role, int t, int row, float x0,
                                                 float x1, float *queries) {
     const M40Row kv = a.rows[t];
-    const size_t slot = size_t(a.layer) * kv.n_ctx + kv.pos;
-    if (role == M40_VALUES) {
-        __half *values = reinterpret_cast<__half *>(kv.values) + slot * a.n_head_kv * a.head_dim_v + row;
-        values[0] = __float2half_rn(x0);
-        values[1] = __float2half_rn(x1);
+    // Where a key or value pair goes: one address for either, so that the
+    // epilogue's registers do not hold two.
+    const bool is_values = role == M40_VALUES;
+    const int start = is_values ? a.layer.v_start : a.layer.k_start;
+    const int width = a.n_head_kv * (is_values ? a.head_dim_v : a.head_dim_k);
+    __half *cached = reinterpret_cast<__half *>(is_values ? kv.values : kv.keys) + size_t(start) * kv.n_ctx +
+                     size_t(kv.pos) * width + row;
+    if (is_values) {
+        cached[0] = __float2half_rn(x0);
+        cached[1] = __float2half_rn(x1);
         return;
     }
     const int i = row % a.head_dim_k;
@@ -121,9 +151,8 @@ __device__ inline void m40_attention_input_pair(const M40AttentionInputs &a, int
         queries[row] = x0;
         queries[row + 1] = x1;
     } else {
-        __half *keys = reinterpret_cast<__half *>(kv.keys) + slot * a.n_head_kv * a.head_dim_k + row;
-        keys[0] = __float2half_rn(x0);
-        keys[1] = __float2half_rn(x1);
+        cached[0] = __float2half_rn(x0);
+        cached[1] = __float2half_rn(x1);
     }
 }
 

@@ -141,26 +141,6 @@ fn qwen35moe_q4_k_matches_llama_cpp() {
     matches_llama_cpp("qwen35moe-q4_k");
 }
 
-/// An architecture the CPU backend runs and the CUDA backend refuses by
-/// name: on a CUDA device the test checks that the refusal names `missing`.
-fn cpu_only_matches_llama_cpp(name: &str, missing: &str) {
-    if common::test_device() < 0 {
-        matches_llama_cpp(name);
-        return;
-    }
-    let options = LoadOptions {
-        device: common::test_device(),
-        n_threads: 0,
-        use_mmap: true,
-        vocab_only: false,
-    };
-    let path = common::arch2_model(name);
-    let err = Model::load(&path, options).unwrap_err();
-    std::fs::remove_file(&path).unwrap();
-    assert_eq!(err.kind(), m40llm::error::ErrorKind::Unsupported, "{err}");
-    assert!(err.message().contains(missing), "{err}");
-}
-
 /// gpt-oss: two layers (sliding window of 64, then full attention; 8
 /// experts, 2 used, in MXFP4).
 #[test]
@@ -174,13 +154,9 @@ fn gpt_oss_q8_0_mxfp4_matches_llama_cpp() {
 }
 
 /// Gemma 4: four layers (sliding window of 64, full, sliding, full).
-fn gemma4_matches_llama_cpp(name: &str) {
-    cpu_only_matches_llama_cpp(name, "soft-capping");
-}
-
 #[test]
 fn gemma4_f16_matches_llama_cpp() {
-    gemma4_matches_llama_cpp("gemma4-f16");
+    matches_llama_cpp("gemma4-f16");
 }
 
 // The 8-bit rounding of activations, which this tiny preset (q·k of std 3
@@ -197,13 +173,13 @@ fn gemma4_f16_matches_llama_cpp() {
 // 1.08% / 4.33% with a scale per 32.
 #[test]
 fn gemma4_q8_0_matches_llama_cpp() {
-    gemma4_matches_llama_cpp("gemma4-q8_0");
+    matches_llama_cpp("gemma4-q8_0");
 }
 
 #[test]
 #[ignore = "8-bit activation rounding, amplified by this model, exceeds the bounds (see the comment)"]
 fn gemma4_q4_k_matches_llama_cpp() {
-    gemma4_matches_llama_cpp("gemma4-q4_k");
+    matches_llama_cpp("gemma4-q4_k");
 }
 
 // llama.cpp's IQ4_XS products quantize activations as Q8_K, one scale per

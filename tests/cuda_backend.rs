@@ -2184,7 +2184,9 @@ fn overlapping_launches_change_no_logit() {
     }
     let mut report = Vec::new();
     // The integer path (quantize + product launches) and the FP32 one; a
-    // Gemma model for its windows, post-norms and per-head norms.
+    // Gemma model for its windows, post-norms and per-head norms; Gemma 4
+    // for its layers of different widths, value norms, output scales and
+    // soft-capping.
     for (arch, ty) in [
         ("llama", "q4_k"),
         ("gemma3", "q8_0"),
@@ -2192,6 +2194,7 @@ fn overlapping_launches_change_no_logit() {
         ("qwen3moe", "q4_k"),
         ("qwen35moe", "q4_k"),
         ("gpt-oss", "q8_0"),
+        ("gemma4", "q8_0"),
     ] {
         let path = match arch {
             "qwen3moe" => synth_moe(arch, ty, 8),
@@ -2315,6 +2318,7 @@ fn recorded_decode_steps_replay_the_same_logits() {
         ("qwen2", "f16"),
         ("qwen3moe", "q4_k"),
         ("qwen35moe", "q4_k"),
+        ("gemma4", "q8_0"),
     ] {
         let path = if arch == "qwen3moe" {
             synth_moe(arch, ty, 8)
@@ -2587,55 +2591,349 @@ fn gpt_oss_matches_the_cpu_in_prompts_decode_and_batches() {
     println!("gpt-oss, GPU-vs-CPU logit errors: {}", report.join(", "));
 }
 
-/// Gemma 4 runs on the CPU backend only: the CUDA backend refuses it at
-/// load, naming what its kernels lack, and its cache refuses layers of
-/// different widths.
+/// A tiny Gemma 4 (tools/synth_gguf.py's preset: sliding-window layers of
+/// 2 KV heads of 64 with a window of 64, full-attention layers of 1 KV head
+/// of 128 whose keys serve as values, proportional RoPE, a scale on every
+/// layer's output, logits soft-capped at 10) with all matrices of `ty`.
+fn synth_gemma4(ty: &str) -> PathBuf {
+    synth("gemma4", ty)
+}
+
+/// Gemma 4's operations the other architectures do not use, against the
+/// CPU: each value head RMS-normed without a weight, a layer's output times
+/// its one-value scale, and soft-capped logits (values far past the cap
+/// included).
 #[test]
 #[ignore = "needs a CUDA device"]
-fn gemma4_is_refused_on_the_gpu_naming_what_is_missing() {
+fn gemma4_value_norms_output_scales_and_soft_caps_match_the_cpu() {
     if !have_gpu() {
         return;
     }
-    let n_vocab = N_VOCAB.to_string();
-    let path = common::synth_once(
-        "cuda-gemma4-q8_0.gguf",
-        &[
-            "--arch",
-            "gemma4",
-            "--preset",
-            "tiny",
-            "--type",
-            "q8_0",
-            "--n-vocab",
-            &n_vocab,
-        ],
-    );
-    let file = Arc::new(open_mapped(&path));
-    let err = CudaBackend::new(Arc::clone(&file), 0, CudaOptions::default(), &|_| true)
-        .err()
-        .expect("a gemma4 model loaded on the GPU");
-    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
-    for missing in ["gemma4", "different widths", "soft-capping"] {
-        assert!(err.message().contains(missing), "{missing}: {err}");
+    let p = pair("gemma4", "f32", true);
+    let mut errors = Vec::new();
+    // Value heads of 64 and 128 (the sliding and full layers'), 5 rows.
+    for (group, heads) in [(64, 2), (128, 1)] {
+        let len = 5 * heads * group;
+        let x: Vec<f32> = random(len, 11).iter().map(|v| v * 7.0).collect();
+        let (mut c, mut g) = (x.clone(), upload(&p.gpu, &x));
+        p.cpu.rms_normalize(&mut c, group, 1e-6, len).unwrap();
+        p.gpu.rms_normalize(&mut g, group, 1e-6, len).unwrap();
+        errors.push((
+            "rms_normalize",
+            relative_error(&download(&p.gpu, &g, len), &c),
+        ));
     }
-    let whole = Model::load(
-        &path,
-        LoadOptions {
-            device: 0,
-            n_threads: 2,
-            use_mmap: true,
-            vocab_only: false,
-        },
-    );
-    let err = whole.expect_err("a gemma4 model loaded on device 0");
-    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    for l in &p.weights.layers {
+        let scale = l
+            .output_scale
+            .as_ref()
+            .expect("the preset scales every layer");
+        let len = 3 * p.weights.output_norm.cols;
+        let x = random(len, 12);
+        let (mut c, mut g) = (x.clone(), upload(&p.gpu, &x));
+        p.cpu.scale_by(&mut c, scale, len).unwrap();
+        p.gpu.scale_by(&mut g, scale, len).unwrap();
+        errors.push(("scale_by", relative_error(&download(&p.gpu, &g, len), &c)));
+    }
+    for cap in [10.0, 30.0] {
+        let x: Vec<f32> = random(4096, 13).iter().map(|v| v * 4.0 * cap).collect();
+        let (mut c, mut g) = (x.clone(), upload(&p.gpu, &x));
+        p.cpu.soft_cap(&mut c, cap, x.len()).unwrap();
+        p.gpu.soft_cap(&mut g, cap, x.len()).unwrap();
+        errors.push((
+            "soft_cap",
+            relative_error(&download(&p.gpu, &g, x.len()), &c),
+        ));
+    }
+    for (what, err) in &errors {
+        assert!(*err < 1e-5, "{what}: error {err:e}");
+    }
+    println!("Gemma 4's element-wise kernels, relative errors: {errors:?}");
+}
+
+type CpuCache = <CpuBackend as Backend>::KvCache;
+
+/// Stores the same random keys and values (`width` values a position each)
+/// of `rows` into `layer` of both backends' caches.
+fn store_on_both(
+    p: &Pair,
+    caches: (&mut [CpuCache], &mut [cuda::CudaKvCache]),
+    layer: usize,
+    width: usize,
+    rows: &[SeqPos],
+    seed: u64,
+) {
+    let k: Vec<f32> = random(rows.len() * width, seed)
+        .iter()
+        .map(|v| v * 3.0)
+        .collect();
+    let v = random(rows.len() * width, seed + 1);
+    let (cpu, gpu) = caches;
+    p.cpu
+        .store_kv(&mut cpu.iter_mut().collect::<Vec<_>>(), layer, &k, &v, rows)
+        .unwrap();
+    let (k, v) = (upload(&p.gpu, &k), upload(&p.gpu, &v));
+    p.gpu
+        .store_kv(&mut gpu.iter_mut().collect::<Vec<_>>(), layer, &k, &v, rows)
+        .unwrap();
+}
+
+/// Attention of `rows` over `layer` of both backends' caches, for the same
+/// random queries: the GPU's relative error.
+fn attention_error_over(
+    p: &Pair,
+    caches: (&mut [CpuCache], &mut [cuda::CudaKvCache]),
+    layer: usize,
+    shape: &AttentionShape,
+    rows: &[SeqPos],
+    seed: u64,
+) -> f64 {
+    let q = random(rows.len() * shape.n_head * shape.head_dim_k, seed);
+    let o_len = rows.len() * shape.n_head * shape.head_dim_v;
+    let (cpu, gpu) = caches;
+    let mut c = vec![0f32; o_len];
+    p.cpu
+        .attention(
+            &cpu.iter_mut().collect::<Vec<_>>(),
+            layer,
+            &q,
+            rows,
+            shape,
+            &mut c,
+        )
+        .unwrap();
+    let mut g = p.gpu.buffer(o_len).unwrap();
+    let gpu_caches = gpu.iter_mut().collect::<Vec<_>>();
+    p.gpu
+        .attention(&gpu_caches, layer, &upload(&p.gpu, &q), rows, shape, &mut g)
+        .unwrap();
+    relative_error(&download(&p.gpu, &g, o_len), &c)
+}
+
+/// A cache whose attention layers differ in width, as Gemma 4's do: 2 KV
+/// heads of 64 (window 16), 1 head of 128, 1 head of 36 (36 values a
+/// position: the next layer's start is padded to a multiple of 8, and the
+/// odd head size takes the warp-per-position kernel), then 2 heads of 64
+/// again. Three sequences' keys and values go into every layer in one
+/// store a layer (rows of several sequences), then each layer's attention
+/// is compared with the CPU's for a prompt chunk (the tiled kernel), one
+/// decode row and a batch of the three sequences. Positions 50..60 of
+/// one layer of one sequence are then written again (as after a
+/// truncation to 50), and every layer compared again: the other layers
+/// keep what they held.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attention_over_layers_of_different_widths_matches_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
     let p = pair("llama", "f32", true);
-    let err = p
-        .gpu
-        .kv_cache(16, &[kv_layer(256, 256), kv_layer(128, 128)])
+    // (KV heads, head size, window) of each layer; 4 query heads each.
+    let layers = [
+        (2, 64, Some(16)),
+        (1, 128, None),
+        (1, 36, None),
+        (2, 64, Some(16)),
+    ];
+    let shapes: Vec<AttentionShape> = layers
+        .iter()
+        .map(|&(n_head_kv, hd, window)| AttentionShape {
+            n_head: 4,
+            n_head_kv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+            window,
+            scale: 1.0 / (hd as f32).sqrt(),
+            sinks: None,
+        })
+        .collect();
+    let widths: Vec<usize> = layers.iter().map(|&(n_kv, hd, _)| n_kv * hd).collect();
+    let states: Vec<LayerState> = widths.iter().map(|&w| kv_layer(w, w)).collect();
+    let lens = [40usize, 130, 7];
+    // An odd context: unpadded, the last layer (after 292 values a
+    // position) would start 8 bytes off the 16-byte alignment its vector
+    // loads need.
+    let n_ctx = 251;
+    let mut cpu: Vec<CpuCache> = lens
+        .iter()
+        .map(|_| p.cpu.kv_cache(n_ctx, &states).unwrap())
+        .collect();
+    let mut gpu: Vec<cuda::CudaKvCache> = lens
+        .iter()
+        .map(|_| p.gpu.kv_cache(n_ctx, &states).unwrap())
+        .collect();
+    let every_position: Vec<SeqPos> = lens
+        .iter()
+        .enumerate()
+        .flat_map(|(seq, &len)| (0..len).map(move |pos| SeqPos { seq, pos }))
+        .collect();
+    for (layer, &width) in widths.iter().enumerate() {
+        let seed = 100 + 10 * layer as u64;
+        store_on_both(
+            &p,
+            (&mut cpu, &mut gpu),
+            layer,
+            width,
+            &every_position,
+            seed,
+        );
+    }
+    let cases: [(&str, Vec<SeqPos>); 3] = [
+        (
+            "prompt chunk of 30 at 100",
+            (100..130).map(|pos| SeqPos { seq: 1, pos }).collect(),
+        ),
+        ("decode at 129", vec![SeqPos { seq: 1, pos: 129 }]),
+        (
+            "batch of three sequences",
+            vec![
+                SeqPos { seq: 0, pos: 39 },
+                SeqPos { seq: 1, pos: 129 },
+                SeqPos { seq: 2, pos: 6 },
+            ],
+        ),
+    ];
+    let mut worst = 0f64;
+    for when in ["filled", "one layer rewritten"] {
+        if when == "one layer rewritten" {
+            let rows: Vec<SeqPos> = (50..60).map(|pos| SeqPos { seq: 1, pos }).collect();
+            store_on_both(&p, (&mut cpu, &mut gpu), 1, widths[1], &rows, 500);
+        }
+        for (layer, shape) in shapes.iter().enumerate() {
+            for (name, rows) in &cases {
+                let seed = 30 + layer as u64;
+                let err = attention_error_over(&p, (&mut cpu, &mut gpu), layer, shape, rows, seed);
+                assert!(err < 1e-4, "{when}, layer {layer}, {name}: error {err:e}");
+                worst = worst.max(err);
+            }
+        }
+    }
+    println!("attention over layers of different widths, largest relative error: {worst:.1e}");
+}
+
+/// Gemma 4 on the GPU against the CPU: prompts in chunks of 16 (the tiled
+/// attention kernel, products on cuBLAS or the tensor cores) and 8 (the
+/// decode kernels), one of 100 tokens in chunks of 64 that crosses the
+/// sliding window, single tokens, steps of 3 and 12 sessions at different
+/// positions, and a truncation (the next decode rewrites the cache past
+/// it). F32 and F16 weights, which both backends multiply in FP32, are
+/// held to LOGIT_BOUND at every step; quantized ones to
+/// HYBRID_MEDIAN_BOUND over their steps: this preset (q·k of std 3 at an
+/// attention scale of 1, post-norms of ~3) carries the 8-bit rounding of
+/// the CPU's activations far, which the M40's scaled path and the tensor
+/// cores do not share (tests/arch2_reference.rs puts the CPU's own Q8_0
+/// and Q4_K logits 0.6–1.1% from an f64 forward pass at the median).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gemma4_matches_the_cpu_in_prompts_decode_batches_and_truncation() {
+    if !have_gpu() {
+        return;
+    }
+    let mut report = Vec::new();
+    for ty in ["f32", "f16", "q8_0", "q4_k"] {
+        let path = synth_gemma4(ty);
+        let what = format!("gemma4 {ty}");
+        let float = ty.starts_with('f');
+        let bound = if float { LOGIT_BOUND } else { f64::INFINITY };
+        let mut errors = Vec::new();
+        for (len, chunk, extra) in [(40, 16, 3), (40, 8, 1), (100, 64, 3)] {
+            errors.push(forward_error_within(&path, len, chunk, extra, &what, bound));
+        }
+        for n in [3, 12] {
+            errors.extend(batched_step_errors(&path, n, &what, bound));
+        }
+        // Truncated from 90 tokens to 70, then 5 more: a fresh CPU session
+        // fed the 75.
+        let all = tokens(90, 7);
+        let params = SessionParams {
+            n_ctx: 256,
+            n_batch: 32,
+        };
+        let mut gpu = Session::new(load(&path, 0), params).unwrap();
+        gpu.decode(&all).unwrap();
+        gpu.truncate(70).unwrap();
+        gpu.decode(&all[70..75]).unwrap();
+        let mut cpu = Session::new(load(&path, -1), params).unwrap();
+        cpu.decode(&all[..75]).unwrap();
+        errors.push(compare_logits_within(
+            &format!("{what} truncated"),
+            gpu.logits().unwrap(),
+            cpu.logits().unwrap(),
+            bound,
+        ));
+        errors.sort_by(f64::total_cmp);
+        let (median, worst) = (errors[errors.len() / 2], errors[errors.len() - 1]);
+        if !float {
+            assert!(
+                median <= HYBRID_MEDIAN_BOUND,
+                "{what}: median logit error {:.3}% (largest {:.3}%)",
+                median * 100.0,
+                worst * 100.0
+            );
+        }
+        report.push(format!(
+            "{what}: median {:.3}%, largest {:.3}%",
+            median * 100.0,
+            worst * 100.0
+        ));
+    }
+    println!("Gemma 4, GPU-vs-CPU logit errors: {}", report.join(", "));
+}
+
+/// A Gemma 4 session's cache on the GPU holds each layer as wide as its own
+/// heads: `m40_model_describe`'s keys and values a token (2 × 2 × 64 for
+/// each sliding-window layer, 2 × 1 × 128 for each full-attention layer,
+/// f16) times the context, as on the CPU.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gemma4_sessions_hold_each_layers_own_kv_width_on_the_gpu() {
+    if !have_gpu() {
+        return;
+    }
+    let path = synth_gemma4("q8_0");
+    // Keys and values, values a position, of each kind of layer; two
+    // layers of each, f16.
+    let (sliding, full) = (2 * 2 * 64, 2 * 128);
+    let per_token = 2 * (sliding + full) * 2;
+    let n_ctx = 96;
+    let params = SessionParams { n_ctx, n_batch: 32 };
+    for device in [0, -1] {
+        let model = load(&path, device);
+        let json = model.describe_json();
+        let described = format!(r#""kv_bytes_per_token":{per_token},"#);
+        assert!(json.contains(&described), "device {device}: {json}");
+        let session = Session::new(model, params).unwrap();
+        assert_eq!(
+            session.memory_bytes(),
+            n_ctx as usize * per_token,
+            "device {device}"
+        );
+    }
+}
+
+/// Heads wider than the attention kernels take (real Gemma 4's full
+/// attention layers have heads of 512 values) are refused at load, naming
+/// the key that gives them; the CPU backend runs such a model.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn heads_wider_than_the_attention_kernels_are_refused_at_load() {
+    if !have_gpu() {
+        return;
+    }
+    // Sliding-window heads of 128, full-attention heads of 512.
+    let shape = TinyShape {
+        n_embd: 512,
+        ..common::tiny_model::TINY
+    };
+    let bytes = tiny_model_with("gemma4", shape).build();
+    let file = Arc::new(GgufFile::from_bytes(&bytes).unwrap());
+    let err = CudaBackend::new(file, 0, CudaOptions::default(), &|_| true)
         .err()
-        .expect("a cache of layers of different widths on the GPU");
+        .expect("a model of 512-value heads loaded on the GPU");
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    for part in ["gemma4.attention.key_length = 512", "up to 256"] {
+        assert!(err.message().contains(part), "{part}: {err}");
+    }
 }
 
 #[test]

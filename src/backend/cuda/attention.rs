@@ -11,9 +11,10 @@ use super::kernels::{AttentionInputs, DeviceRow, YarnRamp};
 use super::route::GEMM_MIN_ROWS;
 use super::staging::RowTableKind;
 use super::{
-    dim, AttentionShape, AttentionStep, CudaBackend, CudaKvCache, RopeMode, SeqPos, State, Weight,
+    dim, AttentionShape, AttentionStep, CachedLayer, CudaBackend, CudaKvCache, RopeMode, SeqPos,
+    State, Weight,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// An attention launch (`m40_attention`): the tiled prefill kernel or not,
 /// the ranges each (row, head) splits its positions into, and the query
@@ -71,6 +72,9 @@ impl CudaBackend {
         caches: &[&mut CudaKvCache],
         step: AttentionStep,
     ) -> Result<AttentionInputs> {
+        let heads = step.heads;
+        let cached = cached_layer(caches, step.rows, step.layer)?;
+        check_widths(&cached, heads.n_head_kv, heads.head_dim_k, heads.head_dim_v)?;
         let table = device_rows(caches, step.rows)?;
         let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
         let vector_or_null = |w: Option<&Weight>| match w {
@@ -86,7 +90,7 @@ impl CudaBackend {
             freq_scale: f64::from(step.rope.freq_scale),
             inv_freq_ratio: f64::from(step.rope.freq_base).powf(-2.0 / step.rope.dims as f64),
             eps: step.qk_norm.map_or(0.0, |(qn, _)| qn.eps),
-            layer: dim(caches[step.rows[0].seq].kv_slot(step.layer)?, "a layer")?,
+            layer: cached.place,
             n_head: step.heads.n_head as c_int,
             n_head_kv: step.heads.n_head_kv as c_int,
             head_dim_k: step.heads.head_dim_k as c_int,
@@ -113,6 +117,43 @@ pub(super) fn device_rows(caches: &[&mut CudaKvCache], rows: &[SeqPos]) -> Resul
             })
         })
         .collect()
+}
+
+/// Where `layer`'s keys and values lie in the caches of `rows` (not
+/// empty): one place for all, which a launch takes as a parameter, since
+/// every cache of a model's stage is made for the same layers.
+pub(super) fn cached_layer(
+    caches: &[&mut CudaKvCache],
+    rows: &[SeqPos],
+    layer: usize,
+) -> Result<CachedLayer> {
+    let first = caches[rows[0].seq].kv_layer(layer)?;
+    for r in rows {
+        if caches[r.seq].kv_layer(layer)? != first {
+            return Err(Error::internal(format!(
+                "the caches of one step lay out layer {layer} differently"
+            )));
+        }
+    }
+    Ok(first)
+}
+
+/// Checks that a layer's cache holds keys and values as wide as its heads:
+/// the kernels address positions by the heads' widths.
+pub(super) fn check_widths(
+    cached: &CachedLayer,
+    n_head_kv: usize,
+    head_dim_k: usize,
+    head_dim_v: usize,
+) -> Result<()> {
+    let (k_width, v_width) = (n_head_kv * head_dim_k, n_head_kv * head_dim_v);
+    if (cached.k_width, cached.v_width) != (k_width, v_width) {
+        return Err(Error::internal(format!(
+            "heads of {k_width} key and {v_width} value values a position over a cache layer of {} and {}",
+            cached.k_width, cached.v_width
+        )));
+    }
+    Ok(())
 }
 
 /// How many ranges each (row, head) splits its positions into. A warp walks

@@ -12,6 +12,8 @@
 //! - each attention launch's split count (and with it the heads a block
 //!   takes), which grows with the sequence length: a replay checks the
 //!   launches, and a step whose launches changed is recorded again;
+//! - each layer's place in the caches (`KvLayer`), a launch parameter: the
+//!   same in every cache made for the model's layers, as every session's is;
 //! - everything else the kernels read through pointers: weights and the
 //!   8-bit activation scratch (fixed for the backend's life; every step
 //!   uses the scratch in stream order), the step's inputs (copied in before

@@ -5,11 +5,13 @@
 use std::ffi::c_int;
 
 use super::attention::device_rows;
-use super::kernels::{m40_delta_net, m40_delta_net_scratch, DeviceRow};
+use super::kernels::{m40_delta_net, m40_delta_net_scratch, DeviceRow, KvLayer};
 use super::memory::human;
 use super::runtime::{self, check};
 use super::staging::RowTableKind;
-use super::{dim, CudaBackend, CudaKvCache, DeltaNetStep, DeviceBuffer, RecurrentSlot, SeqPos};
+use super::{
+    dim, CachedLayer, CudaBackend, CudaKvCache, DeltaNetStep, DeviceBuffer, RecurrentSlot, SeqPos,
+};
 use crate::error::{Error, Result};
 use crate::kv_cache::LayerState;
 
@@ -28,35 +30,48 @@ const CHUNKED_FROM_ROWS: usize = 8;
 
 impl CudaBackend {
     /// A sequence's cache for `n_ctx` positions of `layers`: keys and values
-    /// for the attention layers only, zero states for the recurrent ones.
-    /// The kernels address every attention layer's keys and values by one
-    /// width: layers of different widths (Gemma 4's) are refused.
+    /// for the attention layers only, each layer as wide as its own heads
+    /// (Gemma 4's sliding-window and full-attention layers differ), and zero
+    /// states for the recurrent ones.
     pub(super) fn sequence_cache(
         &self,
         n_ctx: usize,
         layers: &[LayerState],
     ) -> Result<CudaKvCache> {
-        let mut widths = layers.iter().filter_map(|l| match *l {
-            LayerState::Kv { k_width, v_width } => Some((k_width, v_width)),
-            LayerState::Recurrent(_) => None,
-        });
-        let (k_width, v_width) = widths.next().unwrap_or((0, 0));
-        if let Some((k, v)) = widths.find(|&w| w != (k_width, v_width)) {
-            return Err(Error::unsupported(format!(
-                "attention layers of different widths (keys and values of {k_width} and {v_width} values a position in one, {k} and {v} in another); the CUDA cache takes one width for every layer"
-            )));
-        }
         let _shared = self.no_capture();
         let state = self.lock();
-        let mut kv_slots = Vec::with_capacity(layers.len());
+        let overflow = || Error::out_of_memory("KV cache size overflows");
+        let mut kv_layers = Vec::with_capacity(layers.len());
         let mut recurrent = Vec::with_capacity(layers.len());
-        let (mut n_kv, mut n_state) = (0usize, 0usize);
+        // Values a position of the attention layers so far, and floats of
+        // the recurrent states so far.
+        let (mut k_values, mut v_values, mut n_state) = (0usize, 0usize, 0usize);
         for layer in layers {
-            match layer {
-                LayerState::Kv { .. } => {
-                    kv_slots.push(Some(n_kv));
+            match *layer {
+                LayerState::Kv { k_width, v_width } => {
+                    let place = KvLayer {
+                        k_start: dim(k_values, "a KV cache's width")?,
+                        v_start: dim(v_values, "a KV cache's width")?,
+                    };
+                    kv_layers.push(Some(CachedLayer {
+                        place,
+                        k_width,
+                        v_width,
+                    }));
                     recurrent.push(None);
-                    n_kv += 1;
+                    // Each layer starts 16-byte aligned, as the attention
+                    // kernels' vector loads of its rows need: a start of a
+                    // multiple of 8 values is one at every n_ctx. (Heads
+                    // of a multiple of 8 values, every real model's, need
+                    // no padding.)
+                    let next = |start: usize, width: usize| {
+                        start
+                            .checked_add(width)
+                            .map(|end| end.next_multiple_of(8))
+                            .ok_or_else(overflow)
+                    };
+                    k_values = next(k_values, k_width)?;
+                    v_values = next(v_values, v_width)?;
                 }
                 LayerState::Recurrent(shape) => {
                     if shape.conv_kernel > CONV_MAX_TAPS || !HEAD_DIMS.contains(&shape.head_dim) {
@@ -66,7 +81,7 @@ impl CudaBackend {
                         )));
                     }
                     let (conv, heads) = shape.state_values();
-                    kv_slots.push(None);
+                    kv_layers.push(None);
                     recurrent.push(Some(RecurrentSlot {
                         conv: n_state,
                         heads: n_state + conv,
@@ -76,11 +91,11 @@ impl CudaBackend {
                 }
             }
         }
-        let overflow = || Error::out_of_memory("KV cache size overflows");
-        let slots = n_ctx.checked_mul(n_kv).ok_or_else(overflow)?;
+        // The kernels take each layer's start as an int.
+        dim(k_values.max(v_values), "a KV cache's width")?;
         let (nk, nv) = (
-            slots.checked_mul(k_width).ok_or_else(overflow)?,
-            slots.checked_mul(v_width).ok_or_else(overflow)?,
+            n_ctx.checked_mul(k_values).ok_or_else(overflow)?,
+            n_ctx.checked_mul(v_values).ok_or_else(overflow)?,
         );
         let total = (nk + nv) * 2 + n_state * 4;
         let context = |e: Error| {
@@ -105,9 +120,7 @@ impl CudaBackend {
             keys,
             values,
             n_ctx,
-            k_width,
-            v_width,
-            kv_slots,
+            kv_layers,
             state: states,
             recurrent,
             needs_clear: false,

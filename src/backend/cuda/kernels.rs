@@ -11,7 +11,8 @@ use crate::backend::{Glu, Rope};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceRow {
-    /// Device address of the sequence's keys (f16, layer × n_ctx × width).
+    /// Device address of the sequence's keys (f16: each layer's n_ctx
+    /// positions in turn, each layer as wide as its heads; see [`KvLayer`]).
     pub keys: u64,
     pub values: u64,
     pub pos: i32,
@@ -19,6 +20,17 @@ pub struct DeviceRow {
     /// Device address of the sequence's recurrent states (a hybrid model's
     /// linear-attention layers, one after another); 0 without.
     pub state: u64,
+}
+
+/// Where one attention layer lies in every sequence's cache (`M40KvLayer`
+/// in cuda/ops.cuh): its keys start n_ctx × `k_start` values into a
+/// sequence's keys, its values n_ctx × `v_start` into its values; the
+/// starts are the widths (values a position) of the layers before it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvLayer {
+    pub k_start: c_int,
+    pub v_start: c_int,
 }
 
 /// Activation rows one `m40_gemv` launch multiplies (M40_GEMV_MAX_X).
@@ -257,7 +269,7 @@ pub struct AttentionInputs {
     /// inverse frequency as its i-th power.
     pub inv_freq_ratio: f64,
     pub eps: f32,
-    pub layer: c_int,
+    pub layer: KvLayer,
     pub n_head: c_int,
     pub n_head_kv: c_int,
     pub head_dim_k: c_int,
@@ -282,7 +294,10 @@ impl AttentionInputs {
         freq_scale: 0.0,
         inv_freq_ratio: 0.0,
         eps: 0.0,
-        layer: 0,
+        layer: KvLayer {
+            k_start: 0,
+            v_start: 0,
+        },
         n_head: 0,
         n_head_kv: 0,
         head_dim_k: 0,
@@ -353,9 +368,6 @@ extern "C" {
     /// SASS), scaled values for the scaled path elsewhere (sm_52 SASS, the
     /// compute_52 PTX).
     pub fn m40_gemv_prepared_path(ty: c_int) -> c_int;
-    /// 1 when the current device runs this build's dp4a code (the integer
-    /// path rather than the scaled one).
-    pub fn m40_gemv_dp4a_code() -> c_int;
     /// 1 when launches may overlap the stream's previous kernel on the
     /// current device (programmatic dependent launch: sm_90+ code).
     pub fn m40_launch_overlap() -> c_int;
@@ -522,6 +534,10 @@ extern "C" {
         stream: Stream,
     ) -> c_int;
     pub fn m40_add(x: *mut f32, y: *const f32, n: usize, period: usize, stream: Stream) -> c_int;
+    /// x[i] ← x[i] · factor[0] for n values (`factor`: one f32 on the device).
+    pub fn m40_scale_by(x: *mut f32, factor: *const f32, n: usize, stream: Stream) -> c_int;
+    /// x[i] ← cap · tanh(x[i] / cap) for n values.
+    pub fn m40_soft_cap(x: *mut f32, cap: f32, n: usize, stream: Stream) -> c_int;
     pub fn m40_delta_net(
         qkv: *const f32,
         alpha: *const f32,
@@ -601,7 +617,7 @@ extern "C" {
         k_width: c_int,
         v_width: c_int,
         rows: *const DeviceRow,
-        layer: c_int,
+        layer: KvLayer,
         stream: Stream,
     ) -> c_int;
     /// Attention of `n_rows` rows (cuda/attention.cu). `sinks`: null, or
@@ -613,7 +629,7 @@ extern "C" {
         q: *const f32,
         n_rows: c_int,
         rows: *const DeviceRow,
-        layer: c_int,
+        layer: KvLayer,
         n_head: c_int,
         n_head_kv: c_int,
         head_dim_k: c_int,

@@ -9,7 +9,7 @@ use std::mem::{align_of, offset_of, size_of};
 
 use super::kernels::{
     prepared_bytes, AttentionInputs, DeviceRow, ExpertView, ExpertWork, GemvEpilogue, GemvLaunch,
-    GemvMatrix, MmqLaunch, ProjectionRole, YarnRamp, ATTENTION_MAX_HEAD_DIM, GEMV_MAX_X,
+    GemvMatrix, KvLayer, MmqLaunch, ProjectionRole, YarnRamp, ATTENTION_MAX_HEAD_DIM, GEMV_MAX_X,
     GLU_GELU_TANH, GLU_SILU, GLU_SWIGLU_OAI, MOE_MAX_EXPERTS, MOE_MAX_USED,
 };
 use crate::quant::ActivationScales;
@@ -37,6 +37,9 @@ const _: () = assert!(
 // M40Row (cuda/ops.cuh)
 layout!(DeviceRow, size 32, align 8, { keys: 0, values: 8, pos: 16, n_ctx: 20, state: 24 });
 
+// M40KvLayer (cuda/ops.cuh)
+layout!(KvLayer, size 8, align 4, { k_start: 0, v_start: 4 });
+
 // M40GemvMatrix (cuda/gemv.cu)
 layout!(GemvMatrix, size 32, align 8, { w: 0, bias: 8, y: 16, rows: 24, role: 28 });
 
@@ -54,14 +57,14 @@ layout!(AttentionInputs, size 112, align 8, {
     inv_freq_ratio: 48,
     eps: 56,
     layer: 60,
-    n_head: 64,
-    n_head_kv: 68,
-    head_dim_k: 72,
-    head_dim_v: 76,
-    neox: 80,
-    rope_dims: 84,
-    overlap: 88,
-    yarn: 92,
+    n_head: 68,
+    n_head_kv: 72,
+    head_dim_k: 76,
+    head_dim_v: 80,
+    neox: 84,
+    rope_dims: 88,
+    overlap: 92,
+    yarn: 96,
 });
 
 // M40Gemv (cuda/gemv.cu)

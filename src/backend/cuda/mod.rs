@@ -54,7 +54,7 @@ use crate::json::JsonObject;
 use crate::quant::{ActivationScales, GgmlType};
 pub use graph::GraphStats;
 use graph::{Capture, DecodeGraphs};
-use kernels::{m40_launch_overlap, prepared_bytes, ExpertWork, GEMV_MAX_X};
+use kernels::{m40_launch_overlap, prepared_bytes, ExpertWork, KvLayer, GEMV_MAX_X};
 use memory::Arena;
 pub use memory::{DeviceAllocator, DevicePtr, MemoryStats};
 pub use offload::GpuProducts;
@@ -157,16 +157,15 @@ struct PreparedInput {
 }
 
 /// One sequence's cache in device memory: the keys and values (f16) of its
-/// attention layers, and the recurrent states (f32) of a hybrid model's
-/// linear-attention layers.
+/// attention layers, each layer as wide as its own heads, and the
+/// recurrent states (f32) of a hybrid model's linear-attention layers.
 pub struct CudaKvCache {
     keys: DevicePtr<u16>,
     values: DevicePtr<u16>,
     n_ctx: usize,
-    k_width: usize,
-    v_width: usize,
-    /// Per layer of the stage: its slot among the key/value layers.
-    kv_slots: Vec<Option<usize>>,
+    /// Per layer of the stage: where its keys and values lie (none for a
+    /// recurrent layer).
+    kv_layers: Vec<Option<CachedLayer>>,
     /// Every recurrent layer's states, one layer after another.
     state: DevicePtr<f32>,
     /// Per layer of the stage: where its states lie in `state`.
@@ -174,6 +173,17 @@ pub struct CudaKvCache {
     /// Whether `state` still holds what a reset forgot: it is cleared on
     /// the device before the next step reads it.
     needs_clear: bool,
+}
+
+/// An attention layer's keys and values in a [`CudaKvCache`]: where they
+/// start (the same in every cache of the model's stage, so that a launch,
+/// recorded or not, takes them as a parameter) and the values a position
+/// holds of each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CachedLayer {
+    place: KvLayer,
+    k_width: usize,
+    v_width: usize,
 }
 
 /// A linear-attention layer's states in a [`CudaKvCache`].
@@ -192,9 +202,9 @@ impl CudaKvCache {
         (self.keys.len() + self.values.len()) * 2 + self.state.len() * 4
     }
 
-    /// The key/value slot of attention layer `layer`.
-    fn kv_slot(&self, layer: usize) -> Result<usize> {
-        self.kv_slots
+    /// Where attention layer `layer`'s keys and values lie.
+    fn kv_layer(&self, layer: usize) -> Result<CachedLayer> {
+        self.kv_layers
             .get(layer)
             .copied()
             .flatten()

@@ -5,7 +5,7 @@
 
 use std::ffi::c_int;
 
-use super::attention::{device_rows, heads_of_multiples_of_8};
+use super::attention::{cached_layer, check_widths, device_rows, heads_of_multiples_of_8};
 use super::kernels::*;
 use super::memory::Arena;
 use super::products::TensorCoreProduct;
@@ -204,22 +204,61 @@ impl Backend for CudaBackend {
         unsafe { self.rms_norm_into(&state, x, weight, eps, len / group, x) }
     }
 
-    fn rms_normalize(&self, _: &mut DeviceBuffer, _: usize, _: f32, _: usize) -> Result<()> {
-        Err(Error::unsupported(
-            "the CUDA kernels have no RMS norm without a weight (Gemma 4's value norm; the CPU backend has)",
-        ))
+    fn rms_normalize(
+        &self,
+        x: &mut DeviceBuffer,
+        group: usize,
+        eps: f32,
+        len: usize,
+    ) -> Result<()> {
+        assert!(group > 0 && len.is_multiple_of(group) && x.len() >= len);
+        let state = self.lock();
+        let x = x.as_mut_ptr();
+        // SAFETY: x holds len values, a whole number of groups (checked
+        // above); in place, without a weight.
+        unsafe {
+            check(
+                m40_rms_norm(
+                    x,
+                    std::ptr::null(),
+                    dim(group, "a norm width")?,
+                    dim(len / group, "a count of groups")?,
+                    eps,
+                    x,
+                    state.stream.raw(),
+                ),
+                || "RMS norm without a weight".to_string(),
+            )
+        }
     }
 
-    fn scale_by(&self, _: &mut DeviceBuffer, _: &Weight, _: usize) -> Result<()> {
-        Err(Error::unsupported(
-            "the CUDA kernels have no scaling by a weight (Gemma 4's layer output scale; the CPU backend has)",
-        ))
+    fn scale_by(&self, x: &mut DeviceBuffer, factor: &Weight, len: usize) -> Result<()> {
+        assert!(factor.cols * factor.rows == 1 && x.len() >= len);
+        let state = self.lock();
+        // SAFETY: x holds len values; the factor is one f32 on the device.
+        unsafe {
+            check(
+                m40_scale_by(
+                    x.as_mut_ptr(),
+                    self.weights.vector(factor)?,
+                    len,
+                    state.stream.raw(),
+                ),
+                || "scaling by a weight".to_string(),
+            )
+        }
     }
 
-    fn soft_cap(&self, _: &mut DeviceBuffer, _: f32, _: usize) -> Result<()> {
-        Err(Error::unsupported(
-            "the CUDA kernels have no soft-capping (Gemma 4's final logits; the CPU backend has)",
-        ))
+    fn soft_cap(&self, x: &mut DeviceBuffer, cap: f32, len: usize) -> Result<()> {
+        assert!(x.len() >= len);
+        let state = self.lock();
+        // SAFETY: x holds len values.
+        unsafe {
+            check(
+                m40_soft_cap(x.as_mut_ptr(), cap, len, state.stream.raw()),
+                || "soft-capping".to_string(),
+            )
+        }
     }
 
     fn gather_rows(
@@ -432,13 +471,12 @@ impl Backend for CudaBackend {
         v: &DeviceBuffer,
         rows: &[SeqPos],
     ) -> Result<()> {
-        let Some(first) = rows.first() else {
+        if rows.is_empty() {
             return Ok(());
-        };
+        }
         let mut state = self.lock();
         let st = &mut *state;
-        let (k_width, v_width) = (caches[first.seq].k_width, caches[first.seq].v_width);
-        let slot = dim(caches[first.seq].kv_slot(layer)?, "a layer")?;
+        let cached = cached_layer(caches, rows, layer)?;
         let table = device_rows(caches, rows)?;
         let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
         // SAFETY: k and v hold rows.len() rows of their widths; every row's
@@ -449,10 +487,10 @@ impl Backend for CudaBackend {
                     k.as_ptr(),
                     v.as_ptr(),
                     rows.len() as c_int,
-                    k_width as c_int,
-                    v_width as c_int,
+                    dim(cached.k_width, "a key width")?,
+                    dim(cached.v_width, "a value width")?,
                     device_rows,
-                    slot,
+                    cached.place,
                     st.stream.raw(),
                 ),
                 || "KV cache store".to_string(),
@@ -478,7 +516,8 @@ impl Backend for CudaBackend {
                 shape.head_dim_k.max(shape.head_dim_v)
             )));
         }
-        let slot = dim(caches[rows[0].seq].kv_slot(layer)?, "a layer")?;
+        let cached = cached_layer(caches, rows, layer)?;
+        check_widths(&cached, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v)?;
         // A sink logit per query head (gpt-oss), converted to f32 at load.
         let sinks = match &shape.sinks {
             Some(w) => {
@@ -547,7 +586,7 @@ impl Backend for CudaBackend {
                     q.as_ptr(),
                     rows.len() as c_int,
                     device_rows,
-                    slot,
+                    cached.place,
                     shape.n_head as c_int,
                     shape.n_head_kv as c_int,
                     shape.head_dim_k as c_int,

@@ -8,9 +8,7 @@
 use std::ffi::c_int;
 
 use super::cublas::Cublas;
-use super::kernels::{
-    m40_gemv_dp4a_code, m40_gemv_prepared_path, m40_mmq_expert_rows, m40_mmq_prepare, GEMV_MAX_X,
-};
+use super::kernels::{m40_gemv_prepared_path, m40_mmq_expert_rows, m40_mmq_prepare, GEMV_MAX_X};
 use super::options::CudaOptions;
 use super::runtime::DeviceInfo;
 use super::weights::matrices;
@@ -92,9 +90,6 @@ pub(super) struct Routes {
     /// The model's matrix formats whose decode products take a prepared
     /// route (8-bit activations and dp4a, or the M40's scaled values).
     prepared_formats: Vec<GgmlType>,
-    /// Whether the device runs this build's dp4a code (the prepared
-    /// formats take the integer path rather than the scaled one).
-    dp4a: bool,
     /// The model's matrix formats that have a tensor-core kernel on this
     /// device (`m40_mmq`), and the rows of its expert work pieces for
     /// batches of up to 16 rows and of more.
@@ -148,8 +143,6 @@ impl Routes {
             .collect();
         Routes {
             prepared_formats,
-            // SAFETY: a query of the current device's kernel attributes.
-            dp4a: unsafe { m40_gemv_dp4a_code() } == 1,
             tensor_core_formats,
             expert_piece_rows,
             has_cublas: cublas.is_some(),
@@ -244,11 +237,6 @@ impl Routes {
     pub fn any_prepared(&self) -> bool {
         !self.prepared_formats.is_empty()
     }
-
-    /// Whether the prepared routes run the integer (dp4a) path.
-    pub fn dp4a(&self) -> bool {
-        self.dp4a
-    }
 }
 
 /// Whether the decode kernel prepares the activations of `ty`'s products
@@ -265,7 +253,6 @@ mod tests {
     fn routes(has_cublas: bool) -> Routes {
         Routes {
             prepared_formats: vec![GgmlType::Q4K],
-            dp4a: true,
             tensor_core_formats: vec![GgmlType::Q4K, GgmlType::Q8_0],
             expert_piece_rows: vec![(GgmlType::Q4K, [16, 32]), (GgmlType::Q8_0, [16, 32])],
             has_cublas,

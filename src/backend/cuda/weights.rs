@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex};
 
-use super::kernels::m40_vector_to_f32;
+use super::kernels::{m40_vector_to_f32, ATTENTION_MAX_HEAD_DIM};
 use super::memory::{human, DeviceAllocator, DevicePtr};
 use super::runtime::{self, check, DeviceInfo, OwnedEvent, OwnedStream, PinnedBuffer};
 use super::staging::Staging;
@@ -92,8 +92,8 @@ fn spans_of(mut held: Vec<(usize, usize)>) -> (Vec<Span>, usize) {
 }
 
 /// The spans of `file`'s data section that hold the tensors `holds`
-/// names, and the device bytes they take, once checked that the kernels run
-/// the file's architecture, can read its matrices, and that the spans fit on
+/// names, and the device bytes they take, once checked that the kernels take
+/// the file's head sizes, can read its matrices, and that the spans fit on
 /// the device with room to run.
 pub(super) fn checked_spans(
     file: &GgufFile,
@@ -104,10 +104,14 @@ pub(super) fn checked_spans(
         .get("general.architecture")
         .and_then(|a| a.str().ok().map(str::to_string))
         .unwrap_or_default();
-    if let Some(missing) = missing_operations(&architecture) {
-        return Err(Error::unsupported(format!(
-            "the CUDA backend does not run {architecture} models: its kernels have no {missing} yet (the CPU backend, device -1, runs them)"
-        )));
+    // A backend that holds no attention layer (one that only takes a CPU
+    // stage's products, `GpuProducts`) runs heads of any size.
+    let runs_attention = file
+        .tensors()
+        .iter()
+        .any(|t| holds(&t.name) && t.name.ends_with(".attn_q.weight"));
+    if runs_attention {
+        check_head_sizes(file, &architecture)?;
     }
     if let Some(t) = file
         .tensors()
@@ -342,15 +346,28 @@ fn upload(pieces: &[(&[u8], usize)], dst: &mut DevicePtr<u8>) -> Result<()> {
     runtime::synchronize(&stream)
 }
 
-/// What the CUDA kernels lack of an architecture the CPU backend runs,
-/// if anything.
-fn missing_operations(architecture: &str) -> Option<&'static str> {
-    match architecture {
-        "gemma4" => Some(
-            "KV caches of different widths per layer, values RMS-normed without a weight, per-layer output scales, or final logit soft-capping",
-        ),
-        _ => None,
+/// Refuses, at load rather than at the first step, heads wider than the
+/// attention kernels take (`ATTENTION_MAX_HEAD_DIM`): real Gemma 4 models'
+/// full-attention layers have heads of 512 values (their sliding-window
+/// layers 256).
+fn check_head_sizes(file: &GgufFile, architecture: &str) -> Result<()> {
+    for key in [
+        "attention.key_length",
+        "attention.value_length",
+        "attention.key_length_swa",
+        "attention.value_length_swa",
+    ] {
+        let name = format!("{architecture}.{key}");
+        let Some(width) = file.get(&name).and_then(|e| e.value.as_i128()) else {
+            continue;
+        };
+        if width > ATTENTION_MAX_HEAD_DIM as i128 {
+            return Err(Error::unsupported(format!(
+                "{name} = {width}: the CUDA attention kernels take heads of up to {ATTENTION_MAX_HEAD_DIM} values (the CPU backend, device -1, runs wider ones)"
+            )));
+        }
     }
+    Ok(())
 }
 
 /// Whether the CUDA kernels compute with tensors of `ty` (cuda/quant.cuh's
