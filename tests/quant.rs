@@ -9,8 +9,8 @@ use std::path::Path;
 use m40llm::backend::cpu::{matmul, matmul_many, Product, ThreadPool, WeightMatrix};
 use m40llm::quant::q8::dot_error_bound;
 use m40llm::quant::{
-    dequantize_row, interleave, quantize_row_q8, DotKernel, GgmlType, GluKernels, Isa, Kernels,
-    Panel, Q8Block, GEMM_MIN_TOKENS, PANEL_ROWS,
+    dequantize_row, interleave, quantize_row_q8, quantize_row_q8_k, DotKernel, GgmlType,
+    GluKernels, Isa, Kernels, Panel, Q8Block, GEMM_MIN_TOKENS, PANEL_ROWS,
 };
 
 const TYPES: [GgmlType; 16] = GgmlType::SUPPORTED;
@@ -568,6 +568,28 @@ fn every_quantizer_equals_the_scalar_one_bit_for_bit() {
     for isa in Isa::all_available() {
         let mut got = vec![Q8Block::default(); 64];
         (Kernels::for_isa(isa).unwrap().quantizer())(&x, &mut got);
+        assert_eq!(got, want, "{isa:?}");
+    }
+}
+
+#[test]
+fn every_q8_k_quantizer_equals_the_scalar_one_bit_for_bit() {
+    let mut rng = Rng(0x58C4);
+    let mut x = random_activations(256 * 6, &mut rng);
+    // Zeros: scale 0.
+    x[256..512].fill(0.0);
+    // A negative value of largest magnitude ahead of an equal positive one.
+    x[600] = -90.0;
+    x[700] = 90.0;
+    // A positive one, with values at exact halves of the step (iscale −1).
+    x[1024] = 127.0;
+    x[1030..1033].copy_from_slice(&[2.5, -2.5, 3.5]);
+    let mut want = vec![Q8Block::default(); x.len() / 32];
+    quantize_row_q8_k(&x, &mut want);
+    assert_eq!(want[32].qs[6..9], [-2, 2, -4]);
+    for isa in Isa::all_available() {
+        let mut got = vec![Q8Block::default(); x.len() / 32];
+        (Kernels::for_isa(isa).unwrap().q8_k_quantizer())(&x, &mut got);
         assert_eq!(got, want, "{isa:?}");
     }
 }

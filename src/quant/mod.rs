@@ -213,6 +213,18 @@ impl Kernels {
         }
     }
 
+    /// The quantizer of activations into Q8_K's scales
+    /// (`quantize_row_q8_k`) in this instruction set, with identical
+    /// results.
+    pub fn q8_k_quantizer(self) -> fn(&[f32], &mut [Q8Block]) {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // `is_available` was checked when this `Kernels` was made.
+            Isa::Avx2 | Isa::Avx512 => x86::avx2_quantize_q8_k,
+            _ => quantize_row_q8_k,
+        }
+    }
+
     /// The one-token dot of `ty` over many rows, where this instruction set
     /// has it.
     pub fn dot_rows(self, ty: GgmlType) -> Option<Q8RowsFn> {

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use super::ThreadPool;
 use crate::error::{Error, Result};
 use crate::quant::{
-    interleaved_group_bytes, quantize_row_q8_k, round_scales, ActivationScales, DotKernel,
-    GgmlType, InterleavedKernels, Kernels, PairProduct, Panel, Q8Block, DOT_TOKENS,
-    GEMM_MIN_TOKENS, INTERLEAVED_ROWS, PANEL_ROWS, Q8_BLOCK,
+    interleaved_group_bytes, round_scales, ActivationScales, DotKernel, GgmlType,
+    InterleavedKernels, Kernels, PairProduct, Panel, Q8Block, DOT_TOKENS, GEMM_MIN_TOKENS,
+    INTERLEAVED_ROWS, PANEL_ROWS, Q8_BLOCK,
 };
 
 /// A weight matrix in its stored format: `rows` rows of `cols` values.
@@ -187,18 +187,18 @@ fn quantized_input(
     act.try_reserve_exact(n)
         .map_err(|_| Error::out_of_memory("the activations of a matrix product"))?;
     act.resize(n, Q8Block::default());
-    let quantize = kernels.quantizer();
+    let quantize = if scales == ActivationScales::Q8K {
+        kernels.q8_k_quantizer()
+    } else {
+        kernels.quantizer()
+    };
     // Tokens a task: a few thousand values each, so that a prompt's
     // quantization spreads over the threads and a token's does not.
     let per_task = 4096usize.div_ceil(cols);
     pool.for_each_chunk(&mut act, per_task * blocks, &|i, acts| {
         let x = &x[i * per_task * cols..][..acts.len() * Q8_BLOCK];
-        if scales == ActivationScales::Q8K {
-            quantize_row_q8_k(x, acts);
-        } else {
-            quantize(x, acts);
-            round_scales(acts, scales);
-        }
+        quantize(x, acts);
+        round_scales(acts, scales);
     });
     let act = Arc::new(act);
     quantized.push((key, Arc::clone(&act)));

@@ -416,6 +416,12 @@ pub fn avx2_quantize(x: &[f32], out: &mut [Q8Block]) {
     unsafe { quantize::quantize_row_q8(x, out) }
 }
 
+/// The AVX2 Q8_K activation quantizer. Call only after `avx2_available()`.
+pub fn avx2_quantize_q8_k(x: &[f32], out: &mut [Q8Block]) {
+    // SAFETY: only handed out when the CPU has the features (see above).
+    unsafe { quantize::quantize_row_q8_k(x, out) }
+}
+
 /// The AVX2 attention kernels. Call only after `avx2_available()`.
 pub fn avx2_attention() -> AttentionKernels {
     AttentionKernels {

@@ -53,3 +53,57 @@ pub unsafe fn quantize_row_q8(x: &[f32], out: &mut [Q8Block]) {
         block.d_sum = d * (h0 + h1) as f32;
     }
 }
+
+/// Q8_K's blocks ([`crate::quant::quantize_row_q8_k`]), bit-exact with it
+/// for finite input: each 256 values' scale from their first value of
+/// largest magnitude, the codes rounded to nearest with ties to even and
+/// held to 127.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn quantize_row_q8_k(x: &[f32], out: &mut [Q8Block]) {
+    assert_eq!(x.len(), out.len() * 32, "a row of whole blocks");
+    assert_eq!(x.len() % 256, 0, "a row of whole Q8_K blocks");
+    let magnitude = _mm256_set1_ps(-0.0);
+    let abs = |v| _mm256_andnot_ps(magnitude, v);
+    let load = |xs: &[f32], i: usize| _mm256_loadu_ps(xs[i * 8..i * 8 + 8].as_ptr());
+    for (blocks, xs) in out.chunks_exact_mut(8).zip(x.chunks_exact(256)) {
+        let mut m = _mm256_setzero_ps();
+        for i in 0..32 {
+            m = _mm256_max_ps(m, abs(load(xs, i)));
+        }
+        let amax = hmax(m);
+        let wide = _mm256_set1_ps(amax);
+        let first = (0..32).find_map(|i| {
+            let hits = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(abs(load(xs, i)), wide));
+            (hits != 0).then(|| i * 8 + hits.trailing_zeros() as usize)
+        });
+        let (iscale, d) = match first {
+            Some(at) if amax != 0.0 => {
+                let iscale = -127.0 / xs[at];
+                (iscale, 1.0 / iscale)
+            }
+            _ => (0.0, 0.0),
+        };
+        let scale = _mm256_set1_ps(iscale);
+        let most = _mm256_set1_epi32(127);
+        for (block, bx) in blocks.iter_mut().zip(xs.chunks_exact(32)) {
+            let q: [__m256i; 4] = std::array::from_fn(|i| {
+                _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(load(bx, i), scale)), most)
+            });
+            let bytes = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            let bytes =
+                _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(block.qs.as_mut_ptr().cast(), bytes);
+            let h0 = hsum_i32(_mm256_add_epi32(q[0], q[1]));
+            let h1 = hsum_i32(_mm256_add_epi32(q[2], q[3]));
+            block.d = d;
+            block.half_sums = [h0 as i16, h1 as i16];
+            block.d_sum = d * (h0 + h1) as f32;
+        }
+    }
+}
