@@ -555,8 +555,8 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
 // lane-per-position kernels with one range write out directly). prepared:
 // null, or scratch (m40_prepared_bytes(n_head · head_dim_v, n_rows) bytes)
 // where the output also goes prepared for the next decode product (its
-// block scales as prepared_scales says), for
-// rows that are not a prompt chunk, at most M40_GEMV_MAX_X of them, with
+// block scales as prepared_scales says, any but Q8_K's, whose 256 values a
+// warp does not hold), for rows that are not a prompt chunk, at most M40_GEMV_MAX_X of them, with
 // head_dim_v a multiple of 32 and head_dim_k of 8. sinks: null, or one
 // logit per query head that joins its softmax without a value (gpt-oss's
 // attention sinks). overlap: see m40_launch.
@@ -571,7 +571,8 @@ M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *r
         n_head > 65535 || n_splits > 65535 || (prompt_chunk && !multiple_of_8) ||
         (heads_per_block != 1 && heads_per_block != 4))
         return cudaErrorInvalidValue;
-    if (prepared && (prompt_chunk || !multiple_of_8 || head_dim_v % 32 != 0 || n_rows > M40_GEMV_MAX_X))
+    if (prepared && (prompt_chunk || !multiple_of_8 || head_dim_v % 32 != 0 || n_rows > M40_GEMV_MAX_X ||
+                     prepared_scales == M40_SCALES_Q8_K))
         return cudaErrorInvalidValue;
     const M40PreparedOut prepared_out = {prepared, n_head * head_dim_v, n_rows, prepared_scales};
     if (n_rows < 1) return cudaSuccess;

@@ -22,15 +22,16 @@ static inline size_t m40_prepared_bytes(int cols, int n_x) { return m40_scaled_b
 
 // Value v (index i) of activation row t into scratch, as this code's
 // products read it, rounded to 8 bits with the block scales `scales` says
-// (M40ActivationScales, q8.cuh: the products' weight format's); its warp
-// holds the 32 values of its block of 32 (lane i % 32), and every lane of
-// the warp calls it.
+// (M40ActivationScales, q8.cuh: the products' weight format's; `k`, Q8_K's
+// scale of its 256 values, for M40_SCALES_Q8_K); its warp holds the 32
+// values of its block of 32 (lane i % 32), and every lane of the warp calls
+// it.
 __device__ __forceinline__ void m40_prepare_value(float v, int i, int cols, int n_x, int8_t *scratch, int t,
-                                                  int scales) {
+                                                  int scales, M40Q8K k = {}) {
 #if M40_DP4A_CODE
-    m40_quantize_q8_value(v, i, cols, n_x, scratch, t, scales);
+    m40_quantize_q8_value(v, i, cols, n_x, scratch, t, scales, k);
 #else
-    m40_scale_value(v, i, cols, n_x, scratch, t, scales);
+    m40_scale_value(v, i, cols, n_x, scratch, t, scales, k);
 #endif
 }
 
@@ -38,14 +39,16 @@ __device__ __forceinline__ void m40_prepare_value(float v, int i, int cols, int 
 // `norm` first where given) into scratch, as this code's products read
 // them: a CUDA block takes M40_NORM_THREADS values, so that a row is spread
 // over the GPU rather than walked by one block (each block computes the
-// row's rms itself; the row is read from L2). Every thread of the block
-// calls it.
+// row's rms itself; the row is read from L2), and a Q8_K block of 256
+// values is a CUDA block's. Every thread of the block calls it.
 __device__ void m40_prepare_part(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
                                  int n_x, int8_t *scratch, int scales, int t, int part) {
     int i;
     float v;
-    if (!m40_row_value(x, norm, eps, cols, t, part, i, v)) return;  // whole warps: cols is a multiple of 32
-    m40_prepare_value(v, i, cols, n_x, scratch, t, scales);
+    const bool in_row = m40_row_value(x, norm, eps, cols, t, part, i, v);
+    const M40Q8K k = scales == M40_SCALES_Q8_K ? m40_block_q8_k(in_row ? v : 0.0f) : M40Q8K{};
+    if (!in_row) return;  // whole warps: cols is a multiple of 32
+    m40_prepare_value(v, i, cols, n_x, scratch, t, scales, k);
 }
 
 // Activation row blockIdx.y, values blockIdx.x · M40_NORM_THREADS.., into scratch.

@@ -72,17 +72,16 @@ __device__ __forceinline__ const float4 *m40_scaled_block(const float *x, int bl
 // Value v (index i) of activation row t, scaled into `scratch` (the layout
 // above; a padded tile's tail is never written, nor read), its warp holding
 // the 32 values of its block (lane i % 32). The value is first rounded to
-// its block's 8-bit grid, d · code with d kept as `scales` says (q8.cuh),
-// so that the M40's products see the activations the integer path and the
-// CPU backend see, as llama.cpp's CPU products do; the sums are of the
-// rounded values (Q8_1's f16 sum is not mirrored: a Q4_1 or Q5_1 block's
-// minimum multiplies a sum within one f16 rounding of it). Every lane of the
-// warp calls it.
-__device__ __forceinline__ void m40_scale_value(float v, int i, int cols, int n_x, int8_t *scratch, int t,
-                                                int scales) {
-    float d;
-    const int q = m40_q8_code(v, d);
-    v = float(q) * m40_kept_scale(d, scales);
+// its block's 8-bit grid, d · code with d kept as `scales` says (q8.cuh; `k`:
+// Q8_K's), so that the M40's products see the activations the integer path
+// and the CPU backend see, as llama.cpp's CPU products do; the sums are of
+// the rounded values (Q8_1's f16 sum is not mirrored: a Q4_1 or Q5_1
+// block's minimum multiplies a sum within one f16 rounding of it). Every
+// lane of the warp calls it.
+__device__ __forceinline__ void m40_scale_value(float v, int i, int cols, int n_x, int8_t *scratch, int t, int scales,
+                                                M40Q8K k) {
+    const M40Q8Value c = m40_q8_code(v, scales, k);
+    v = float(c.q) * m40_kept_scale(c.d, scales);
     float *values = reinterpret_cast<float *>(scratch) + m40_scaled_values_at(cols, t);
     values[4 * (m40_scaled_vector(i / 32) + 32 * (i / 4 % 8)) + i % 4] = v * (i % 2 ? M40_SCALED_ODD : M40_SCALED_EVEN);
     float sum = v;

@@ -53,7 +53,7 @@ use m40llm::model::{
     Model, Weight, Weights,
 };
 use m40llm::quant::q8::dot_error_bound;
-use m40llm::quant::{dequantize_row, ActivationScales, GgmlType};
+use m40llm::quant::{dequantize_row, GgmlType};
 use m40llm::sampling::{argmax, SamplerParams};
 use m40llm::session::{Session, SessionParams};
 
@@ -192,16 +192,6 @@ fn download<B: Backend>(b: &B, buf: &B::Buffer, n: usize) -> Vec<f32> {
 }
 
 /// Largest difference as a fraction of the largest reference magnitude.
-/// The activation scales the GPU's decode products of `ty` keep: the
-/// CPU's, but an f32 scale per 32 values where the CPU takes Q8_K's one per
-/// 256 (cuda/q8.cuh).
-fn gpu_scales(ty: GgmlType) -> ActivationScales {
-    match ty.activation_scales() {
-        ActivationScales::Q8K => ActivationScales::F32,
-        scales => scales,
-    }
-}
-
 fn relative_error(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len());
     let scale = want
@@ -290,7 +280,7 @@ fn product_errors(pairs: &[(bool, Pair)], w: &Weight, row_counts: &[usize]) -> (
                     .zip(xr)
                     .map(|(&a, &b)| f64::from(a) * f64::from(b))
                     .sum::<f64>();
-                (exact, dot_error_bound(gpu_scales(w.ty), wr, xr))
+                (exact, dot_error_bound(w.ty.activation_scales(), wr, xr))
             })
             .unzip();
         let want32: Vec<f32> = want.iter().map(|&v| v as f32).collect();

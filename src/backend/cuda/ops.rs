@@ -549,25 +549,28 @@ impl Backend for CudaBackend {
             .begin(&self.allocator, Arena::footprint(&[partial_len * 4]))?;
         let partial = st.arena.take::<f32>(partial_len);
         // A decode step's output also goes prepared into the decode
-        // scratch, for the attention output product that follows.
+        // scratch, for the attention output product that follows, with that
+        // product's block scales; not Q8_K's, whose 256 values the kernel's
+        // warps do not hold (the product prepares them itself).
         let width = shape.n_head * shape.head_dim_v;
+        let scales = self
+            .attention_output_scales
+            .get(layer)
+            .copied()
+            .unwrap_or(ActivationScales::F32);
         let prepared = match &st.activations_q8 {
             Some(scratch)
                 if !launch.tiled
                     && rows.len() <= GEMV_MAX_X
                     && shape.head_dim_v.is_multiple_of(32)
                     && shape.head_dim_k.is_multiple_of(8)
-                    && width <= st.widest_product =>
+                    && width <= st.widest_product
+                    && scales != ActivationScales::Q8K =>
             {
                 scratch.as_ptr().cast_mut()
             }
             _ => std::ptr::null_mut(),
         };
-        let scales = self
-            .attention_output_scales
-            .get(layer)
-            .copied()
-            .unwrap_or(ActivationScales::F32);
         st.prepared_input = (!prepared.is_null()).then_some(PreparedInput {
             x: out.as_ptr() as usize,
             cols: width,
