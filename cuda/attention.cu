@@ -572,7 +572,7 @@ M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *r
         (heads_per_block != 1 && heads_per_block != 4))
         return cudaErrorInvalidValue;
     if (prepared && (prompt_chunk || !multiple_of_8 || head_dim_v % 32 != 0 || n_rows > M40_GEMV_MAX_X ||
-                     prepared_scales == M40_SCALES_Q8_K))
+                     prepared_scales < M40_SCALES_F32 || prepared_scales >= M40_SCALES_Q8_K))
         return cudaErrorInvalidValue;
     const M40PreparedOut prepared_out = {prepared, n_head * head_dim_v, n_rows, prepared_scales};
     if (n_rows < 1) return cudaSuccess;

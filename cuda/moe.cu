@@ -229,7 +229,8 @@ M40_EXPORT cudaError_t m40_moe_route(int overlap, const float *logits, const flo
         return cudaErrorInvalidValue;
     if (shared_logit && (n_expert + 1 > M40_MOE_MAX_EXPERTS || n_used + 1 > M40_MOE_MAX_USED))
         return cudaErrorInvalidValue;
-    if (x_q8 && (!x || cols < 32 || cols % 32 != 0 || x_rows < 1 || x_rows > 65535))
+    if (x_q8 && (!x || cols < 32 || cols % 32 != 0 || x_rows < 1 || x_rows > 65535 || x_scales < M40_SCALES_F32 ||
+                 x_scales > M40_SCALES_Q8_K || (x_scales == M40_SCALES_Q8_K && cols % 256 != 0)))
         return cudaErrorInvalidValue;
     const M40MoeQuantize quantize = {x, norm, eps, cols, x_rows, x_q8, x_scales};
     const unsigned quantize_blocks = x_q8 ? unsigned(x_rows) * m40_blocks(size_t(cols), M40_NORM_THREADS) : 0;

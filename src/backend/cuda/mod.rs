@@ -76,9 +76,9 @@ pub struct CudaBackend {
     weights: DeviceWeights,
     /// Which kernel takes each product.
     routes: Routes,
-    /// The block scales of each layer's attention output product
-    /// (`weights::attention_output_scales`).
-    attention_output_scales: Vec<ActivationScales>,
+    /// The block scales of each layer's attention output product, where it
+    /// takes a prepared route (`weights::attention_output_scales`).
+    attention_output_scales: Vec<Option<ActivationScales>>,
     /// Weight rows per warp of the one-session decode kernel (2 or 4, or 0:
     /// the format's own choice).
     gemv_rows_per_warp: c_int,
@@ -269,6 +269,9 @@ impl CudaBackend {
             None
         };
         let routes = Routes::new(&file, &info, cublas.as_ref(), &options);
+        let attention_output_scales = weights::attention_output_scales(&file, holds, &|ty| {
+            routes.route(ty, 1) == ProductRoute::Decode { prepared: true }
+        });
         let widest = weights::matrices(&file)
             .map(|t| t.dims[0] as usize)
             .max()
@@ -311,7 +314,7 @@ impl CudaBackend {
         }
         runtime::synchronize(&stream)?;
         Ok(CudaBackend {
-            attention_output_scales: weights::attention_output_scales(&file),
+            attention_output_scales,
             row_pieces,
             row_slice_bytes: options.row_slice_bytes,
             info,

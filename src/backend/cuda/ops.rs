@@ -477,10 +477,15 @@ impl Backend for CudaBackend {
         let mut state = self.lock();
         let st = &mut *state;
         let cached = cached_layer(caches, rows, layer)?;
+        assert!(
+            k.len() >= rows.len() * cached.k_width && v.len() >= rows.len() * cached.v_width,
+            "keys and values for every row at the layer's widths"
+        );
         let table = device_rows(caches, rows)?;
         let device_rows = st.row_table(&self.allocator, RowTableKind::CacheRows, table)?;
-        // SAFETY: k and v hold rows.len() rows of their widths; every row's
-        // cache has room for its position (the session checked it).
+        // SAFETY: k and v hold rows.len() rows of their widths (asserted);
+        // every row's cache has room for its position (the session checked
+        // it).
         unsafe {
             check(
                 m40_store_kv(
@@ -553,13 +558,9 @@ impl Backend for CudaBackend {
         // product's block scales; not Q8_K's, whose 256 values the kernel's
         // warps do not hold (the product prepares them itself).
         let width = shape.n_head * shape.head_dim_v;
-        let scales = self
-            .attention_output_scales
-            .get(layer)
-            .copied()
-            .unwrap_or(ActivationScales::F32);
-        let prepared = match &st.activations_q8 {
-            Some(scratch)
+        let scales = self.attention_output_scales.get(layer).copied().flatten();
+        let prepared = match (&st.activations_q8, scales) {
+            (Some(scratch), Some(scales))
                 if !launch.tiled
                     && rows.len() <= GEMV_MAX_X
                     && shape.head_dim_v.is_multiple_of(32)
@@ -571,6 +572,7 @@ impl Backend for CudaBackend {
             }
             _ => std::ptr::null_mut(),
         };
+        let scales = scales.unwrap_or(ActivationScales::F32);
         st.prepared_input = (!prepared.is_null()).then_some(PreparedInput {
             x: out.as_ptr() as usize,
             cols: width,

@@ -289,24 +289,34 @@ pub(super) fn matrices(file: &GgufFile) -> impl Iterator<Item = &TensorInfo> {
     file.tensors().iter().filter(|t| !is_vector(t))
 }
 
-/// The block scales each layer's attention output product prepares its
-/// activations with (its weight format's, `GgmlType::activation_scales`),
-/// by layer: decode attention writes its output prepared with them. F32
-/// for a layer without one.
-pub(super) fn attention_output_scales(file: &GgufFile) -> Vec<ActivationScales> {
+/// The block scales each attention layer's output product prepares its
+/// activations with (its weight format's, `GgmlType::activation_scales`)
+/// where `prepares` says that product's format takes a prepared route, by
+/// layer of the layers `holds` names (the first held `blk.N` is layer 0,
+/// as a stage's operations count them): decode attention writes its output
+/// prepared with them. None for a layer without one.
+pub(super) fn attention_output_scales(
+    file: &GgufFile,
+    holds: &dyn Fn(&str) -> bool,
+    prepares: &dyn Fn(GgmlType) -> bool,
+) -> Vec<Option<ActivationScales>> {
+    let layer_of = |name: &str| {
+        let rest = name.strip_prefix("blk.")?;
+        rest[..rest.find('.')?].parse::<usize>().ok()
+    };
+    let held = || file.tensors().iter().filter(|t| holds(&t.name));
+    let Some(first) = held().filter_map(|t| layer_of(&t.name)).min() else {
+        return Vec::new();
+    };
     let mut scales = Vec::new();
-    for t in file.tensors() {
-        let layer = t
-            .name
-            .strip_prefix("blk.")
-            .and_then(|rest| rest.strip_suffix(".attn_output.weight"))
-            .and_then(|layer| layer.parse::<usize>().ok());
-        if let Some(layer) = layer.filter(|&l| l < 1 << 16) {
-            if scales.len() <= layer {
-                scales.resize(layer + 1, ActivationScales::F32);
-            }
-            scales[layer] = t.ggml_type.activation_scales();
+    for t in held().filter(|t| t.name.ends_with(".attn_output.weight")) {
+        let Some(layer) = layer_of(&t.name).map(|l| l - first) else {
+            continue;
+        };
+        if scales.len() <= layer {
+            scales.resize(layer + 1, None);
         }
+        scales[layer] = prepares(t.ggml_type).then(|| t.ggml_type.activation_scales());
     }
     scales
 }
