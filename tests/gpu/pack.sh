@@ -5,6 +5,9 @@
 #   cuda_backend_ptx   the same tests built with compute_52 PTX only: the M40's code,
 #                      run on a newer GPU through the driver's JIT
 #   gemma_reference    the Gemma 3 270M reference test (run with M40_TEST_DEVICE=0)
+#   arch2_reference_fat, arch2_reference_ptx  the 2026 architectures against llama.cpp's
+#                      logits (tests/arch2_reference.rs) in both builds, with the vocabularies
+#                      their tiny models are made with (gpt-oss's in cache/, as $M40_CACHE)
 #   split_fat, split_ptx  tests/split.rs in both builds (run with M40_TEST_SPLIT=0,-1 ...),
 #                      with the llama.cpp vocabularies its models are made with
 #   op_profile         per-operation times of a prompt and decode steps (benches/op_profile.rs)
@@ -22,18 +25,24 @@ cd "$(dirname "$0")/../.."
 executable() { # the binary cargo reports for the source file $1
   grep -o "$1 (\([^)]*\))" | sed 's/.*(\(.*\))/\1/'
 }
-fat=$(cargo test --release --features cuda --no-run --test cuda_backend --test gemma_reference --test split 2>&1)
+fat=$(cargo test --release --features cuda --no-run --test cuda_backend --test gemma_reference --test split \
+  --test arch2_reference 2>&1)
 profiler=$(cargo bench --features cuda --no-run --bench op_profile 2>&1)
-ptx=$(M40_CUDA_ARCHS=ptx CARGO_TARGET_DIR=target/ptx cargo test --release --features cuda --no-run --test cuda_backend --test split 2>&1)
+ptx=$(M40_CUDA_ARCHS=ptx CARGO_TARGET_DIR=target/ptx cargo test --release --features cuda --no-run --test cuda_backend \
+  --test split --test arch2_reference 2>&1)
 cargo build --release --features cuda
 M40_CUDA_ARCHS=ptx CARGO_TARGET_DIR=target/ptx cargo build --release --features cuda
-rm -rf .device && mkdir -p .device/tools .device/tests/data/reference .device/tests/data/vocab .device/ptx
+rm -rf .device && mkdir -p .device/tools .device/tests/data/reference .device/tests/data/vocab .device/ptx \
+  .device/cache/bpe-openai-0.1.4
 cp "$(echo "$fat" | executable tests/cuda_backend.rs)" .device/cuda_backend_fat
 cp "$(echo "$ptx" | executable tests/cuda_backend.rs)" .device/cuda_backend_ptx
 cp "$(echo "$fat" | executable tests/gemma_reference.rs)" .device/gemma_reference
 cp "$(echo "$fat" | executable tests/split.rs)" .device/split_fat
 cp "$(echo "$ptx" | executable tests/split.rs)" .device/split_ptx
-for vocab in qwen2 llama-bpe; do
+cp "$(echo "$fat" | executable tests/arch2_reference.rs)" .device/arch2_reference_fat
+cp "$(echo "$ptx" | executable tests/arch2_reference.rs)" .device/arch2_reference_ptx
+cp "$(.venv/bin/python3 tests/make-gptoss-vocab.py)" .device/cache/bpe-openai-0.1.4/
+for vocab in qwen2 llama-bpe qwen35 gemma-4; do
   cp "$(python3 tests/fetch-vocab.py $vocab)/ggml-vocab-$vocab.gguf" .device/tests/data/vocab/
 done
 cp "$(echo "$profiler" | executable benches/op_profile.rs)" .device/op_profile
@@ -49,7 +58,8 @@ ${NVCC:-nvcc} -std=c++17 -O3 -ccbin="${NVCC_CCBIN:-g++-11}" -Wno-deprecated-gpu-
 cp tools/synth_gguf.py .device/tools/
 cp tests/data/reference/*.jsonl tests/data/reference/*.sha256 .device/tests/data/reference/
 cp tests/gpu/run.sh .device/
-strip .device/cuda_backend_fat .device/cuda_backend_ptx .device/split_fat .device/split_ptx .device/gemma_reference .device/op_profile .device/{,ptx/}gemv_bench .device/{,ptx/}libm40llm.so .device/{,ptx/}m40-bench
+strip .device/cuda_backend_fat .device/cuda_backend_ptx .device/split_fat .device/split_ptx .device/gemma_reference \
+  .device/arch2_reference_fat .device/arch2_reference_ptx .device/op_profile .device/{,ptx/}gemv_bench .device/{,ptx/}libm40llm.so .device/{,ptx/}m40-bench
 du -sh .device
 mkdir -p .devpack && tar -C .device -cf - . | xz -T0 -4 > .devpack/device.tar.xz
 du -sh .devpack/device.tar.xz

@@ -6,6 +6,8 @@
 #                  with $BENCH_ARGS (default -p 512 -n 128 -r 3 -b 1,8) and the
 #                  library in $BENCH_LIB (default: the fat build; ptx for compute_52 PTX)
 #   run.sh gemma   the Gemma 3 270M reference on CUDA device 0 ($M40_GEMMA_GGUF)
+#   run.sh arch2   the 2026 architectures against llama.cpp's logits on CUDA device 0,
+#                  fat build and compute_52 PTX only, side by side
 #   run.sh split   tests/split.rs on GPU + CPU, CPU + GPU, GPU 0 twice, and every GPU
 #                  where there are several (fat build; GPU + CPU and the GPUs also PTX);
 #                  the Gemma test only where $M40_GEMMA_GGUF names the model
@@ -40,6 +42,20 @@ tests)
     "$here/cuda_backend_$build" --include-ignored --nocapture --test-threads=4 > "$out/cuda_backend_$build.log" 2>&1 || status=1
     echo "== cuda_backend ($build build)"
     grep -E "^test |test result|largest|error|relative|describe|panicked|decode steps|identical" "$out/cuda_backend_$build.log" | cut -c1-600
+  done
+  ;;
+arch2)
+  export M40_CACHE=$here/cache
+  mkdir -p "$M40_TEST_TMPDIR"/arch2-{fat,ptx}
+  for build in fat ptx; do
+    M40_TEST_DEVICE=0 M40_TEST_TMPDIR=$M40_TEST_TMPDIR/arch2-$build "$here/arch2_reference_$build" --nocapture \
+      --test-threads=2 > "$out/arch2_$build.log" 2>&1 &
+  done
+  wait
+  for build in fat ptx; do
+    echo "== arch2_reference ($build build)"
+    grep -E "^test |test result|steps: relative|panicked" "$out/arch2_$build.log" | cut -c1-400
+    grep -q "test result: ok" "$out/arch2_$build.log" || status=1
   done
   ;;
 bench)
