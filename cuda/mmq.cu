@@ -182,6 +182,57 @@ template <> struct Mmq<M40_Q6_K> {
     }
 };
 
+// The table-lookup formats (quant.cuh): a code's table value offset by 128
+// into an unsigned byte, so that d · (code − 128) is d times the value, as
+// their FP32 decode has it (the product rounded to f16 here). IQ4_NL's and
+// MXFP4's blocks are 32 values, group 2b the low nibbles of block b's 16
+// quant bytes and 2b + 1 the high ones; IQ4_XS's sub-block j of 32 is
+// groups 2j and 2j + 1 likewise. An MXFP4 scale outside f16's range (2^−24
+// to 2^15; ggml's exponents 104 to 143) is rounded into it, where the FP32
+// path keeps it.
+__device__ __forceinline__ uint32_t m40_mmq_lookup(uint32_t quant_bytes, int high, uint4 table) {
+    return m40_lookup4((quant_bytes >> (4 * high)) & 0x0F0F0F0Fu, table) ^ 0x80808080u;
+}
+
+template <> struct Mmq<M40_IQ4_NL> {
+    static constexpr int VALUES = 32, BYTES = 18, ZERO = 128, SCALE_GROUPS = 2;
+    static constexpr bool MIN = false;
+    __device__ static uint32_t codes(const uint8_t *s, int t, int q) {
+        return m40_mmq_lookup(m40_u32_2(s + q / 2 * BYTES + 2 + 4 * t), q % 2, m40_iq4_values());
+    }
+    __device__ static void scale(const uint8_t *s, int q, float &d, float &m) {
+        d = m40_f16(s + q / 2 * BYTES);
+        m = 0.0f;
+    }
+};
+
+// MXFP4's 17-byte blocks leave its quant bytes at any alignment.
+template <> struct Mmq<M40_MXFP4> {
+    static constexpr int VALUES = 32, BYTES = 17, ZERO = 128, SCALE_GROUPS = 2;
+    static constexpr bool MIN = false;
+    __device__ static uint32_t codes(const uint8_t *s, int t, int q) {
+        const uint8_t *b = s + q / 2 * BYTES + 1 + 4 * t;
+        const uint32_t bytes = uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
+        return m40_mmq_lookup(bytes, q % 2, m40_mxfp4_values());
+    }
+    __device__ static void scale(const uint8_t *s, int q, float &d, float &m) {
+        d = m40_e8m0_half(s[q / 2 * BYTES]);
+        m = 0.0f;
+    }
+};
+
+template <> struct Mmq<M40_IQ4_XS> {
+    static constexpr int VALUES = 256, BYTES = 136, ZERO = 128, SCALE_GROUPS = 2;
+    static constexpr bool MIN = false;
+    __device__ static uint32_t codes(const uint8_t *s, int t, int q) {
+        return m40_mmq_lookup(m40_u32_4(s + 8 + 16 * (q / 2) + 4 * t), q % 2, m40_iq4_values());
+    }
+    __device__ static void scale(const uint8_t *s, int q, float &d, float &m) {
+        d = m40_iq4_xs_scale(s, q / 2);
+        m = 0.0f;
+    }
+};
+
 template <class M> __host__ __device__ constexpr int m40_mmq_step_bytes() { return M40_MMQ_STEP / M::VALUES * M::BYTES; }
 
 // 16-byte vectors of a weight row's step in shared memory: its bytes plus
@@ -465,7 +516,8 @@ __global__ void mmq_combine_kernel(M40Mmq p) {
 // The formats with a tensor-core path.
 constexpr bool m40_mmq_format(int type) {
     return type == M40_Q4_0 || type == M40_Q4_1 || type == M40_Q5_0 || type == M40_Q5_1 || type == M40_Q8_0 ||
-           type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K;
+           type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K || type == M40_IQ4_NL || type == M40_MXFP4 ||
+           type == M40_IQ4_XS;
 }
 
 // Calls f(Mmq<TYPE>{}) for a format with a tensor-core path.
@@ -585,7 +637,7 @@ M40_EXPORT cudaError_t m40_mmq(int type, const M40Mmq *params, cudaStream_t stre
     if (p.rows < 1 || p.n_x < 1 || p.splits < 1 || p.cols % 32 != 0 || (p.splits > 1 && !p.partials) ||
         !m40_mmq_format(type))
         return cudaErrorInvalidValue;
-    if ((type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K) && p.cols % 256 != 0)
+    if ((type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K || type == M40_IQ4_XS) && p.cols % 256 != 0)
         return cudaErrorInvalidValue;
     if (p.experts.work && (p.splits != 1 || p.experts.n_work < 1 || p.experts.n_work > 65535 ||
                            p.experts.expert_bytes < 0 || p.experts.bias_stride < 0 || p.n_x > 32))

@@ -242,15 +242,17 @@ template <> struct Format<M40_IQ4_NL> {
     }
 };
 
-// MXFP4: an E8M0 exponent e, then 16 bytes of codes as IQ4_NL's; the scale
-// is 2^(e − 127) / 2 (ggml_e8m0_to_fp32_half: exponents 0 and 1 give
-// subnormals).
+// MXFP4's scale for its E8M0 exponent e: 2^(e − 127) / 2
+// (ggml_e8m0_to_fp32_half: exponents 0 and 1 give subnormals).
+__device__ __forceinline__ float m40_e8m0_half(uint32_t e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
+// MXFP4: an E8M0 exponent, then 16 bytes of codes as IQ4_NL's.
 template <> struct Format<M40_MXFP4> {
     static constexpr int VALUES = 32, BYTES = 17;
     __device__ static void decode16(const uint8_t *b, int part, float *v) {
-        const uint32_t e = b[0];
-        const float d = __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
-        m40_lookup16(b + 1, part, m40_mxfp4_values(), d, v);
+        m40_lookup16(b + 1, part, m40_mxfp4_values(), m40_e8m0_half(b[0]), v);
     }
 };
 
@@ -258,13 +260,17 @@ template <> struct Format<M40_MXFP4> {
 // low scale bits (4 bytes, 4 bits each), then 8 sub-blocks of 32 values
 // coded as IQ4_NL's under d · (scale − 32). Part p is sub-block p / 2's
 // low (p even) or high nibbles.
+// Sub-block `sub`'s scale of an IQ4_XS block: d · (scale − 32).
+__device__ __forceinline__ float m40_iq4_xs_scale(const uint8_t *b, int sub) {
+    const uint32_t high = *reinterpret_cast<const uint16_t *>(b + 2);
+    const int scale = ((b[4 + sub / 2] >> (4 * (sub % 2))) & 0xF) | (((high >> (2 * sub)) & 3) << 4);
+    return m40_f16(b) * float(scale - 32);
+}
+
 template <> struct Format<M40_IQ4_XS> {
     static constexpr int VALUES = 256, BYTES = 136;
     __device__ static void decode16(const uint8_t *b, int part, float *v) {
-        const int sub = part / 2;
-        const uint32_t high = *reinterpret_cast<const uint16_t *>(b + 2);
-        const int scale = ((b[4 + sub / 2] >> (4 * (sub % 2))) & 0xF) | (((high >> (2 * sub)) & 3) << 4);
-        m40_lookup16(b + 8 + 16 * sub, part % 2, m40_iq4_values(), m40_f16(b) * float(scale - 32), v);
+        m40_lookup16(b + 8 + 16 * (part / 2), part % 2, m40_iq4_values(), m40_iq4_xs_scale(b, part / 2), v);
     }
 };
 
