@@ -400,6 +400,25 @@ struct Rendered {
     prompt: &'static str,
 }
 
+/// Asserts that `model`'s template renders each case's prompt, and with the
+/// assistant's turn opened, that prompt followed by `opening`.
+fn assert_renders(model: *const m40_model, cases: &[Rendered], opening: &str) {
+    for case in cases {
+        assert_eq!(
+            apply(model, case.conversation, false).unwrap(),
+            case.prompt,
+            "{:?}",
+            case.conversation
+        );
+        assert_eq!(
+            apply(model, case.conversation, true).unwrap(),
+            format!("{}{opening}", case.prompt),
+            "{:?}",
+            case.conversation
+        );
+    }
+}
+
 const QWEN3_RENDERED: [Rendered; 5] = [
     // Reasoning in earlier turns is dropped: the same text as llama.cpp's
     // ChatML output for its test conversation without it.
@@ -469,20 +488,9 @@ fn qwen3_handles_reasoning_as_its_template_does() {
         Some(&template_file("Qwen-Qwen3-0.6B.jinja")),
     );
     assert_eq!(name_in(&describe(qwen3)), "qwen3");
-    for case in &QWEN3_RENDERED {
-        assert_eq!(
-            apply(qwen3, case.conversation, false).unwrap(),
-            case.prompt,
-            "{:?}",
-            case.conversation
-        );
-        // The assistant's turn opens as llama.cpp and the template (thinking
-        // left to the model) open it.
-        assert_eq!(
-            apply(qwen3, case.conversation, true).unwrap(),
-            format!("{}<|im_start|>assistant\n", case.prompt)
-        );
-    }
+    // The assistant's turn opens as llama.cpp and the template (thinking
+    // left to the model) open it.
+    assert_renders(qwen3, &QWEN3_RENDERED, "<|im_start|>assistant\n");
     // Without reasoning, llama.cpp's ChatML output for its conversation.
     let chatml = ChatTemplate::ChatMl.apply(&messages(&CONVERSATION), true);
     assert_eq!(apply(qwen3, &CONVERSATION, true).unwrap(), chatml);
@@ -521,13 +529,7 @@ const HARMONY_LLAMA_CPP: [Rendered; 3] = [
 fn gpt_oss_template_writes_harmony_as_llama_cpp_writes_it() {
     let model = tiny_with_template("gpt-oss", Some(&template_file("openai-gpt-oss-120b.jinja")));
     assert_eq!(name_in(&describe(model)), "gpt-oss");
-    for case in &HARMONY_LLAMA_CPP {
-        assert_eq!(apply(model, case.conversation, false).unwrap(), case.prompt);
-        assert_eq!(
-            apply(model, case.conversation, true).unwrap(),
-            format!("{}<|start|>assistant", case.prompt)
-        );
-    }
+    assert_renders(model, &HARMONY_LLAMA_CPP, "<|start|>assistant");
     m40_free(model.cast());
 }
 
@@ -588,20 +590,13 @@ fn gemma4_template_writes_what_jinja_renders() {
         Some(&template_file("google-gemma-4-31B-it.jinja")),
     );
     assert_eq!(name_in(&describe(model)), "gemma4");
-    for case in &GEMMA4_RENDERED {
-        assert_eq!(
-            apply(model, case.conversation, false).unwrap(),
-            case.prompt,
-            "{:?}",
-            case.conversation
-        );
-        // The assistant's turn opens with thinking off, as the template
-        // renders its generation prompt without enable_thinking.
-        assert_eq!(
-            apply(model, case.conversation, true).unwrap(),
-            format!("{}<|turn>model\n<|channel>thought\n<channel|>", case.prompt)
-        );
-    }
+    // The assistant's turn opens with thinking off, as the template renders
+    // its generation prompt without enable_thinking.
+    assert_renders(
+        model,
+        &GEMMA4_RENDERED,
+        "<|turn>model\n<|channel>thought\n<channel|>",
+    );
     m40_free(model.cast());
 }
 
