@@ -38,20 +38,27 @@ pub unsafe fn quantize_row_q8(x: &[f32], out: &mut [Q8Block]) {
         let d = amax / 127.0;
         let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
         let q: [__m256i; 4] = std::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)));
-        // The packs interleave 128-bit lanes; the permutation puts the
-        // 4-byte groups back in order.
-        let bytes = _mm256_packs_epi16(
-            _mm256_packs_epi32(q[0], q[1]),
-            _mm256_packs_epi32(q[2], q[3]),
-        );
-        let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256(block.qs.as_mut_ptr().cast(), bytes);
-        let h0 = hsum_i32(_mm256_add_epi32(q[0], q[1]));
-        let h1 = hsum_i32(_mm256_add_epi32(q[2], q[3]));
-        block.d = d;
-        block.half_sums = [h0 as i16, h1 as i16];
-        block.d_sum = d * (h0 + h1) as f32;
+        store_block(q, d, block);
     }
+}
+
+/// A block's 32 codes (`q`, eight a vector, each within i8) and its scale d
+/// into `block`, with its sums.
+#[inline(always)]
+unsafe fn store_block(q: [__m256i; 4], d: f32, block: &mut Q8Block) {
+    // The packs interleave 128-bit lanes; the permutation puts the 4-byte
+    // groups back in order.
+    let bytes = _mm256_packs_epi16(
+        _mm256_packs_epi32(q[0], q[1]),
+        _mm256_packs_epi32(q[2], q[3]),
+    );
+    let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(block.qs.as_mut_ptr().cast(), bytes);
+    let h0 = hsum_i32(_mm256_add_epi32(q[0], q[1]));
+    let h1 = hsum_i32(_mm256_add_epi32(q[2], q[3]));
+    block.d = d;
+    block.half_sums = [h0 as i16, h1 as i16];
+    block.d_sum = d * (h0 + h1) as f32;
 }
 
 /// Q8_K's blocks ([`crate::quant::quantize_row_q8_k`]), bit-exact with it
@@ -92,18 +99,7 @@ pub unsafe fn quantize_row_q8_k(x: &[f32], out: &mut [Q8Block]) {
             let q: [__m256i; 4] = std::array::from_fn(|i| {
                 _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(load(bx, i), scale)), most)
             });
-            let bytes = _mm256_packs_epi16(
-                _mm256_packs_epi32(q[0], q[1]),
-                _mm256_packs_epi32(q[2], q[3]),
-            );
-            let bytes =
-                _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256(block.qs.as_mut_ptr().cast(), bytes);
-            let h0 = hsum_i32(_mm256_add_epi32(q[0], q[1]));
-            let h1 = hsum_i32(_mm256_add_epi32(q[2], q[3]));
-            block.d = d;
-            block.half_sums = [h0 as i16, h1 as i16];
-            block.d_sum = d * (h0 + h1) as f32;
+            store_block(q, d, block);
         }
     }
 }
