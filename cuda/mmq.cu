@@ -664,16 +664,16 @@ M40_EXPORT cudaError_t m40_mmq(int type, const M40Mmq *params, cudaStream_t stre
 }
 
 // x (n_rows × cols f32), or norm(x) where `norm` (cols weights, and eps) is
-// given, as f16 rows in m40_mmq_order scaled into f16's range, with their
-// row scales (rows_to_f16_kernel, matmul.cu): the input of m40_mmq launches
-// (one conversion serves every matrix of an input). With the norm the
-// conversion saves the norm's own launch and pass over the rows.
+// given, on the 8-bit grid `grid_scales` says (M40ActivationScales: the
+// products' format's), as f16 rows in m40_mmq_order scaled into f16's
+// range, with their row scales (rows_to_operand_kernel, matmul.cu): the
+// input of m40_mmq launches (one conversion serves every matrix of an input
+// whose format keeps the same grid). With the norm the conversion saves the
+// norm's own launch and pass over the rows.
 M40_EXPORT cudaError_t m40_mmq_activations(int overlap, const float *x, const float *norm, float eps, int n_rows,
-                                           int cols, uint16_t *x_f16, float *x_scales, cudaStream_t stream) {
-    if (n_rows < 1 || cols < 1 || cols % 16 != 0) return cudaErrorInvalidValue;
-    const int chunk = m40_row_chunk(n_rows, cols);
-    const dim3 grid(n_rows, m40_blocks(size_t(cols), chunk));
-    m40_launch(overlap, rows_to_f16_kernel<M40MmqOrder>, grid, M40_ROW_THREADS, stream, x, norm, eps, cols, chunk,
-               reinterpret_cast<__half *>(x_f16), x_scales, M40MmqOrder{});
-    return m40_launch_status();
+                                           int cols, int grid_scales, uint16_t *x_f16, float *x_scales,
+                                           cudaStream_t stream) {
+    if (cols % 16 != 0) return cudaErrorInvalidValue;
+    return m40_rows_to_operand<__half, M40MmqOrder>(overlap, x, norm, eps, n_rows, cols, grid_scales,
+                                                    reinterpret_cast<__half *>(x_f16), x_scales, stream);
 }

@@ -109,13 +109,15 @@ fn qwen35_f16_matches_llama_cpp() {
     matches_llama_cpp("qwen35-f16");
 }
 
-/// Passes on the CPU (median 0.42%, p95 1.02%) since its Q8_0 activations
-/// keep llama.cpp's f16 scales (`quant::ActivationScales`; with f32 scales
-/// the p95 was 2.20%). On a CUDA device it fails the 95th-percentile bound
-/// (2.40% in the fat build, 3.16% in the PTX one): the GPU's integer path
-/// keeps f32 scales and its scaled path (the M40's) rounds no activation to
-/// 8 bits, and this model's four layers, three of them recurrent, carry
-/// each rounding difference further than Qwen3's two attention layers do.
+/// Its Q8_0 activations keep llama.cpp's f16 scales
+/// (`quant::ActivationScales`; with f32 scales the CPU's p95 was 2.20%),
+/// on the GPU too, prompts included. Where a GPU's prompt products take
+/// f16 operands (cuBLAS and the tensor cores, sm_70+), f16's rounding of
+/// those grid values (2^−11) still carries this model past the bounds: on
+/// the H200 the fat build's median is 1.50% (1.44% before prompts were put
+/// on the grid). The compute_52 PTX build without cuBLAS, every product on
+/// the grid as on the M40, passes; tests/gpu/run.sh skips this model in the
+/// fat build.
 #[test]
 fn qwen35_q8_0_matches_llama_cpp() {
     matches_llama_cpp("qwen35-q8_0");
@@ -170,7 +172,9 @@ fn gemma4_f16_matches_llama_cpp() {
 // llama.cpp's f16 scales (`quant::ActivationScales`: median 0.78%, p95
 // 1.41%; with f32 scales 0.71% / 2.30%). Q4_K fails the bounds: 1.53% /
 // 2.71% with llama.cpp's Q8_K activations (one f32 scale per 256 values),
-// 1.08% / 4.33% with a scale per 32.
+// 1.08% / 4.33% with a scale per 32. On a GPU whose prompt products take
+// f16 operands Q8_0 is over the p95 bound too (the H200's fat build: 2.86%,
+// as for qwen35-q8_0 above; tests/gpu/run.sh skips it there).
 #[test]
 fn gemma4_q8_0_matches_llama_cpp() {
     matches_llama_cpp("gemma4-q8_0");
@@ -184,7 +188,10 @@ fn gemma4_q4_k_matches_llama_cpp() {
 
 // llama.cpp's IQ4_XS products quantize activations as Q8_K, one scale per
 // 256 values, and so do ours on the CPU (median 0.26%, p95 0.54%); with a
-// scale per 32 values this model was over the bounds (1.43%, 2.58%).
+// scale per 32 values this model was over the bounds (1.43%, 2.58%). The
+// GPU's decode products of the table-lookup formats multiply unrounded
+// activations (FP32 path), and this model is over the bounds there
+// (median 1.29% on the H200); tests/gpu/run.sh skips it on the GPU.
 #[test]
 fn qwen35moe_iq4_xs_matches_llama_cpp() {
     matches_llama_cpp("qwen35moe-iq4_xs");

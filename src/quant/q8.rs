@@ -147,37 +147,51 @@ fn with_sums(d: f32, qs: [i8; 32]) -> Q8Block {
     }
 }
 
-/// How far a dot with `quantized` activations can land from the dot with the
-/// exact `x`, for weights `w` (dequantized), activations quantized as
-/// `scales` says: each activation moved by at most half its block's step
-/// (blocks of 32, or Q8_K's of 256), plus, where the block's scale is kept
-/// in f16, that scale's rounding, 2^−11 of each |x| (and of half a step),
-/// plus f32 rounding of the sums.
+/// How far a dot with activations quantized as `scales` says can land from
+/// the dot with the exact `x`, for weights `w` (dequantized): the
+/// activations are quantized here as the CPU quantizes them, and each
+/// block's rounding is bounded by Σ |w| · |x − d · q| over its values, with
+/// `d` stored as `scales` stores it, so that an f16 scale's rounding counts
+/// as much as it moves (a block whose largest magnitude is under
+/// 127 · 2^−25 gets d = 0 in f16, as in llama.cpp, and loses its whole
+/// dot). Q8_1's sum term, rounded to f16
+/// on its own, adds the largest |w| of its block (a weight block's offset
+/// is one of its values) times that rounding. 0.1% of the bound, and 10^−5
+/// of Σ |w · x|, allow for the f32 sums.
 pub fn dot_error_bound(scales: ActivationScales, w: &[f32], x: &[f32]) -> f64 {
-    let block = if scales == ActivationScales::Q8K {
-        Q8K_BLOCK
+    let mut blocks = vec![Q8Block::default(); x.len() / Q8_BLOCK];
+    if scales == ActivationScales::Q8K {
+        quantize_row_q8_k(x, &mut blocks);
     } else {
-        Q8_BLOCK
-    };
+        quantize_row_q8(x, &mut blocks);
+    }
+    round_scales(&mut blocks, scales);
     let rounding: f64 = w
-        .chunks(block)
-        .zip(x.chunks(block))
-        .map(|(wb, xb)| {
-            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64;
-            let step = amax / 127.0;
-            wb.iter().map(|v| v.abs() as f64).sum::<f64>() * step / 2.0
+        .chunks(Q8_BLOCK)
+        .zip(x.chunks(Q8_BLOCK))
+        .zip(&blocks)
+        .map(|((wb, xb), b)| {
+            let values: f64 = wb
+                .iter()
+                .zip(xb)
+                .zip(&b.qs)
+                .map(|((&wv, &xv), &q)| {
+                    let moved = f64::from(xv) - f64::from(b.d) * f64::from(q);
+                    f64::from(wv).abs() * moved.abs()
+                })
+                .sum();
+            let sum_term = if scales == ActivationScales::Q8_1 {
+                let largest = wb.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+                let kept = f64::from(b.d) * f64::from(b.sum());
+                largest * (f64::from(b.d_sum) - kept).abs()
+            } else {
+                0.0
+            };
+            values + sum_term
         })
         .sum();
     let magnitude: f64 = w.iter().zip(x).map(|(a, b)| (a * b).abs() as f64).sum();
-    // 2^−10 rather than 2^−11 of the magnitude: Q8_1's sum term is rounded
-    // to f16 too, within about as much of a block's |w|·|x|.
-    let f16_scales = matches!(scales, ActivationScales::Q8_0 | ActivationScales::Q8_1);
-    let (step_share, magnitude_share) = if f16_scales {
-        (1.0 / 2048.0, 1.0 / 1024.0)
-    } else {
-        (0.0, 0.0)
-    };
-    rounding * (1.001 + step_share) + magnitude * (1e-5 + magnitude_share) + 1e-30
+    rounding * 1.001 + magnitude * 1e-5 + 1e-30
 }
 
 #[cfg(test)]

@@ -134,7 +134,7 @@ int main(int argc, char **argv) {
         if (tensor_cores) {
             // One conversion for the product's matrices, as the library makes it.
             float *x_scales = reinterpret_cast<float *>(x_f16 + max_x * widest);
-            if (!quantized) check(m40_mmq_activations(overlap, x, nullptr, 0.0f, n_x, pr.cols, x_f16, x_scales, stream), pr.name);
+            if (!quantized) check(m40_mmq_activations(overlap, x, nullptr, 0.0f, n_x, pr.cols, m40_activation_scales(type), x_f16, x_scales, stream), pr.name);
             for (int m = 0; m < pr.n_matrices; m++) {
                 M40Mmq p = {};
                 p.w = weights[s][layer] + m * matrix_bytes;

@@ -334,7 +334,7 @@ impl CudaBackend {
             // SAFETY: every pointer was sized above for n_slots rows.
             unsafe {
                 self.gather_sorted(st, h, d, &routing, n_slots, sorted)?;
-                self.to_f16(st, sorted, None, n_slots, d, x_f16, x_scales)?;
+                self.to_f16(st, sorted, &gate, n_slots, x_f16, x_scales)?;
                 self.experts_on_tensor_cores(
                     st,
                     &gate,
@@ -346,6 +346,9 @@ impl CudaBackend {
                     &routing,
                     act,
                 )?;
+                if up.ty.activation_scales() != gate.ty.activation_scales() {
+                    self.to_f16(st, sorted, &up, n_slots, x_f16, x_scales)?;
+                }
                 self.experts_on_tensor_cores(
                     st,
                     &up,
@@ -361,7 +364,7 @@ impl CudaBackend {
                     m40_glu(activation, act, up_out, n_slots * ff, act, stream),
                     || "expert activations".to_string(),
                 )?;
-                self.to_f16(st, act, None, n_slots, ff, x_f16, x_scales)?;
+                self.to_f16(st, act, &down, n_slots, x_f16, x_scales)?;
                 self.experts_on_tensor_cores(
                     st,
                     &down,
@@ -543,19 +546,17 @@ impl CudaBackend {
         )
     }
 
-    /// Rows of x (normalized first where `norm` is given) to f16 for the
-    /// tensor cores.
+    /// n_rows rows of x, as wide as `w`, to f16 for `w`'s products on the
+    /// tensor cores, on its format's 8-bit grid.
     ///
     /// # Safety
-    /// x holds n_rows × cols values, x_f16 and x_scales room for them.
-    #[allow(clippy::too_many_arguments)]
+    /// x holds n_rows × w.cols values, x_f16 and x_scales room for them.
     unsafe fn to_f16(
         &self,
         st: &State,
         x: *const f32,
-        norm: Option<(*const f32, f32)>,
+        w: &Weight,
         n_rows: usize,
-        cols: usize,
         x_f16: *mut u16,
         x_scales: *mut f32,
     ) -> Result<()> {
@@ -565,10 +566,11 @@ impl CudaBackend {
                 m40_mmq_activations(
                     c_int::from(self.overlap_launches),
                     x,
-                    norm.map_or(std::ptr::null(), |n| n.0),
-                    norm.map_or(0.0, |n| n.1),
+                    std::ptr::null(),
+                    0.0,
                     dim(n_rows, "a row count")?,
-                    dim(cols, "a row width")?,
+                    dim(w.cols, "a row width")?,
+                    w.ty.activation_scales() as c_int,
                     x_f16,
                     x_scales,
                     st.stream.raw(),

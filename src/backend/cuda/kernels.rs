@@ -377,7 +377,9 @@ extern "C" {
     pub fn m40_mmq_prepare(ty: c_int) -> c_int;
     pub fn m40_mmq(ty: c_int, launch: *const MmqLaunch, stream: Stream) -> c_int;
     /// x (n_rows × cols f32), normalized first where `norm` (cols f32
-    /// weights, with eps) is not null, as `m40_mmq` takes it converted
+    /// weights, with eps) is not null, rounded to the 8-bit grid of
+    /// `grid_scales` (`ActivationScales`: the products' format's; F32
+    /// leaves the values as they are), as `m40_mmq` takes it converted
     /// (x_f16, n_rows × cols; x_scales, n_rows).
     pub fn m40_mmq_activations(
         overlap: c_int,
@@ -386,6 +388,7 @@ extern "C" {
         eps: f32,
         n_rows: c_int,
         cols: c_int,
+        grid_scales: c_int,
         x_f16: *mut u16,
         x_scales: *mut f32,
         stream: Stream,
@@ -475,12 +478,25 @@ extern "C" {
         out: *mut u16,
         stream: Stream,
     ) -> c_int;
+    /// Rows of x on the 8-bit grid of `grid_scales` (as in
+    /// `m40_mmq_activations`) as f16, each divided by its power-of-two
+    /// scale (`scales`, one per row) to stay in f16's range.
     pub fn m40_rows_to_f16(
         x: *const f32,
         n_rows: c_int,
         cols: c_int,
+        grid_scales: c_int,
         out: *mut u16,
         scales: *mut f32,
+        stream: Stream,
+    ) -> c_int;
+    /// Rows of x on the 8-bit grid of `grid_scales`, as f32.
+    pub fn m40_rows_to_grid(
+        x: *const f32,
+        n_rows: c_int,
+        cols: c_int,
+        grid_scales: c_int,
+        out: *mut f32,
         stream: Stream,
     ) -> c_int;
     pub fn m40_scale_rows(

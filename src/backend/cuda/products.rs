@@ -144,8 +144,40 @@ impl CudaBackend {
         }
         let (ty, cols) = (w.ty.id() as c_int, dim(w.cols, "a matrix width")?);
         let band_rows = band_rows(w.rows, w.cols, 4);
-        arena.begin(&self.allocator, Arena::footprint(&[band_rows * w.cols * 4]))?;
+        let grid = w.ty.activation_scales();
+        let rounded_bytes = if grid == ActivationScales::F32 {
+            0
+        } else {
+            g.rows * w.cols * 4
+        };
+        arena.begin(
+            &self.allocator,
+            Arena::footprint(&[band_rows * w.cols * 4, rounded_bytes]),
+        )?;
         let band = arena.take::<f32>(band_rows * w.cols);
+        // The activations on the 8-bit grid the CPU's products of this
+        // format put them on (values exact in f32), so that FP32 products,
+        // the M40's prompts, are the CPU's up to the order of the sums.
+        let x = if grid == ActivationScales::F32 {
+            g.x
+        } else {
+            let rounded = arena.take::<f32>(g.rows * w.cols);
+            // SAFETY: x holds rows × cols values; rounded was sized for them.
+            check(
+                unsafe {
+                    m40_rows_to_grid(
+                        g.x,
+                        dim(g.rows, "a row count")?,
+                        cols,
+                        grid as c_int,
+                        rounded,
+                        g.stream,
+                    )
+                },
+                || "activation rows to their 8-bit grid".to_string(),
+            )?;
+            rounded.cast_const()
+        };
         for first in (0..w.rows).step_by(band_rows) {
             let n = band_rows.min(w.rows - first);
             // SAFETY: rows first..first+n of the weight into the band
@@ -165,7 +197,7 @@ impl CudaBackend {
                     || format!("dequantizing a {} band", w.ty.name()),
                 )?;
                 g.cublas
-                    .gemm_xwt(band, n, w.cols, g.x, g.rows, g.out.add(first), w.rows)?;
+                    .gemm_xwt(band, n, w.cols, x, g.rows, g.out.add(first), w.rows)?;
             }
         }
         Ok(())
@@ -173,8 +205,9 @@ impl CudaBackend {
 
     /// A cuBLAS product on f16 operands with FP32 sums (tensor cores):
     /// F16 weights as they are, quantized types dequantized to f16 a band at a
-    /// time, activation rows converted once with a power-of-two scale each
-    /// (see `m40_rows_to_f16`) that the output rows get back at the end.
+    /// time, activation rows converted once, on the format's 8-bit grid, with
+    /// a power-of-two scale each (see `m40_rows_to_f16`) that the output rows
+    /// get back at the end.
     /// The rounding is TF32's (10-bit mantissas); the range is f16's, which
     /// the row scales take care of for activations.
     ///
@@ -205,7 +238,17 @@ impl CudaBackend {
         };
         // SAFETY: x holds rows × cols values; x16 and scales were sized for them.
         check(
-            unsafe { m40_rows_to_f16(g.x, n_rows, cols, x16, scales, g.stream) },
+            unsafe {
+                m40_rows_to_f16(
+                    g.x,
+                    n_rows,
+                    cols,
+                    w.ty.activation_scales() as c_int,
+                    x16,
+                    scales,
+                    g.stream,
+                )
+            },
             || "activation rows to f16".to_string(),
         )?;
         for first in (0..w.rows).step_by(band_rows) {
@@ -258,7 +301,9 @@ impl CudaBackend {
 
     /// Products of the same `rows` activation rows x, or norm(x) where a
     /// norm is given, with several matrices on the tensor-core route: x is
-    /// normalized and converted to f16 once for all of them.
+    /// normalized, put on their format's 8-bit grid and converted to f16
+    /// once for all of them (once more for a matrix whose format keeps
+    /// another grid).
     ///
     /// # Safety
     /// x holds rows × cols values (every matrix's width) and each product's
@@ -314,25 +359,33 @@ impl CudaBackend {
             }
             None => (std::ptr::null(), 0.0),
         };
-        // SAFETY: x holds rows × cols values, a norm cols weights; x_f16 and
-        // x_scales were sized for them above.
-        check(
-            unsafe {
-                m40_mmq_activations(
-                    overlap,
-                    x,
-                    norm_weights,
-                    eps,
-                    n_x,
-                    cols,
-                    x_f16,
-                    x_scales,
-                    st.stream.raw(),
-                )
-            },
-            || "activation rows to f16 for tensor cores".to_string(),
-        )?;
+        let mut converted = None;
         for (p, &splits) in products.iter().zip(&splits) {
+            // Products of formats on the same 8-bit grid share a conversion;
+            // the stream runs the products of the last one before the next.
+            let grid = p.w.ty.activation_scales();
+            if converted != Some(grid) {
+                // SAFETY: x holds rows × cols values, a norm cols weights;
+                // x_f16 and x_scales were sized for them above.
+                check(
+                    unsafe {
+                        m40_mmq_activations(
+                            overlap,
+                            x,
+                            norm_weights,
+                            eps,
+                            n_x,
+                            cols,
+                            grid as c_int,
+                            x_f16,
+                            x_scales,
+                            st.stream.raw(),
+                        )
+                    },
+                    || "activation rows to f16 for tensor cores".to_string(),
+                )?;
+                converted = Some(grid);
+            }
             let partials = if splits > 1 {
                 st.arena.take::<f32>(splits as usize * rows * p.w.rows)
             } else {
