@@ -47,8 +47,8 @@ pub enum ActivationScales {
     Q8_1 = 2,
     /// Q8_K (the K-quants and IQ4_XS): one f32 scale for each 256 values,
     /// from their value of largest magnitude (`quantize_row_q8_k`); every
-    /// block of 32 of the 256 carries it. The CUDA kernels keep an f32
-    /// scale per 32 values instead (a warp holds a block of 32 there).
+    /// block of 32 of the 256 carries it (as in the CUDA kernels, whose
+    /// prepare and conversion blocks find it for their 256 values).
     Q8K = 3,
 }
 
