@@ -184,7 +184,10 @@ impl CudaBackend {
             .as_mut()
             .map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
         // A launch that fails may have rewritten part of the states: their
-        // sequences then count as holding no known number of tokens.
+        // sequences then count as holding no known number of tokens. A
+        // launch being recorded runs nothing, and its failure (a capture
+        // another thread's work invalidated, which the recording retries)
+        // leaves the states as they were.
         // SAFETY: qkv holds rows × channels values, alpha and beta rows ×
         // n_v_heads, out rows × value_width, conv rows × channels; the
         // weights are f32 vectors of their sizes; each row's state pointer
@@ -222,8 +225,10 @@ impl CudaBackend {
             )
         };
         if launched.is_err() {
-            for r in rows {
-                caches[r.seq].invalidate_recurrent();
+            if !recording {
+                for r in rows {
+                    caches[r.seq].invalidate_recurrent();
+                }
             }
             return launched;
         }
