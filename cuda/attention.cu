@@ -65,16 +65,15 @@ __device__ __forceinline__ M40Range m40_range(const M40Row &row, M40KvLayer laye
 }
 
 // Where decode attention also writes its output prepared for the product
-// that takes it (prepare.cuh: 8-bit codes or scaled values), sparing that
-// product its prepare launch: row r's value i at row r of n_x rows of cols
-// in scratch, with the block scales `scales` says (q8.cuh's
-// M40ActivationScales: the product's format's); none where scratch is null.
+// that takes it (prepare.cuh), sparing that product its prepare launch:
+// row r's value i at row r of n_x rows of cols in scratch, in `form` (the
+// product's format's, m40_prepared_form); none where scratch is null.
 // Heads of a multiple of 32 values, so that a warp's 32 lanes hold a block
 // of 32.
 struct M40PreparedOut {
     int8_t *scratch;
     int cols, n_x;
-    int scales;
+    int form;
 };
 
 // One warp merges WARPS warps' online-softmax states (states[w], values
@@ -103,7 +102,7 @@ __device__ void m40_merge_warps(const Partial *states, const float *accs, int st
         if (normalize) {
             o[d] = a / divisor;
             if (prepared.scratch) m40_prepare_value(a / divisor, first + d, prepared.cols, prepared.n_x, prepared.scratch, r,
-                                  prepared.scales);
+                                  prepared.form);
         } else {
             o[2 + d] = a;
         }
@@ -193,7 +192,7 @@ __global__ void attention_combine_kernel(const float *__restrict__ partial, int 
         out[(size_t(r) * n_head + head) * head_dim_v + d] = a / total;
         if (prepared.scratch)
             m40_prepare_value(a / total, head * head_dim_v + d, prepared.cols, prepared.n_x, prepared.scratch, r,
-                              prepared.scales);
+                              prepared.form);
     }
 }
 
@@ -554,8 +553,8 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
 // n_splits × (head_dim_v + 2) floats of scratch (the tiled and
 // lane-per-position kernels with one range write out directly). prepared:
 // null, or scratch (m40_prepared_bytes(n_head · head_dim_v, n_rows) bytes)
-// where the output also goes prepared for the next decode product (its
-// block scales as prepared_scales says, any but Q8_K's, whose 256 values a
+// where the output also goes prepared for the next decode product (in
+// prepared_form, any whose block scales are not Q8_K's, whose 256 values a
 // warp does not hold), for rows that are not a prompt chunk, at most M40_GEMV_MAX_X of them, with
 // head_dim_v a multiple of 32 and head_dim_k of 8. sinks: null, or one
 // logit per query head that joins its softmax without a value (gpt-oss's
@@ -563,7 +562,7 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
 M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *rows, M40KvLayer layer, int n_head,
                                      int n_head_kv, int head_dim_k, int head_dim_v, int window, float scale,
                                      const float *sinks, int prompt_chunk, int n_splits, int heads_per_block,
-                                     float *partial, float *out, int8_t *prepared, int prepared_scales, int overlap,
+                                     float *partial, float *out, int8_t *prepared, int prepared_form, int overlap,
                                      cudaStream_t stream) {
     const int dim = max(head_dim_k, head_dim_v);
     const bool multiple_of_8 = head_dim_k % 8 == 0 && head_dim_v % 8 == 0;
@@ -572,9 +571,9 @@ M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *r
         (heads_per_block != 1 && heads_per_block != 4))
         return cudaErrorInvalidValue;
     if (prepared && (prompt_chunk || !multiple_of_8 || head_dim_v % 32 != 0 || n_rows > M40_GEMV_MAX_X ||
-                     prepared_scales < M40_SCALES_F32 || prepared_scales >= M40_SCALES_Q8_K))
+                     !m40_valid_form(prepared_form) || m40_form_scales(prepared_form) == M40_SCALES_Q8_K))
         return cudaErrorInvalidValue;
-    const M40PreparedOut prepared_out = {prepared, n_head * head_dim_v, n_rows, prepared_scales};
+    const M40PreparedOut prepared_out = {prepared, n_head * head_dim_v, n_rows, prepared_form};
     if (n_rows < 1) return cudaSuccess;
     const auto by_head_size = [&](auto launch) {
         if (dim <= 64)

@@ -72,8 +72,9 @@ struct M40Gemv {
     int sm_count;
     // Scratch for x prepared (m40_prepared_bytes, prepare.cuh): 8-bit codes
     // for the integer path on GPUs with dp4a, scaled values for the scaled
-    // path on the M40, for the formats that have them; null for the FP32
-    // path.
+    // path on the M40, for the formats that have them; for the other
+    // formats whose activations the CPU rounds, grid values in f32 for the
+    // FP32 kernel; null for the FP32 path on unrounded x.
     int8_t *x_q8;
     // x_q8 already holds x (normalized and prepared by the launch of the
     // same step's previous product).
@@ -1559,12 +1560,6 @@ constexpr int m40_chunk_row_bytes(int type) {
     return type == M40_Q4_0 || type == M40_Q4_1 || type == M40_Q5_0 || type == M40_Q5_1 ? 1152 : 576;
 }
 
-// The formats with an integer path (GemvQ8) and a scaled path (GemvScaled).
-constexpr bool m40_prepared_format(int type) {
-    return type == M40_Q4_0 || type == M40_Q4_1 || type == M40_Q5_0 || type == M40_Q5_1 || type == M40_Q8_0 ||
-           type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K;
-}
-
 // Weight rows per warp of the one-session kernel where the caller leaves the
 // choice to the format, as measured on the H100 (gemv_bench, llama-7b
 // shapes): the integer Q6_K is faster at 4 rows for every product, the
@@ -1676,16 +1671,24 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
     }
     return m40_with_format(type, [&](auto f) {
         constexpr int TYPE = FormatType<decltype(f)>::value;
-        if constexpr (m40_prepared_format(TYPE)) {
+        constexpr int FORM = m40_prepared_form(TYPE);
+        if constexpr (m40_prepared_format(TYPE) || (FORM & M40_PREPARED_GRID)) {
             if (p.x_q8) {
                 const int x_rows = p.experts.work ? p.experts.x_rows : p.n_x;
                 if (!p.x_quantized)
-                    m40_prepare_activations(p.overlap, p.x, p.norm, p.eps, p.cols, x_rows, p.x_q8,
-                                            m40_activation_scales(TYPE), stream);
-                if (m40_code_version() >= 61)
+                    m40_prepare_activations(p.overlap, p.x, p.norm, p.eps, p.cols, x_rows, p.x_q8, FORM, stream);
+                if constexpr (FORM & M40_PREPARED_GRID) {
+                    // The FP32 kernel on the rounded rows, which lie as x does.
+                    M40Gemv grid = p;
+                    grid.x = reinterpret_cast<const float *>(p.x_q8);
+                    grid.norm = nullptr;
+                    grid.x_q8 = nullptr;
+                    m40_gemv_shapes<Gemv<TYPE>, TYPE, false>(grid, rows_per_warp, stream);
+                } else if (m40_code_version() >= 61) {
                     m40_gemv_shapes<GemvQ8<TYPE>, TYPE, false>(p, rows_per_warp, stream);
-                else
+                } else {
                     m40_gemv_shapes<GemvScaled<TYPE>, TYPE, false>(p, rows_per_warp, stream);
+                }
                 return;
             }
         }
@@ -1700,8 +1703,15 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
 // (given one): the format has the integer path, which this build's code
 // runs with dp4a on the current device (compiled for sm_61 or newer), or
 // the scaled path, which the code for older GPUs runs (sm_52–sm_60 SASS,
-// the compute_52 PTX).
-M40_EXPORT int m40_gemv_prepared_path(int type) { return m40_prepared_format(type) && m40_code_version() > 0; }
+// the compute_52 PTX), or its FP32 kernel reads them rounded to the grid
+// (m40_prepared_form).
+M40_EXPORT int m40_gemv_prepared_path(int type) {
+    return (m40_prepared_format(type) || (m40_prepared_form(type) & M40_PREPARED_GRID)) && m40_code_version() > 0;
+}
+
+// The form a decode product of `type` reads its prepared rows in
+// (prepare.cuh): rows prepared in one form serve only products of the same.
+M40_EXPORT int m40_gemv_prepared_form(int type) { return m40_prepared_form(type); }
 
 // Whether the current device runs this build's dp4a code (sm_61+ SASS): the
 // prepared formats then take the integer path, else the scaled one.

@@ -124,6 +124,8 @@ static_assert(M40_GLU_SILU == 0 && M40_GLU_GELU == 1 && M40_GLU_OAI == 2,
 // ActivationScales (src/quant/q8.rs; an int here)
 static_assert(M40_SCALES_F32 == 0 && M40_SCALES_Q8_0 == 1 && M40_SCALES_Q8_1 == 2 && M40_SCALES_Q8_K == 3,
               "M40ActivationScales differs from src/backend/cuda/layout.rs");
+// PreparedForm::GRID (src/backend/cuda/kernels.rs)
+static_assert(M40_PREPARED_GRID == 4, "M40_PREPARED_GRID differs from src/backend/cuda/layout.rs");
 
 // GEMV_MAX_X, ATTENTION_MAX_HEAD_DIM, MOE_MAX_EXPERTS, MOE_MAX_USED
 static_assert(M40_GEMV_MAX_X == 8, "M40_GEMV_MAX_X differs from src/backend/cuda/layout.rs");

@@ -16,7 +16,7 @@
 // kernel computes each of its rows on its own.
 //
 // One session's routing launch also prepares its row for the gate and up
-// products (8-bit codes or scaled values, prepare.cuh; blocks past the
+// products (in their format's form, prepare.cuh; blocks past the
 // first, the routing taking block 0): the two depend only on the router's launch, and as one launch they
 // cost one launch boundary rather than two.
 #include "ops.cuh"
@@ -35,15 +35,15 @@
 static_assert(M40_MOE_THREADS == M40_NORM_THREADS, "the routing launch's blocks also prepare rows (prepare.cuh)");
 
 // Rows the routing launch prepares (n_x rows of x, normalized with `norm`
-// where given, into q8, with the block scales `scales` says: q8.cuh's
-// M40ActivationScales), or q8 null.
+// where given, into q8, in `form`: prepare.cuh's m40_prepared_form), or q8
+// null.
 struct M40MoeQuantize {
     const float *x;
     const float *norm;
     float eps;
     int cols, n_x;
     int8_t *q8;
-    int scales;
+    int form;
 };
 
 // One block does the routing: a step has at most a few thousand (row, slot)
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
     if (blockIdx.x > 0) {
         const int parts = (quantize.cols + M40_NORM_THREADS - 1) / M40_NORM_THREADS, b = blockIdx.x - 1;
         m40_prepare_part(quantize.x, quantize.norm, quantize.eps, quantize.cols, quantize.n_x, quantize.q8,
-                         quantize.scales, b / parts, b % parts);
+                         quantize.form, b / parts, b % parts);
         return;
     }
     __shared__ int count[M40_MOE_MAX_EXPERTS], next[M40_MOE_MAX_EXPERTS];
@@ -218,21 +218,22 @@ __global__ void __launch_bounds__(M40_MOE_THREADS)
 // n_expert, n_used, piece_rows), counting the shared expert as one more
 // expert and one more used. Where
 // x_q8 is not null the launch also prepares x's x_rows rows of `cols`
-// (normalized with `norm` and eps where norm is given) into x_q8, as the
-// decode products read them (prepare.cuh). overlap: see m40_launch.
+// (normalized with `norm` and eps where norm is given) into x_q8 in
+// `x_form`, as the decode products read them (prepare.cuh). overlap: see
+// m40_launch.
 M40_EXPORT cudaError_t m40_moe_route(int overlap, const float *logits, const float *shared_logit, int n_rows,
                                      int n_expert, int n_used, int piece_rows, float *slot_weight, int *slot_row, int *sorted_source,
                                      M40ExpertWork *work, int n_work, const float *x, const float *norm, float eps,
-                                     int cols, int x_rows, int8_t *x_q8, int x_scales, cudaStream_t stream) {
+                                     int cols, int x_rows, int8_t *x_q8, int x_form, cudaStream_t stream) {
     if (n_rows < 1 || n_expert < 1 || n_expert > M40_MOE_MAX_EXPERTS || n_used < 1 || n_used > n_expert ||
         n_used > M40_MOE_MAX_USED || piece_rows < 1 || n_work < 1)
         return cudaErrorInvalidValue;
     if (shared_logit && (n_expert + 1 > M40_MOE_MAX_EXPERTS || n_used + 1 > M40_MOE_MAX_USED))
         return cudaErrorInvalidValue;
-    if (x_q8 && (!x || cols < 32 || cols % 32 != 0 || x_rows < 1 || x_rows > 65535 || x_scales < M40_SCALES_F32 ||
-                 x_scales > M40_SCALES_Q8_K || (x_scales == M40_SCALES_Q8_K && cols % 256 != 0)))
+    if (x_q8 && (!x || cols < 32 || cols % 32 != 0 || x_rows < 1 || x_rows > 65535 || !m40_valid_form(x_form) ||
+                 (m40_form_scales(x_form) == M40_SCALES_Q8_K && cols % 256 != 0)))
         return cudaErrorInvalidValue;
-    const M40MoeQuantize quantize = {x, norm, eps, cols, x_rows, x_q8, x_scales};
+    const M40MoeQuantize quantize = {x, norm, eps, cols, x_rows, x_q8, x_form};
     const unsigned quantize_blocks = x_q8 ? unsigned(x_rows) * m40_blocks(size_t(cols), M40_NORM_THREADS) : 0;
     const auto launch = [&](auto kernel) {
         m40_launch(overlap, kernel, dim3(1 + quantize_blocks), M40_MOE_THREADS, stream, logits, shared_logit, n_rows,

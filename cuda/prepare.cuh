@@ -4,6 +4,8 @@
 // integer path (q8.cuh); on the M40 (sm_52 code, the compute_52 PTX
 // included) values scaled for the FP32 path's masked codes (scaled.cuh).
 // The host asks which of the two the device runs (m40_code_version, gemv.cu).
+// Formats without either kernel get their activations rounded to the same
+// grid, as f32 values for their FP32 kernel (M40_PREPARED_GRID).
 #pragma once
 
 #include "q8.cuh"
@@ -15,19 +17,54 @@
 #define M40_DP4A_CODE 0
 #endif
 
-// Bytes of scratch for n_x prepared rows of cols values: the larger layout,
-// the scaled one (over 4.5 bytes a value; the codes take 1.25). Mirrors
-// `prepared_bytes` in src/backend/cuda/kernels.rs.
+// The formats whose decode products read prepared codes (gemv.cu's integer
+// path, GemvQ8) or, on the M40, scaled values (GemvScaled).
+__host__ __device__ constexpr bool m40_prepared_format(int type) {
+    return type == M40_Q4_0 || type == M40_Q4_1 || type == M40_Q5_0 || type == M40_Q5_1 || type == M40_Q8_0 ||
+           type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K;
+}
+
+// How a format's decode products read prepared rows (a "form"): the block
+// scales (M40ActivationScales, bits 0–1), plus M40_PREPARED_GRID for the
+// formats whose activations llama.cpp's CPU rounds to 8 bits but which have
+// no prepared kernel (IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K): their FP32 kernel
+// reads each value as the CPU multiplies it, d · code in f32, from rows
+// laid out as x is (row t's value i at t · cols + i). Rows prepared in one
+// form are read only by products of the same form (the host's
+// PreparedForm).
+#define M40_PREPARED_GRID 4
+
+__host__ __device__ constexpr int m40_prepared_form(int type) {
+    const int scales = m40_activation_scales(type);
+    return m40_prepared_format(type) || scales == M40_SCALES_F32 ? scales : scales | M40_PREPARED_GRID;
+}
+
+__host__ __device__ constexpr int m40_form_scales(int form) { return form & ~M40_PREPARED_GRID; }
+
+// Whether a host's argument names a form (grid values need a grid).
+constexpr bool m40_valid_form(int form) {
+    return (form & ~(M40_PREPARED_GRID | 3)) == 0 && form != (M40_SCALES_F32 | M40_PREPARED_GRID);
+}
+
+// Bytes of scratch for n_x prepared rows of cols values: the largest layout,
+// the scaled one (over 4.5 bytes a value; the codes take 1.25, grid values
+// 4). Mirrors `prepared_bytes` in src/backend/cuda/kernels.rs.
 static inline size_t m40_prepared_bytes(int cols, int n_x) { return m40_scaled_bytes(cols, n_x); }
 
-// Value v (index i) of activation row t into scratch, as this code's
-// products read it, rounded to 8 bits with the block scales `scales` says
-// (M40ActivationScales, q8.cuh: the products' weight format's; `k`, Q8_K's
+// Value v (index i) of activation row t into scratch in `form` (the
+// products' weight format's, m40_prepared_form), as this code's products
+// read it, rounded to 8 bits with the form's block scales (`k`, Q8_K's
 // scale of its 256 values, for M40_SCALES_Q8_K); its warp holds the 32
 // values of its block of 32 (lane i % 32), and every lane of the warp calls
 // it.
-__device__ __forceinline__ void m40_prepare_value(float v, int i, int cols, int n_x, int8_t *scratch, int t,
-                                                  int scales, M40Q8K k = {}) {
+__device__ __forceinline__ void m40_prepare_value(float v, int i, int cols, int n_x, int8_t *scratch, int t, int form,
+                                                  M40Q8K k = {}) {
+    const int scales = m40_form_scales(form);
+    if (form & M40_PREPARED_GRID) {
+        const M40Q8Value c = m40_q8_code(v, scales, k);
+        reinterpret_cast<float *>(scratch)[size_t(t) * cols + i] = float(c.q) * m40_kept_scale(c.d, scales);
+        return;
+    }
 #if M40_DP4A_CODE
     m40_quantize_q8_value(v, i, cols, n_x, scratch, t, scales, k);
 #else
@@ -42,29 +79,29 @@ __device__ __forceinline__ void m40_prepare_value(float v, int i, int cols, int 
 // row's rms itself; the row is read from L2), and a Q8_K block of 256
 // values is a CUDA block's. Every thread of the block calls it.
 __device__ void m40_prepare_part(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
-                                 int n_x, int8_t *scratch, int scales, int t, int part) {
+                                 int n_x, int8_t *scratch, int form, int t, int part) {
     int i;
     float v;
     const bool in_row = m40_row_value(x, norm, eps, cols, t, part, i, v);
-    const M40Q8K k = scales == M40_SCALES_Q8_K ? m40_block_q8_k(in_row ? v : 0.0f) : M40Q8K{};
+    const M40Q8K k = m40_form_scales(form) == M40_SCALES_Q8_K ? m40_block_q8_k(in_row ? v : 0.0f) : M40Q8K{};
     if (!in_row) return;  // whole warps: cols is a multiple of 32
-    m40_prepare_value(v, i, cols, n_x, scratch, t, scales, k);
+    m40_prepare_value(v, i, cols, n_x, scratch, t, form, k);
 }
 
 // Activation row blockIdx.y, values blockIdx.x · M40_NORM_THREADS.., into scratch.
 __global__ void __launch_bounds__(M40_NORM_THREADS)
     prepare_activations_kernel(const float *__restrict__ x, const float *__restrict__ norm, float eps, int cols,
-                               int n_x, int8_t *scratch, int scales) {
+                               int n_x, int8_t *scratch, int form) {
     m40_wait_for_prior_kernels();
     m40_allow_next_kernel();
-    m40_prepare_part(x, norm, eps, cols, n_x, scratch, scales, blockIdx.y, blockIdx.x);
+    m40_prepare_part(x, norm, eps, cols, n_x, scratch, form, blockIdx.y, blockIdx.x);
 }
 
 // Prepares n_x rows of x (normalized first where `norm` is given) into
-// scratch, with the block scales `scales` says.
+// scratch in `form`.
 static void m40_prepare_activations(bool overlap, const float *x, const float *norm, float eps, int cols, int n_x,
-                                    int8_t *scratch, int scales, cudaStream_t stream) {
+                                    int8_t *scratch, int form, cudaStream_t stream) {
     const dim3 grid(m40_blocks(size_t(cols), M40_NORM_THREADS), unsigned(n_x));
     m40_launch(overlap, prepare_activations_kernel, grid, M40_NORM_THREADS, stream, x, norm, eps, cols, n_x,
-               scratch, scales);
+               scratch, form);
 }

@@ -126,7 +126,7 @@ int main(int argc, char **argv) {
     cudaEventCreate(&start);
     cudaEventCreate(&stop);
     const bool prepared = m40_gemv_prepared_path(type), overlap = m40_launch_overlap();
-    const bool dp4a = m40_gemv_dp4a_code();
+    const bool dp4a = m40_gemv_dp4a_code(), grid = m40_gemv_prepared_form(type) & M40_PREPARED_GRID;
 
     const auto product = [&](int s, int layer, bool quantized) {
         const Product &pr = products[s];
@@ -181,7 +181,11 @@ int main(int argc, char **argv) {
 
     printf("type %d, rows per warp %d (0: the format's choice), %d activation rows, %s path, launches %s, "
            "%d layers: %.1f MB per token\n",
-           type, rows_per_warp, n_x, tensor_cores ? "tensor-core" : !prepared ? "FP32" : dp4a ? "integer" : "scaled",
+           type, rows_per_warp, n_x, tensor_cores ? "tensor-core"
+           : !prepared  ? "FP32"
+           : grid       ? "FP32 on grid values"
+           : dp4a       ? "integer"
+                        : "scaled",
            overlap ? "overlapping" : "in order", layers,
            token_bytes / 1e6);
     printf("%-9s %8s %10s %10s %8s\n", "product", "MB", "read (us)", "gemv (us)", "GB/s");

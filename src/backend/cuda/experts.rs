@@ -321,7 +321,7 @@ impl CudaBackend {
                     } else {
                         std::ptr::null_mut()
                     },
-                    gate.ty.activation_scales() as c_int,
+                    PreparedForm::of(gate.ty).raw(),
                     stream,
                 )
             },

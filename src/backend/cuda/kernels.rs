@@ -6,6 +6,7 @@ use std::ffi::c_int;
 
 use super::runtime::Stream;
 use crate::backend::{Glu, Rope};
+use crate::quant::{ActivationScales, GgmlType};
 
 /// One batch row for the KV-cache kernels (`M40Row` in cuda/ops.cuh).
 #[repr(C)]
@@ -110,7 +111,9 @@ pub struct GemvLaunch {
     /// Scratch of `prepared_bytes(cols, n_x)` bytes for x prepared by the
     /// launch (`m40_gemv_prepared_path`: 8-bit codes for the integer path
     /// where the device runs dp4a code, scaled values for the M40's scaled
-    /// path elsewhere); null for the FP32 path.
+    /// path elsewhere, grid values in f32 for the FP32 kernel of the
+    /// formats without either; `PreparedForm`); null for the FP32 path on
+    /// unrounded x.
     pub x_q8: *mut i8,
     /// 1: x_q8 already holds x, normalized and prepared by the previous
     /// launch of the same fused step.
@@ -178,12 +181,41 @@ impl ExpertView {
     };
 }
 
+/// How the decode scratch holds rows prepared for a format's products
+/// (`m40_gemv_prepared_form`, cuda/prepare.cuh): the format's block
+/// scales, as 8-bit codes (or the M40's scaled values) for the formats with
+/// the integer and scaled kernels, else as grid values in f32 for the FP32
+/// kernel. Rows prepared in one form serve only products of the same form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PreparedForm(c_int);
+
+impl PreparedForm {
+    /// `M40_PREPARED_GRID`: grid values in f32.
+    pub const GRID: c_int = 4;
+
+    pub fn of(ty: GgmlType) -> PreparedForm {
+        // SAFETY: host arithmetic on the format's id.
+        PreparedForm(unsafe { m40_gemv_prepared_form(ty.id() as c_int) })
+    }
+
+    /// The value the kernels take.
+    pub fn raw(self) -> c_int {
+        self.0
+    }
+
+    /// Whether the form's block scales are Q8_K's (one per 256 values).
+    pub fn whole_super_blocks(self) -> bool {
+        self.0 & !Self::GRID == ActivationScales::Q8K as c_int
+    }
+}
+
 /// Bytes of scratch for `n_x` activation rows of `cols` values prepared
-/// for the decode kernel: the larger of its two layouts, the scaled values
+/// for the decode kernel: the largest of its layouts, the scaled values
 /// (an f32 a value, the row padded to whole tiles of 1024 values, and one
 /// f32 per 8 values; M40ScaledRow in cuda/scaled.cuh) over the 8-bit codes
-/// (a byte a value and two f32 per 32; M40Q8Row in cuda/q8.cuh). Mirrors
-/// `m40_scaled_bytes` in cuda/scaled.cuh.
+/// (a byte a value and two f32 per 32; M40Q8Row in cuda/q8.cuh) and the
+/// grid values (an f32 a value). Mirrors `m40_scaled_bytes` in
+/// cuda/scaled.cuh.
 pub const fn prepared_bytes(cols: usize, n_x: usize) -> usize {
     n_x * (cols.div_ceil(1024) * 1024 * 4 + cols / 2)
 }
@@ -366,8 +398,12 @@ extern "C" {
     /// scratch on the current device (given one): 8-bit codes for the
     /// integer path where the device runs this build's dp4a code (sm_61+
     /// SASS), scaled values for the scaled path elsewhere (sm_52 SASS, the
-    /// compute_52 PTX).
+    /// compute_52 PTX), grid values in f32 for the FP32 kernel of the other
+    /// formats whose activations llama.cpp's CPU rounds to 8 bits.
     pub fn m40_gemv_prepared_path(ty: c_int) -> c_int;
+    /// The form (`PreparedForm`) decode products of type `ty` read their
+    /// prepared rows in (host arithmetic).
+    pub fn m40_gemv_prepared_form(ty: c_int) -> c_int;
     /// 1 when launches may overlap the stream's previous kernel on the
     /// current device (programmatic dependent launch: sm_90+ code).
     pub fn m40_launch_overlap() -> c_int;
@@ -417,8 +453,8 @@ extern "C" {
     /// `m40_moe_pieces` of them, the shared expert counted as one more
     /// expert and one more used). Where `x_q8`
     /// is not null the launch also prepares `x_rows` rows of `x` (`cols`
-    /// wide, normalized first where `norm` is not null) into it, as
-    /// `m40_gemv` would.
+    /// wide, normalized first where `norm` is not null) into it in `x_form`
+    /// (`PreparedForm`), as `m40_gemv` would.
     pub fn m40_moe_route(
         overlap: c_int,
         logits: *const f32,
@@ -438,7 +474,7 @@ extern "C" {
         cols: c_int,
         x_rows: c_int,
         x_q8: *mut i8,
-        x_scales: c_int,
+        x_form: c_int,
         stream: Stream,
     ) -> c_int;
     /// The most work pieces a routing of this shape makes (host arithmetic).
@@ -640,7 +676,8 @@ extern "C" {
     /// one logit per query head that joins its softmax without a value.
     /// `prepared`: null, or the decode scratch, where a decode step's
     /// output (at most GEMV_MAX_X rows, heads of a multiple of 32 values)
-    /// also goes prepared for the next decode product.
+    /// also goes prepared for the next decode product, in `prepared_form`
+    /// (`PreparedForm`, not of Q8_K's scales).
     pub fn m40_attention(
         q: *const f32,
         n_rows: c_int,
@@ -659,7 +696,7 @@ extern "C" {
         partial: *mut f32,
         out: *mut f32,
         prepared: *mut i8,
-        prepared_scales: c_int,
+        prepared_form: c_int,
         overlap: c_int,
         stream: Stream,
     ) -> c_int;

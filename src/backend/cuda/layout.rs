@@ -9,8 +9,8 @@ use std::mem::{align_of, offset_of, size_of};
 
 use super::kernels::{
     prepared_bytes, AttentionInputs, DeviceRow, ExpertView, ExpertWork, GemvEpilogue, GemvLaunch,
-    GemvMatrix, KvLayer, MmqLaunch, ProjectionRole, YarnRamp, ATTENTION_MAX_HEAD_DIM, GEMV_MAX_X,
-    GLU_GELU_TANH, GLU_SILU, GLU_SWIGLU_OAI, MOE_MAX_EXPERTS, MOE_MAX_USED,
+    GemvMatrix, KvLayer, MmqLaunch, PreparedForm, ProjectionRole, YarnRamp, ATTENTION_MAX_HEAD_DIM,
+    GEMV_MAX_X, GLU_GELU_TANH, GLU_SILU, GLU_SWIGLU_OAI, MOE_MAX_EXPERTS, MOE_MAX_USED,
 };
 use crate::quant::ActivationScales;
 
@@ -145,6 +145,11 @@ const _: () = assert!(
         && ActivationScales::Q8K as i32 == 3,
     "ActivationScales differs from cuda/layout.cuh"
 );
+// M40_PREPARED_GRID (cuda/prepare.cuh)
+const _: () = assert!(
+    PreparedForm::GRID == 4,
+    "PreparedForm::GRID differs from cuda/layout.cuh"
+);
 
 // M40_GEMV_MAX_X, M40_MAX_HEAD_DIM, M40_MOE_MAX_EXPERTS, M40_MOE_MAX_USED
 const _: () = assert!(GEMV_MAX_X == 8, "GEMV_MAX_X differs from cuda/layout.cuh");
@@ -164,3 +169,37 @@ const _: () = assert!(
         && prepared_bytes(2048, 3) == 27648,
     "prepared_bytes differs from cuda/layout.cuh"
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::GgmlType;
+
+    /// The forms the kernels give each format (host arithmetic in
+    /// cuda/prepare.cuh): codes for the formats with integer and scaled
+    /// kernels, grid values for the other formats the CPU rounds, with
+    /// llama.cpp's CPU block scales.
+    #[test]
+    fn formats_read_prepared_rows_in_their_own_form() {
+        let grid = PreparedForm::GRID;
+        for (ty, scales, in_grid) in [
+            (GgmlType::F16, ActivationScales::F32, false),
+            (GgmlType::Q4_0, ActivationScales::Q8_0, false),
+            (GgmlType::Q4_1, ActivationScales::Q8_1, false),
+            (GgmlType::Q8_0, ActivationScales::Q8_0, false),
+            (GgmlType::Q4K, ActivationScales::Q8K, false),
+            (GgmlType::Q6K, ActivationScales::Q8K, false),
+            (GgmlType::Q2K, ActivationScales::Q8K, true),
+            (GgmlType::Q3K, ActivationScales::Q8K, true),
+            (GgmlType::Iq4Nl, ActivationScales::Q8_0, true),
+            (GgmlType::Iq4Xs, ActivationScales::Q8K, true),
+            (GgmlType::Mxfp4, ActivationScales::Q8_0, true),
+        ] {
+            assert_eq!(scales, ty.activation_scales(), "{ty:?}");
+            let want = scales as i32 | if in_grid { grid } else { 0 };
+            let form = PreparedForm::of(ty);
+            assert_eq!(form.raw(), want, "{ty:?}");
+            assert_eq!(form.whole_super_blocks(), scales == ActivationScales::Q8K);
+        }
+    }
+}

@@ -51,10 +51,10 @@ use super::{
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::json::JsonObject;
-use crate::quant::{ActivationScales, GgmlType};
+use crate::quant::GgmlType;
 pub use graph::GraphStats;
 use graph::{Capture, DecodeGraphs};
-use kernels::{m40_launch_overlap, prepared_bytes, ExpertWork, KvLayer, GEMV_MAX_X};
+use kernels::{m40_launch_overlap, prepared_bytes, ExpertWork, KvLayer, PreparedForm, GEMV_MAX_X};
 use memory::Arena;
 pub use memory::{DeviceAllocator, DevicePtr, MemoryStats};
 pub use offload::GpuProducts;
@@ -76,9 +76,10 @@ pub struct CudaBackend {
     weights: DeviceWeights,
     /// Which kernel takes each product.
     routes: Routes,
-    /// The block scales of each layer's attention output product, where it
-    /// takes a prepared route (`weights::attention_output_scales`).
-    attention_output_scales: Vec<Option<ActivationScales>>,
+    /// The form each layer's attention output product reads its prepared
+    /// rows in, where it takes a prepared route
+    /// (`weights::attention_output_forms`).
+    attention_output_forms: Vec<Option<PreparedForm>>,
     /// Weight rows per warp of the one-session decode kernel (2 or 4, or 0:
     /// the format's own choice).
     gemv_rows_per_warp: c_int,
@@ -151,9 +152,9 @@ struct PreparedInput {
     cols: usize,
     rows: usize,
     op: u64,
-    /// The block scales it was prepared with: only products of formats
-    /// that keep the same ones read it.
-    scales: ActivationScales,
+    /// The form it was prepared in: only products of formats that read
+    /// the same one read it.
+    form: PreparedForm,
 }
 
 /// One sequence's cache in device memory: the keys and values (f16) of its
@@ -269,7 +270,7 @@ impl CudaBackend {
             None
         };
         let routes = Routes::new(&file, &info, cublas.as_ref(), &options);
-        let attention_output_scales = weights::attention_output_scales(&file, holds, &|ty| {
+        let attention_output_forms = weights::attention_output_forms(&file, holds, &|ty| {
             routes.route(ty, 1) == ProductRoute::Decode { prepared: true }
         });
         let widest = weights::matrices(&file)
@@ -314,7 +315,7 @@ impl CudaBackend {
         }
         runtime::synchronize(&stream)?;
         Ok(CudaBackend {
-            attention_output_scales,
+            attention_output_forms,
             row_pieces,
             row_slice_bytes: options.row_slice_bytes,
             info,

@@ -19,7 +19,6 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::kv_cache::LayerState;
-use crate::quant::ActivationScales;
 
 impl Backend for CudaBackend {
     type Buffer = DeviceBuffer;
@@ -554,31 +553,31 @@ impl Backend for CudaBackend {
             .begin(&self.allocator, Arena::footprint(&[partial_len * 4]))?;
         let partial = st.arena.take::<f32>(partial_len);
         // A decode step's output also goes prepared into the decode
-        // scratch, for the attention output product that follows, with that
-        // product's block scales; not Q8_K's, whose 256 values the kernel's
-        // warps do not hold (the product prepares them itself).
+        // scratch, for the attention output product that follows, in that
+        // product's form; not with Q8_K's scales, whose 256 values the
+        // kernel's warps do not hold (the product prepares them itself).
         let width = shape.n_head * shape.head_dim_v;
-        let scales = self.attention_output_scales.get(layer).copied().flatten();
-        let prepared = match (&st.activations_q8, scales) {
-            (Some(scratch), Some(scales))
+        let form = self.attention_output_forms.get(layer).copied().flatten();
+        let prepared = match (&st.activations_q8, form) {
+            (Some(scratch), Some(form))
                 if !launch.tiled
                     && rows.len() <= GEMV_MAX_X
                     && shape.head_dim_v.is_multiple_of(32)
                     && shape.head_dim_k.is_multiple_of(8)
                     && width <= st.widest_product
-                    && scales != ActivationScales::Q8K =>
+                    && !form.whole_super_blocks() =>
             {
                 scratch.as_ptr().cast_mut()
             }
             _ => std::ptr::null_mut(),
         };
-        let scales = scales.unwrap_or(ActivationScales::F32);
-        st.prepared_input = (!prepared.is_null()).then_some(PreparedInput {
+        let form = form.filter(|_| !prepared.is_null());
+        st.prepared_input = form.map(|form| PreparedInput {
             x: out.as_ptr() as usize,
             cols: width,
             rows: rows.len(),
             op: st.op + 1,
-            scales,
+            form,
         });
         // SAFETY: q and out hold rows.len() × n_head heads; sinks, when not
         // null, n_head values; the partials piece is sized for the launch; the row table names live caches
@@ -607,7 +606,7 @@ impl Backend for CudaBackend {
                     partial,
                     out.as_mut_ptr(),
                     prepared,
-                    scales as c_int,
+                    form.map_or(0, PreparedForm::raw),
                     c_int::from(self.overlap_launches),
                     st.stream.raw(),
                 ),

@@ -475,7 +475,7 @@ impl CudaBackend {
                     cols: like.cols,
                     rows: n_x,
                     op: st.op,
-                    scales: like.ty.activation_scales(),
+                    form: PreparedForm::of(like.ty),
                 });
         let input_quantized = input_quantized || prepared_before;
         // The scratch holds one launch's rows.
@@ -600,9 +600,9 @@ impl CudaBackend {
             ProjectionRole::Values,
         ];
         let fused_norm = Some((self.weights.vector(norm.weight)?, norm.eps));
-        // The block scales x was last prepared with, if it was: a launch of
-        // a format that keeps other ones prepares it again.
-        let mut quantized: Option<ActivationScales> = None;
+        // The form x was last prepared in, if it was: a launch of a format
+        // that reads another prepares it again.
+        let mut quantized: Option<PreparedForm> = None;
         let mut first = 0;
         while first < products.len() {
             let ty = products[first].w.ty;
@@ -635,12 +635,12 @@ impl CudaBackend {
                     &matrices[..n],
                     GemvEpilogue::Store,
                     fused_norm,
-                    prepared && quantized == Some(ty.activation_scales()),
+                    prepared && quantized == Some(PreparedForm::of(ty)),
                     attention.unwrap_or(&AttentionInputs::NONE),
                 )?
             };
             if prepared {
-                quantized = Some(ty.activation_scales());
+                quantized = Some(PreparedForm::of(ty));
             }
             first += n;
         }

@@ -7,14 +7,14 @@ use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex};
 
-use super::kernels::{m40_vector_to_f32, ATTENTION_MAX_HEAD_DIM};
+use super::kernels::{m40_vector_to_f32, PreparedForm, ATTENTION_MAX_HEAD_DIM};
 use super::memory::{human, DeviceAllocator, DevicePtr};
 use super::runtime::{self, check, DeviceInfo, OwnedEvent, OwnedStream, PinnedBuffer};
 use super::staging::Staging;
 use super::{dim, Weight};
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::quant::{ActivationScales, GgmlType};
+use crate::quant::GgmlType;
 
 /// Bytes allocated past the data section: the decode kernel reads rows in
 /// 16-byte-aligned pieces, up to 15 bytes past the end of the last row.
@@ -289,17 +289,17 @@ pub(super) fn matrices(file: &GgufFile) -> impl Iterator<Item = &TensorInfo> {
     file.tensors().iter().filter(|t| !is_vector(t))
 }
 
-/// The block scales each attention layer's output product prepares its
-/// activations with (its weight format's, `GgmlType::activation_scales`)
-/// where `prepares` says that product's format takes a prepared route, by
+/// The form each attention layer's output product prepares its activations
+/// in (its weight format's, `PreparedForm::of`) where `prepares` says that
+/// product's format takes a prepared route, by
 /// layer of the layers `holds` names (the first held `blk.N` is layer 0,
 /// as a stage's operations count them): decode attention writes its output
 /// prepared with them. None for a layer without one.
-pub(super) fn attention_output_scales(
+pub(super) fn attention_output_forms(
     file: &GgufFile,
     holds: &dyn Fn(&str) -> bool,
     prepares: &dyn Fn(GgmlType) -> bool,
-) -> Vec<Option<ActivationScales>> {
+) -> Vec<Option<PreparedForm>> {
     let layer_of = |name: &str| {
         let rest = name.strip_prefix("blk.")?;
         rest[..rest.find('.')?].parse::<usize>().ok()
@@ -308,17 +308,17 @@ pub(super) fn attention_output_scales(
     let Some(first) = held().filter_map(|t| layer_of(&t.name)).min() else {
         return Vec::new();
     };
-    let mut scales = Vec::new();
+    let mut forms = Vec::new();
     for t in held().filter(|t| t.name.ends_with(".attn_output.weight")) {
         let Some(layer) = layer_of(&t.name).map(|l| l - first) else {
             continue;
         };
-        if scales.len() <= layer {
-            scales.resize(layer + 1, None);
+        if forms.len() <= layer {
+            forms.resize(layer + 1, None);
         }
-        scales[layer] = prepares(t.ggml_type).then(|| t.ggml_type.activation_scales());
+        forms[layer] = prepares(t.ggml_type).then(|| PreparedForm::of(t.ggml_type));
     }
-    scales
+    forms
 }
 
 /// Copies each piece (bytes, offset in `dst`) to the device through two
