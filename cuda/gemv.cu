@@ -435,6 +435,85 @@ template <> struct GemvQ8<M40_Q8_0> {
     }
 };
 
+// The table-lookup formats: a code's table value is the weight's 8-bit
+// code, as ggml's CPU products take it, so a unit's dot product is Q8_0's
+// on looked-up codes. A unit is 32 values whose 16 quant bytes hold two
+// codes each (quant.cuh): IQ4_NL's and MXFP4's whole block, under its
+// scale, with Q8_0's activations; IQ4_XS's sub-block u of 8, under its own
+// scale, with Q8_K's (kept a block of 32 at a time, as for the K-quants).
+struct M40LookupW {
+    int q[8];  // values 0..15, then 16..31
+    float d;
+};
+struct M40LookupX {
+    int4 low, high;
+    float d;
+};
+
+// A unit's codes from its 4 quant words.
+__device__ __forceinline__ void m40_lookup_unit(const uint32_t *words, uint4 table, M40LookupW &w) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint32_t low, high;
+        m40_lookup8(words[k], table, low, high);
+        w.q[k] = int(low);
+        w.q[4 + k] = int(high);
+    }
+}
+
+// Activation block `sub` of a row.
+__device__ __forceinline__ void m40_lookup_activations(M40Q8Row x, int sub, M40LookupX &a) {
+    a.low = m40_q8_codes16(x, sub, 0);
+    a.high = m40_q8_codes16(x, sub, 1);
+    a.d = __ldg(&x.ds[sub].x);
+}
+
+template <int TYPE> struct GemvQ8Lookup {
+    static constexpr bool DIRECT = false;
+    using W = M40LookupW;
+    using X = M40LookupX;
+    __device__ static float dot(const W &w, const X &a) {
+        return w.d * a.d * float(m40_dp4a_32(w.q, a.low, a.high, 0));
+    }
+};
+
+template <> struct GemvQ8<M40_IQ4_NL> : GemvQ8Lookup<M40_IQ4_NL> {
+    static constexpr int VALUES = 32, BYTES = 18, UNITS = 1;
+    __device__ static void weights(const uint8_t *b, int, W &w) {
+        uint32_t words[4];
+        m40_words_2<4>(b + 2, words);
+        m40_lookup_unit(words, m40_iq4_values(), w);
+        w.d = m40_f16(b);
+    }
+    __device__ static void activations(M40Q8Row x, int block, int, X &a) { m40_lookup_activations(x, block, a); }
+};
+
+template <> struct GemvQ8<M40_MXFP4> : GemvQ8Lookup<M40_MXFP4> {
+    static constexpr int VALUES = 32, BYTES = 17, UNITS = 1;
+    __device__ static void weights(const uint8_t *b, int, W &w) {
+        uint32_t words[4];
+        m40_words_1<4>(b + 1, words);
+        m40_lookup_unit(words, m40_mxfp4_values(), w);
+        w.d = m40_e8m0_half(b[0]);
+    }
+    __device__ static void activations(M40Q8Row x, int block, int, X &a) { m40_lookup_activations(x, block, a); }
+};
+
+// IQ4_XS blocks (136 bytes) are 8-byte aligned wherever a row is.
+template <> struct GemvQ8<M40_IQ4_XS> : GemvQ8Lookup<M40_IQ4_XS> {
+    static constexpr int VALUES = 256, BYTES = 136, UNITS = 8;
+    __device__ static void weights(const uint8_t *b, int u, W &w) {
+        const uint2 first = *reinterpret_cast<const uint2 *>(b + 8 + 16 * u);
+        const uint2 second = *reinterpret_cast<const uint2 *>(b + 16 + 16 * u);
+        const uint32_t words[4] = {first.x, first.y, second.x, second.y};
+        m40_lookup_unit(words, m40_iq4_values(), w);
+        w.d = m40_iq4_xs_scale(b, u);
+    }
+    __device__ static void activations(M40Q8Row x, int block, int u, X &a) {
+        m40_lookup_activations(x, 8 * block + u, a);
+    }
+};
+
 // The codes of a 32-weight unit of the K formats with high bits, a byte
 // each (the integer and scaled paths' units are the same): Q5_K unit u (of
 // 8), quant bytes 16u..16u+15 with their fifth bits at bit 4, words 0..3
@@ -1671,23 +1750,25 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
     }
     return m40_with_format(type, [&](auto f) {
         constexpr int TYPE = FormatType<decltype(f)>::value;
-        constexpr int FORM = m40_prepared_form(TYPE);
-        if constexpr (m40_prepared_format(TYPE) || (FORM & M40_PREPARED_GRID)) {
+        if constexpr (m40_activation_scales(TYPE) != M40_SCALES_F32) {
             if (p.x_q8) {
+                const bool dp4a = m40_code_version() >= 61;
+                const int form = m40_prepared_form(TYPE, dp4a);
                 const int x_rows = p.experts.work ? p.experts.x_rows : p.n_x;
                 if (!p.x_quantized)
-                    m40_prepare_activations(p.overlap, p.x, p.norm, p.eps, p.cols, x_rows, p.x_q8, FORM, stream);
-                if constexpr (FORM & M40_PREPARED_GRID) {
+                    m40_prepare_activations(p.overlap, p.x, p.norm, p.eps, p.cols, x_rows, p.x_q8, form, stream);
+                if (form & M40_PREPARED_GRID) {
                     // The FP32 kernel on the rounded rows, which lie as x does.
                     M40Gemv grid = p;
                     grid.x = reinterpret_cast<const float *>(p.x_q8);
                     grid.norm = nullptr;
                     grid.x_q8 = nullptr;
                     m40_gemv_shapes<Gemv<TYPE>, TYPE, false>(grid, rows_per_warp, stream);
-                } else if (m40_code_version() >= 61) {
-                    m40_gemv_shapes<GemvQ8<TYPE>, TYPE, false>(p, rows_per_warp, stream);
+                } else if (dp4a) {
+                    if constexpr (m40_integer_format(TYPE)) m40_gemv_shapes<GemvQ8<TYPE>, TYPE, false>(p, rows_per_warp, stream);
                 } else {
-                    m40_gemv_shapes<GemvScaled<TYPE>, TYPE, false>(p, rows_per_warp, stream);
+                    if constexpr (m40_scaled_format(TYPE))
+                        m40_gemv_shapes<GemvScaled<TYPE>, TYPE, false>(p, rows_per_warp, stream);
                 }
                 return;
             }
@@ -1700,18 +1781,20 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
 }
 
 // Whether decode products of `type` prepare their activations in scratch
-// (given one): the format has the integer path, which this build's code
-// runs with dp4a on the current device (compiled for sm_61 or newer), or
-// the scaled path, which the code for older GPUs runs (sm_52–sm_60 SASS,
-// the compute_52 PTX), or its FP32 kernel reads them rounded to the grid
-// (m40_prepared_form).
+// (given one): every format whose activations llama.cpp's CPU rounds to 8
+// bits. Where the format has the integer path and this build's code runs
+// dp4a on the current device (compiled for sm_61 or newer), as 8-bit
+// codes; where it has the scaled path and the code is for older GPUs
+// (sm_52–sm_60 SASS, the compute_52 PTX), as scaled values; else as grid
+// values for its FP32 kernel (m40_prepared_form).
 M40_EXPORT int m40_gemv_prepared_path(int type) {
-    return (m40_prepared_format(type) || (m40_prepared_form(type) & M40_PREPARED_GRID)) && m40_code_version() > 0;
+    return m40_activation_scales(type) != M40_SCALES_F32 && m40_code_version() > 0;
 }
 
-// The form a decode product of `type` reads its prepared rows in
+// The form decode products of `type` read their prepared rows in on a GPU
+// that runs this build's dp4a code (dp4a 1, m40_gemv_dp4a_code) or not
 // (prepare.cuh): rows prepared in one form serve only products of the same.
-M40_EXPORT int m40_gemv_prepared_form(int type) { return m40_prepared_form(type); }
+M40_EXPORT int m40_gemv_prepared_form(int type, int dp4a) { return m40_prepared_form(type, dp4a != 0); }
 
 // Whether the current device runs this build's dp4a code (sm_61+ SASS): the
 // prepared formats then take the integer path, else the scaled one.

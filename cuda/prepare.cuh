@@ -4,8 +4,8 @@
 // integer path (q8.cuh); on the M40 (sm_52 code, the compute_52 PTX
 // included) values scaled for the FP32 path's masked codes (scaled.cuh).
 // The host asks which of the two the device runs (m40_code_version, gemv.cu).
-// Formats without either kernel get their activations rounded to the same
-// grid, as f32 values for their FP32 kernel (M40_PREPARED_GRID).
+// Formats without the kernel the device runs get their activations rounded
+// to the same grid, as f32 values for their FP32 kernel (M40_PREPARED_GRID).
 #pragma once
 
 #include "q8.cuh"
@@ -17,26 +17,33 @@
 #define M40_DP4A_CODE 0
 #endif
 
-// The formats whose decode products read prepared codes (gemv.cu's integer
-// path, GemvQ8) or, on the M40, scaled values (GemvScaled).
-__host__ __device__ constexpr bool m40_prepared_format(int type) {
+// The formats whose decode products read scaled values on the M40
+// (gemv.cu's GemvScaled), and those that read 8-bit codes on GPUs with dp4a
+// (GemvQ8): the same and the table-lookup formats, whose table values are
+// their weights' codes.
+__host__ __device__ constexpr bool m40_scaled_format(int type) {
     return type == M40_Q4_0 || type == M40_Q4_1 || type == M40_Q5_0 || type == M40_Q5_1 || type == M40_Q8_0 ||
            type == M40_Q4_K || type == M40_Q5_K || type == M40_Q6_K;
 }
+__host__ __device__ constexpr bool m40_integer_format(int type) {
+    return m40_scaled_format(type) || type == M40_IQ4_NL || type == M40_IQ4_XS || type == M40_MXFP4;
+}
 
-// How a format's decode products read prepared rows (a "form"): the block
-// scales (M40ActivationScales, bits 0–1), plus M40_PREPARED_GRID for the
-// formats whose activations llama.cpp's CPU rounds to 8 bits but which have
-// no prepared kernel (IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K): their FP32 kernel
-// reads each value as the CPU multiplies it, d · code in f32, from rows
-// laid out as x is (row t's value i at t · cols + i). Rows prepared in one
-// form are read only by products of the same form (the host's
-// PreparedForm).
+// How a format's decode products read prepared rows (a "form") on a GPU
+// that runs this build's dp4a code or not: the block scales
+// (M40ActivationScales, bits 0–1), plus M40_PREPARED_GRID for the formats
+// whose activations llama.cpp's CPU rounds to 8 bits but which have no
+// prepared kernel there (Q2_K and Q3_K; the table-lookup formats without
+// dp4a): their FP32 kernel reads each value as the CPU multiplies it,
+// d · code in f32, from rows laid out as x is (row t's value i at
+// t · cols + i). Rows prepared in one form are read only by products of
+// the same form (the host's PreparedForm).
 #define M40_PREPARED_GRID 4
 
-__host__ __device__ constexpr int m40_prepared_form(int type) {
+__host__ __device__ constexpr int m40_prepared_form(int type, bool dp4a) {
     const int scales = m40_activation_scales(type);
-    return m40_prepared_format(type) || scales == M40_SCALES_F32 ? scales : scales | M40_PREPARED_GRID;
+    const bool own_kernel = dp4a ? m40_integer_format(type) : m40_scaled_format(type);
+    return own_kernel || scales == M40_SCALES_F32 ? scales : scales | M40_PREPARED_GRID;
 }
 
 __host__ __device__ constexpr int m40_form_scales(int form) { return form & ~M40_PREPARED_GRID; }
@@ -52,7 +59,7 @@ constexpr bool m40_valid_form(int form) {
 static inline size_t m40_prepared_bytes(int cols, int n_x) { return m40_scaled_bytes(cols, n_x); }
 
 // Value v (index i) of activation row t into scratch in `form` (the
-// products' weight format's, m40_prepared_form), as this code's products
+// products' weight format's on this GPU, m40_prepared_form), as this code's products
 // read it, rounded to 8 bits with the form's block scales (`k`, Q8_K's
 // scale of its 256 values, for M40_SCALES_Q8_K); its warp holds the 32
 // values of its block of 32 (lane i % 32), and every lane of the warp calls

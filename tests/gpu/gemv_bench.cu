@@ -126,7 +126,7 @@ int main(int argc, char **argv) {
     cudaEventCreate(&start);
     cudaEventCreate(&stop);
     const bool prepared = m40_gemv_prepared_path(type), overlap = m40_launch_overlap();
-    const bool dp4a = m40_gemv_dp4a_code(), grid = m40_gemv_prepared_form(type) & M40_PREPARED_GRID;
+    const bool dp4a = m40_gemv_dp4a_code(), grid = m40_gemv_prepared_form(type, dp4a) & M40_PREPARED_GRID;
 
     const auto product = [&](int s, int layer, bool quantized) {
         const Product &pr = products[s];

@@ -321,7 +321,7 @@ impl CudaBackend {
                     } else {
                         std::ptr::null_mut()
                     },
-                    PreparedForm::of(gate.ty).raw(),
+                    self.routes.form(gate.ty).raw(),
                     stream,
                 )
             },

@@ -183,9 +183,11 @@ impl ExpertView {
 
 /// How the decode scratch holds rows prepared for a format's products
 /// (`m40_gemv_prepared_form`, cuda/prepare.cuh): the format's block
-/// scales, as 8-bit codes (or the M40's scaled values) for the formats with
-/// the integer and scaled kernels, else as grid values in f32 for the FP32
-/// kernel. Rows prepared in one form serve only products of the same form.
+/// scales, as 8-bit codes where the device runs dp4a code and the format
+/// has an integer kernel, as the M40's scaled values where it runs older
+/// code and the format has a scaled kernel, else as grid values in f32 for
+/// the FP32 kernel. Rows prepared in one form serve only products of the
+/// same form.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PreparedForm(c_int);
 
@@ -193,9 +195,11 @@ impl PreparedForm {
     /// `M40_PREPARED_GRID`: grid values in f32.
     pub const GRID: c_int = 4;
 
-    pub fn of(ty: GgmlType) -> PreparedForm {
-        // SAFETY: host arithmetic on the format's id.
-        PreparedForm(unsafe { m40_gemv_prepared_form(ty.id() as c_int) })
+    /// `ty`'s form on a device that runs this build's dp4a code or not
+    /// (`m40_gemv_dp4a_code`).
+    pub fn of(ty: GgmlType, dp4a: bool) -> PreparedForm {
+        // SAFETY: host arithmetic on its arguments.
+        PreparedForm(unsafe { m40_gemv_prepared_form(ty.id() as c_int, c_int::from(dp4a)) })
     }
 
     /// The value the kernels take.
@@ -395,15 +399,16 @@ extern "C" {
         stream: Stream,
     ) -> c_int;
     /// 1 when decode products of type `ty` prepare their activations in a
-    /// scratch on the current device (given one): 8-bit codes for the
-    /// integer path where the device runs this build's dp4a code (sm_61+
-    /// SASS), scaled values for the scaled path elsewhere (sm_52 SASS, the
-    /// compute_52 PTX), grid values in f32 for the FP32 kernel of the other
-    /// formats whose activations llama.cpp's CPU rounds to 8 bits.
+    /// scratch on the current device (given one): every format whose
+    /// activations llama.cpp's CPU rounds to 8 bits, in its `PreparedForm`.
     pub fn m40_gemv_prepared_path(ty: c_int) -> c_int;
+    /// 1 where the current device runs this build's dp4a code (sm_61+
+    /// SASS; not the sm_52 SASS or the compute_52 PTX).
+    pub fn m40_gemv_dp4a_code() -> c_int;
     /// The form (`PreparedForm`) decode products of type `ty` read their
-    /// prepared rows in (host arithmetic).
-    pub fn m40_gemv_prepared_form(ty: c_int) -> c_int;
+    /// prepared rows in where the device runs dp4a code (`dp4a` 1) or not
+    /// (host arithmetic).
+    pub fn m40_gemv_prepared_form(ty: c_int, dp4a: c_int) -> c_int;
     /// 1 when launches may overlap the stream's previous kernel on the
     /// current device (programmatic dependent launch: sm_90+ code).
     pub fn m40_launch_overlap() -> c_int;

@@ -176,30 +176,34 @@ mod tests {
     use crate::quant::GgmlType;
 
     /// The forms the kernels give each format (host arithmetic in
-    /// cuda/prepare.cuh): codes for the formats with integer and scaled
-    /// kernels, grid values for the other formats the CPU rounds, with
-    /// llama.cpp's CPU block scales.
+    /// cuda/prepare.cuh), with llama.cpp's CPU block scales: codes for the
+    /// formats with an integer kernel where the device runs dp4a code (the
+    /// table-lookup formats among them), scaled values for those with a
+    /// scaled kernel where it does not, else grid values.
     #[test]
     fn formats_read_prepared_rows_in_their_own_form() {
         let grid = PreparedForm::GRID;
-        for (ty, scales, in_grid) in [
-            (GgmlType::F16, ActivationScales::F32, false),
-            (GgmlType::Q4_0, ActivationScales::Q8_0, false),
-            (GgmlType::Q4_1, ActivationScales::Q8_1, false),
-            (GgmlType::Q8_0, ActivationScales::Q8_0, false),
-            (GgmlType::Q4K, ActivationScales::Q8K, false),
-            (GgmlType::Q6K, ActivationScales::Q8K, false),
-            (GgmlType::Q2K, ActivationScales::Q8K, true),
-            (GgmlType::Q3K, ActivationScales::Q8K, true),
-            (GgmlType::Iq4Nl, ActivationScales::Q8_0, true),
-            (GgmlType::Iq4Xs, ActivationScales::Q8K, true),
-            (GgmlType::Mxfp4, ActivationScales::Q8_0, true),
+        // (format, scales, grid values with dp4a, grid values without)
+        for (ty, scales, dp4a_grid, scaled_grid) in [
+            (GgmlType::F16, ActivationScales::F32, false, false),
+            (GgmlType::Q4_0, ActivationScales::Q8_0, false, false),
+            (GgmlType::Q4_1, ActivationScales::Q8_1, false, false),
+            (GgmlType::Q8_0, ActivationScales::Q8_0, false, false),
+            (GgmlType::Q4K, ActivationScales::Q8K, false, false),
+            (GgmlType::Q6K, ActivationScales::Q8K, false, false),
+            (GgmlType::Q2K, ActivationScales::Q8K, true, true),
+            (GgmlType::Q3K, ActivationScales::Q8K, true, true),
+            (GgmlType::Iq4Nl, ActivationScales::Q8_0, false, true),
+            (GgmlType::Iq4Xs, ActivationScales::Q8K, false, true),
+            (GgmlType::Mxfp4, ActivationScales::Q8_0, false, true),
         ] {
             assert_eq!(scales, ty.activation_scales(), "{ty:?}");
-            let want = scales as i32 | if in_grid { grid } else { 0 };
-            let form = PreparedForm::of(ty);
-            assert_eq!(form.raw(), want, "{ty:?}");
-            assert_eq!(form.whole_super_blocks(), scales == ActivationScales::Q8K);
+            for (dp4a, in_grid) in [(true, dp4a_grid), (false, scaled_grid)] {
+                let want = scales as i32 | if in_grid { grid } else { 0 };
+                let form = PreparedForm::of(ty, dp4a);
+                assert_eq!(form.raw(), want, "{ty:?}, dp4a {dp4a}");
+                assert_eq!(form.whole_super_blocks(), scales == ActivationScales::Q8K);
+            }
         }
     }
 }

@@ -271,7 +271,8 @@ impl CudaBackend {
         };
         let routes = Routes::new(&file, &info, cublas.as_ref(), &options);
         let attention_output_forms = weights::attention_output_forms(&file, holds, &|ty| {
-            routes.route(ty, 1) == ProductRoute::Decode { prepared: true }
+            (routes.route(ty, 1) == ProductRoute::Decode { prepared: true })
+                .then(|| routes.form(ty))
         });
         let widest = weights::matrices(&file)
             .map(|t| t.dims[0] as usize)

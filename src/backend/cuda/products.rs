@@ -475,7 +475,7 @@ impl CudaBackend {
                     cols: like.cols,
                     rows: n_x,
                     op: st.op,
-                    form: PreparedForm::of(like.ty),
+                    form: self.routes.form(like.ty),
                 });
         let input_quantized = input_quantized || prepared_before;
         // The scratch holds one launch's rows.
@@ -635,12 +635,12 @@ impl CudaBackend {
                     &matrices[..n],
                     GemvEpilogue::Store,
                     fused_norm,
-                    prepared && quantized == Some(PreparedForm::of(ty)),
+                    prepared && quantized == Some(self.routes.form(ty)),
                     attention.unwrap_or(&AttentionInputs::NONE),
                 )?
             };
             if prepared {
-                quantized = Some(PreparedForm::of(ty));
+                quantized = Some(self.routes.form(ty));
             }
             first += n;
         }

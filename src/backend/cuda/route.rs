@@ -8,7 +8,10 @@
 use std::ffi::c_int;
 
 use super::cublas::Cublas;
-use super::kernels::{m40_gemv_prepared_path, m40_mmq_expert_rows, m40_mmq_prepare, GEMV_MAX_X};
+use super::kernels::{
+    m40_gemv_dp4a_code, m40_gemv_prepared_path, m40_mmq_expert_rows, m40_mmq_prepare, PreparedForm,
+    GEMV_MAX_X,
+};
 use super::options::CudaOptions;
 use super::runtime::DeviceInfo;
 use super::weights::matrices;
@@ -88,8 +91,12 @@ pub(super) enum ExpertRoute {
 /// What the routes depend on, fixed when the backend is created.
 pub(super) struct Routes {
     /// The model's matrix formats whose decode products take a prepared
-    /// route (8-bit activations and dp4a, or the M40's scaled values).
+    /// route (8-bit activations and dp4a, the M40's scaled values, or grid
+    /// values for the FP32 kernel).
     prepared_formats: Vec<GgmlType>,
+    /// Whether the device runs this build's dp4a code, which decides each
+    /// format's `PreparedForm`.
+    dp4a: bool,
     /// The model's matrix formats that have a tensor-core kernel on this
     /// device (`m40_mmq`), and the rows of its expert work pieces for
     /// batches of up to 16 rows and of more.
@@ -143,6 +150,8 @@ impl Routes {
             .collect();
         Routes {
             prepared_formats,
+            // SAFETY: a query of the current device's kernel attributes.
+            dp4a: unsafe { m40_gemv_dp4a_code() } == 1,
             tensor_core_formats,
             expert_piece_rows,
             has_cublas: cublas.is_some(),
@@ -232,6 +241,11 @@ impl Routes {
         }
     }
 
+    /// The form in which decode products of `ty` read prepared rows.
+    pub fn form(&self, ty: GgmlType) -> PreparedForm {
+        PreparedForm::of(ty, self.dp4a)
+    }
+
     /// Whether any of the model's formats takes a prepared route (and the
     /// decode kernel needs its scratch).
     pub fn any_prepared(&self) -> bool {
@@ -253,6 +267,7 @@ mod tests {
     fn routes(has_cublas: bool) -> Routes {
         Routes {
             prepared_formats: vec![GgmlType::Q4K],
+            dp4a: true,
             tensor_core_formats: vec![GgmlType::Q4K, GgmlType::Q8_0],
             expert_piece_rows: vec![(GgmlType::Q4K, [16, 32]), (GgmlType::Q8_0, [16, 32])],
             has_cublas,

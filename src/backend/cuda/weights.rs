@@ -290,15 +290,14 @@ pub(super) fn matrices(file: &GgufFile) -> impl Iterator<Item = &TensorInfo> {
 }
 
 /// The form each attention layer's output product prepares its activations
-/// in (its weight format's, `PreparedForm::of`) where `prepares` says that
-/// product's format takes a prepared route, by
+/// in, `form` of its weight format (None: no prepared route), by
 /// layer of the layers `holds` names (the first held `blk.N` is layer 0,
 /// as a stage's operations count them): decode attention writes its output
 /// prepared with them. None for a layer without one.
 pub(super) fn attention_output_forms(
     file: &GgufFile,
     holds: &dyn Fn(&str) -> bool,
-    prepares: &dyn Fn(GgmlType) -> bool,
+    form: &dyn Fn(GgmlType) -> Option<PreparedForm>,
 ) -> Vec<Option<PreparedForm>> {
     let layer_of = |name: &str| {
         let rest = name.strip_prefix("blk.")?;
@@ -316,7 +315,7 @@ pub(super) fn attention_output_forms(
         if forms.len() <= layer {
             forms.resize(layer + 1, None);
         }
-        forms[layer] = prepares(t.ggml_type).then(|| PreparedForm::of(t.ggml_type));
+        forms[layer] = form(t.ggml_type);
     }
     forms
 }
