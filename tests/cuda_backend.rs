@@ -2478,77 +2478,90 @@ fn expert_biases_and_clamped_swiglu_match_the_cpu_in_decode_batches_and_prompts(
         ("q8_0", MOE_MEDIAN_BOUND),
     ] {
         let path = synth_gpt_oss("f16", experts);
-        let p = pair_of("gpt-oss", &path, CudaOptions::default());
-        for layer in 0..p.weights.layers.len() {
-            let l = &p.weights.layers[layer];
-            let FeedForward::Experts(ex) = &l.ffn else {
-                panic!("gpt-oss's layers are mixtures of experts")
+        // The tiny experts take one-row pieces for a decode batch, and with
+        // one_row_expert_bytes 0 the batched kernel, as gpt-oss-20b's do.
+        for one_row_expert_bytes in [CudaOptions::default().one_row_expert_bytes, 0] {
+            let options = CudaOptions {
+                one_row_expert_bytes,
+                ..CudaOptions::default()
             };
-            assert!(ex.biases.is_some(), "gpt-oss's experts have biases");
-            let (d, ff) = (ex.router.cols, ex.gate.part(0, ex.n_expert).rows);
-            let norm = Norm {
-                weight: &l.ffn_norm,
-                eps: 1e-5,
-            };
-            for rows in [1usize, 3, 8, 64] {
-                let x = random(rows * d, 60 + rows as u64 + 100 * layer as u64);
-                let width = rows * d.max(ff);
-                // The CPU's block, with and without the biases.
-                let mut cpu_out = Vec::new();
-                for mixture in [
-                    **ex,
-                    Experts {
-                        biases: None,
-                        ..**ex
-                    },
-                ] {
-                    let (mut h, mut s1, mut s2) =
-                        (vec![0f32; width], vec![0f32; width], vec![0f32; width]);
-                    let mut c = x.clone();
-                    let scratch = Scratch {
-                        normed: &mut h,
-                        product: &mut s1,
-                        product2: &mut s2,
+            let p = pair_of("gpt-oss", &path, options);
+            for layer in 0..p.weights.layers.len() {
+                let l = &p.weights.layers[layer];
+                let FeedForward::Experts(ex) = &l.ffn else {
+                    panic!("gpt-oss's layers are mixtures of experts")
+                };
+                assert!(ex.biases.is_some(), "gpt-oss's experts have biases");
+                let (d, ff) = (ex.router.cols, ex.gate.part(0, ex.n_expert).rows);
+                let norm = Norm {
+                    weight: &l.ffn_norm,
+                    eps: 1e-5,
+                };
+                for rows in [1usize, 3, 8, 64] {
+                    let x = random(rows * d, 60 + rows as u64 + 100 * layer as u64);
+                    let width = rows * d.max(ff);
+                    // The CPU's block, with and without the biases.
+                    let mut cpu_out = Vec::new();
+                    for mixture in [
+                        **ex,
+                        Experts {
+                            biases: None,
+                            ..**ex
+                        },
+                    ] {
+                        let (mut h, mut s1, mut s2) =
+                            (vec![0f32; width], vec![0f32; width], vec![0f32; width]);
+                        let mut c = x.clone();
+                        let scratch = Scratch {
+                            normed: &mut h,
+                            product: &mut s1,
+                            product2: &mut s2,
+                        };
+                        p.cpu
+                            .norm_moe_ffn_residual(
+                                &mut c,
+                                norm,
+                                rows,
+                                &mixture,
+                                Glu::SwigluOai,
+                                None,
+                                scratch,
+                            )
+                            .unwrap();
+                        cpu_out.push(c);
+                    }
+                    let g = &p.gpu;
+                    let mut xg = upload(g, &x);
+                    let mut outs: Vec<_> = (0..3).map(|_| g.buffer(width).unwrap()).collect();
+                    let [h, s1, s2] = &mut outs[..] else {
+                        unreachable!()
                     };
-                    p.cpu
-                        .norm_moe_ffn_residual(
-                            &mut c,
-                            norm,
-                            rows,
-                            &mixture,
-                            Glu::SwigluOai,
-                            None,
-                            scratch,
-                        )
+                    let scratch = Scratch {
+                        normed: h,
+                        product: s1,
+                        product2: s2,
+                    };
+                    g.norm_moe_ffn_residual(&mut xg, norm, rows, ex, Glu::SwigluOai, None, scratch)
                         .unwrap();
-                    cpu_out.push(c);
+                    let err = relative_error(&download(g, &xg, rows * d), &cpu_out[0]);
+                    let effect = relative_error(&cpu_out[1], &cpu_out[0]);
+                    assert!(
+                        err <= bound,
+                        "{experts} experts, layer {layer}, {rows} rows: error {:.3}%",
+                        err * 100.0
+                    );
+                    assert!(effect > 3.0 * bound, "the biases hardly matter: {effect:e}");
+                    report.push(format!(
+                        "{experts} layer {layer} {rows} rows{}: {:.4}% (biases move it {:.1}%)",
+                        if one_row_expert_bytes == 0 {
+                            " (batched)"
+                        } else {
+                            ""
+                        },
+                        err * 100.0,
+                        effect * 100.0
+                    ));
                 }
-                let g = &p.gpu;
-                let mut xg = upload(g, &x);
-                let mut outs: Vec<_> = (0..3).map(|_| g.buffer(width).unwrap()).collect();
-                let [h, s1, s2] = &mut outs[..] else {
-                    unreachable!()
-                };
-                let scratch = Scratch {
-                    normed: h,
-                    product: s1,
-                    product2: s2,
-                };
-                g.norm_moe_ffn_residual(&mut xg, norm, rows, ex, Glu::SwigluOai, None, scratch)
-                    .unwrap();
-                let err = relative_error(&download(g, &xg, rows * d), &cpu_out[0]);
-                let effect = relative_error(&cpu_out[1], &cpu_out[0]);
-                assert!(
-                    err <= bound,
-                    "{experts} experts, layer {layer}, {rows} rows: error {:.3}%",
-                    err * 100.0
-                );
-                assert!(effect > 3.0 * bound, "the biases hardly matter: {effect:e}");
-                report.push(format!(
-                    "{experts} layer {layer} {rows} rows: {:.4}% (biases move it {:.1}%)",
-                    err * 100.0,
-                    effect * 100.0
-                ));
             }
         }
     }

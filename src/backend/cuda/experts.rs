@@ -216,7 +216,10 @@ impl CudaBackend {
             None => [None; 3],
         };
 
-        let route = self.routes.expert_route(gate.ty, down.ty, rows);
+        let expert_bytes = gate.n_bytes + up.n_bytes + down.n_bytes;
+        let route = self
+            .routes
+            .expert_route(gate.ty, down.ty, rows, expert_bytes);
         let piece_rows = match route {
             ExpertRoute::TensorCores { piece_rows } => piece_rows,
             ExpertRoute::Decode { piece_rows, .. } => piece_rows,

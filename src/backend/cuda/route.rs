@@ -67,14 +67,15 @@ pub(super) enum ExpertRoute {
     /// (for the gate and up products, then for down): on prepared
     /// activations (as `ProductRoute::Decode`).
     /// `piece_rows` 1: the one-row kernel, a piece per (row, expert): one
-    /// session, and batches of up to GEMV_MAX_X rows where the tensor cores
-    /// would otherwise take them (their experts mostly have one row each,
-    /// which a 16-row tile computes at the cost of 16; two rows sharing an
-    /// expert read its weights twice, the second time mostly from L2:
-    /// 8 sessions of qwen3-30b-a3b measured 3% faster on the H100).
-    /// `piece_rows` GEMV_MAX_X: the batched kernel, for batches where no
-    /// tensor cores take them (the M40), which reads an expert's weights
-    /// once for its rows and decodes them once, the M40's scarce resource.
+    /// session, and batches of up to GEMV_MAX_X rows of small experts
+    /// where the tensor cores would otherwise take them (their experts
+    /// mostly have one row each, which a 16-row tile computes at the cost
+    /// of 16; two rows sharing an expert read its weights twice, the second
+    /// time mostly from L2: `CudaOptions::one_row_expert_bytes`).
+    /// `piece_rows` GEMV_MAX_X: the batched kernel, for batches of large
+    /// experts and where no tensor cores take them (the M40), which reads
+    /// an expert's weights once for its rows and decodes them once, the
+    /// M40's scarce resource.
     Decode {
         prepared: [bool; 2],
         piece_rows: usize,
@@ -109,6 +110,9 @@ pub(super) struct Routes {
     /// The least bytes of products sharing their rows that a full decode
     /// batch takes on the tensor cores (`CudaOptions::batch_tensor_core_bytes`).
     batch_tensor_core_bytes: usize,
+    /// The most bytes of an expert whose decode batches take one-row pieces
+    /// (`CudaOptions::one_row_expert_bytes`).
+    one_row_expert_bytes: usize,
 }
 
 impl Routes {
@@ -158,6 +162,7 @@ impl Routes {
             prefill_in_f16: info.compute_capability.0 >= 7
                 && cublas.is_some_and(|c| c.has_f16_products()),
             batch_tensor_core_bytes: options.batch_tensor_core_bytes,
+            one_row_expert_bytes: options.one_row_expert_bytes,
         }
     }
 
@@ -213,8 +218,15 @@ impl Routes {
     }
 
     /// The route of a mixture of experts' products for `rows` rows, the
-    /// experts' gate and up matrices of format `gate_up`, down of `down`.
-    pub fn expert_route(&self, gate_up: GgmlType, down: GgmlType, rows: usize) -> ExpertRoute {
+    /// experts' gate and up matrices of format `gate_up`, down of `down`,
+    /// an expert's three matrices `expert_bytes` bytes.
+    pub fn expert_route(
+        &self,
+        gate_up: GgmlType,
+        down: GgmlType,
+        rows: usize,
+        expert_bytes: usize,
+    ) -> ExpertRoute {
         let piece_rows = |ty| {
             self.expert_piece_rows
                 .iter()
@@ -226,9 +238,10 @@ impl Routes {
             if let (Some(a), Some(b)) = (piece_rows(gate_up), piece_rows(down)) {
                 if a == b {
                     if rows <= GEMV_MAX_X {
+                        let one_row = expert_bytes <= self.one_row_expert_bytes;
                         return ExpertRoute::Decode {
                             prepared,
-                            piece_rows: 1,
+                            piece_rows: if one_row { 1 } else { GEMV_MAX_X },
                         };
                     }
                     return ExpertRoute::TensorCores { piece_rows: a };
@@ -273,6 +286,7 @@ mod tests {
             has_cublas,
             prefill_in_f16: true,
             batch_tensor_core_bytes: 16 << 20,
+            one_row_expert_bytes: 8 << 20,
         }
     }
 
@@ -339,40 +353,60 @@ mod tests {
     }
 
     #[test]
-    fn experts_take_one_row_pieces_up_to_a_decode_batch_and_tensor_cores_past_it() {
+    fn small_experts_take_one_row_pieces_up_to_a_decode_batch_and_tensor_cores_past_it() {
         let r = routes(true);
         assert_eq!(
-            r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, 1),
+            r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, 1, 3 << 20),
             ExpertRoute::Decode {
                 prepared: [true, false],
                 piece_rows: 1
             }
         );
         assert_eq!(
-            r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, GEMV_MAX_X),
+            r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, GEMV_MAX_X, 3 << 20),
             ExpertRoute::Decode {
                 prepared: [true, false],
                 piece_rows: 1
             }
         );
         assert_eq!(
-            r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, GEMV_MAX_X + 1),
+            r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, GEMV_MAX_X + 1, 3 << 20),
             ExpertRoute::TensorCores { piece_rows: 16 }
         );
         assert_eq!(
-            r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, 17),
+            r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, 17, 3 << 20),
             ExpertRoute::TensorCores { piece_rows: 32 }
         );
-        // Without tensor cores for every format: the batched decode kernel.
+        // Large experts: the batched decode kernel up to a decode batch,
+        // one piece an expert for its rows, whose weights it reads once.
         assert_eq!(
-            r.expert_route(GgmlType::Q4K, GgmlType::Q6K, 3),
+            r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, 1, 13 << 20),
+            ExpertRoute::Decode {
+                prepared: [true, false],
+                piece_rows: 1
+            }
+        );
+        assert_eq!(
+            r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, GEMV_MAX_X, 13 << 20),
             ExpertRoute::Decode {
                 prepared: [true, false],
                 piece_rows: GEMV_MAX_X
             }
         );
         assert_eq!(
-            r.expert_route(GgmlType::Q4K, GgmlType::Q6K, 512),
+            r.expert_route(GgmlType::Q4K, GgmlType::Q8_0, GEMV_MAX_X + 1, 13 << 20),
+            ExpertRoute::TensorCores { piece_rows: 16 }
+        );
+        // Without tensor cores for every format: the batched decode kernel.
+        assert_eq!(
+            r.expert_route(GgmlType::Q4K, GgmlType::Q6K, 3, 3 << 20),
+            ExpertRoute::Decode {
+                prepared: [true, false],
+                piece_rows: GEMV_MAX_X
+            }
+        );
+        assert_eq!(
+            r.expert_route(GgmlType::Q4K, GgmlType::Q6K, 512, 3 << 20),
             ExpertRoute::Decode {
                 prepared: [true, false],
                 piece_rows: GEMV_MAX_X
