@@ -1706,8 +1706,8 @@ static int m40_code_version() {
 // epilogues need matrices 0 (gate) and 1 (up) of equal height. The first
 // n_matrices have rows, the others none. Expert products (p.experts.work)
 // take n_x 1 (one session: every piece reads one x row) or up to
-// M40_GEMV_MAX_X (each piece's count); on the integer path the launch
-// quantizes all p.experts.x_rows rows of x.
+// M40_GEMV_MAX_X (each piece's count); where it prepares x (x_q8) the
+// launch prepares all p.experts.x_rows rows.
 M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_warp, cudaStream_t stream) {
     const M40Gemv &p = *params;
     if (p.n_x < 1 || p.n_x > M40_GEMV_MAX_X || p.cols % 32 != 0 || p.n_matrices < 1 || p.n_matrices > 3 ||
@@ -1757,6 +1757,8 @@ M40_EXPORT cudaError_t m40_gemv(int type, const M40Gemv *params, int rows_per_wa
                 const int x_rows = p.experts.work ? p.experts.x_rows : p.n_x;
                 if (!p.x_quantized)
                     m40_prepare_activations(p.overlap, p.x, p.norm, p.eps, p.cols, x_rows, p.x_q8, form, stream);
+                // A form without the grid flag names a kernel the format has
+                // for this code (m40_prepared_form), so one branch launches.
                 if (form & M40_PREPARED_GRID) {
                     // The FP32 kernel on the rounded rows, which lie as x does.
                     M40Gemv grid = p;
@@ -1797,7 +1799,8 @@ M40_EXPORT int m40_gemv_prepared_path(int type) {
 M40_EXPORT int m40_gemv_prepared_form(int type, int dp4a) { return m40_prepared_form(type, dp4a != 0); }
 
 // Whether the current device runs this build's dp4a code (sm_61+ SASS): the
-// prepared formats then take the integer path, else the scaled one.
+// formats with an integer kernel then take it, else those with a scaled
+// kernel take that one, and the others the FP32 kernel on grid values.
 M40_EXPORT int m40_gemv_dp4a_code() { return m40_code_version() >= 61; }
 
 // Whether launches may overlap on the current device (m40_launch): this

@@ -239,7 +239,7 @@ __device__ __forceinline__ uint32_t m40_lookup4(uint32_t codes, uint4 table) {
 // 16 + j into `high`, a byte each. Each half of the table is looked up for
 // four codes at once, the nibbles of two bytes as they lie (value order 0,
 // 16, 1, 17), each code's bit 3 picks its half, and two more permutes put
-// the bytes in value order: 13 instructions for 8 codes, where
+// the bytes in value order: 13 operations (source count) for 8 codes, where
 // m40_lookup4 takes as many for 4.
 __device__ __forceinline__ void m40_lookup8(uint32_t word, uint4 table, uint32_t &low, uint32_t &high) {
     const uint32_t index = word & 0x77777777u;

@@ -9,7 +9,8 @@
 //! - matrix products, against f64 products of the CPU's bit-exact
 //!   dequantization, per output row: 2e-5 for the decode kernel (FP32);
 //!   on its prepared paths (8-bit activations: the integer path on sm_61+,
-//!   the M40's scaled path on the same 8-bit grid), each output within
+//!   the M40's scaled path, and the FP32 kernel on grid values for formats
+//!   without either, all on the same 8-bit grid), each output within
 //!   `dot_error_bound`, the rounding bound of the CPU's 8-bit activations,
 //!   and within 1e-4 of the CPU's own products (the same grid); 2e-3 for
 //!   prefill's cuBLAS products (on tensor cores, f16 operands from Volta on
@@ -400,7 +401,7 @@ fn matrix_products_match_f64_products_for_every_type_on_every_path() {
         ));
     }
     println!(
-        "matmul, largest error per type, FP32 decode kernel (f16 operands: prefill cuBLAS and tensor cores; 8-bit activations: integer decode kernel): {}",
+        "matmul, largest error per type, FP32 decode kernel (f16 operands: prefill cuBLAS and tensor cores; 8-bit activations: the decode kernel's prepared paths): {}",
         report.join(", ")
     );
 }

@@ -19,7 +19,8 @@
 #   run.sh gemv [7b|1b] [TYPE ...]
 #                  gemv_bench: each decode product of the model's shapes against a
 #                  plain read of its bytes, for GGUF type ids (default 2 12 8: Q4_0 Q4_K Q8_0);
-#                  BENCH_LIB=ptx: the compute_52 build (the M40's scaled path)
+#                  BENCH_LIB=ptx: the compute_52 build (the M40's scaled path; the
+#                  FP32 kernel on grid values for the table-lookup formats)
 #   run.sh profile [PRESET:TYPE ...]
 #                  per-operation times of a 512-token prompt and decode steps of
 #                  1 and 8 sessions (default llama-7b:q4_0)

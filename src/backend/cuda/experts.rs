@@ -3,9 +3,10 @@
 //! other), `m40_moe_route` (each row's experts and weights, the rows sorted
 //! by expert into work pieces), each expert product as one launch over the
 //! pieces (`ExpertView`; `ExpertRoute` says which kernel: the one-row
-//! decode kernel for one session and small batches, the tensor cores for
-//! larger batches and prompts where the GPU and the formats have them, else
-//! the decode kernel in pieces of 8 rows), and the weighted sum of each
+//! decode kernel for one session and small batches of small experts, the
+//! tensor cores for larger batches and prompts where the GPU and the
+//! formats have them, else the decode kernel in pieces of 8 rows), and the
+//! weighted sum of each
 //! row's expert outputs into the residual. No value comes back to the host, so a
 //! decode step with experts is recorded and replayed like any other.
 //!

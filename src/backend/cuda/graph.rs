@@ -253,10 +253,18 @@ impl CudaBackend {
         };
         graphs.graphs.push(graph);
         let graph = graphs.graphs.last_mut().expect("pushed above");
-        {
+        let launched = {
             let state = self.lock();
             graph.inputs.upload(&ids, &table, input, &state.stream)?;
-            graph.graph.launch(&state.stream)?;
+            graph.graph.launch(&state.stream)
+        };
+        if let Err(e) = launched {
+            // A replay that fails may have run part of the step: its
+            // sequences' states then hold no known number of tokens.
+            for r in rows {
+                caches[r.seq].invalidate_recurrent();
+            }
+            return Err(e);
         }
         // The step's recurrent states took in its rows (a recording counts
         // none: its launches ran only now).

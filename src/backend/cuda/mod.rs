@@ -124,9 +124,10 @@ struct State {
     positions: RowTable,
     /// The row table of the rows the KV kernels were last given.
     cache_rows: RowTable,
-    /// Where the decode kernel prepares its activation rows (8-bit codes or
-    /// scaled values: `prepared_bytes` for GEMV_MAX_X rows of the widest
-    /// matrix), when products take a prepared route.
+    /// Where the decode kernel prepares its activation rows (8-bit codes,
+    /// scaled values or grid values, `PreparedForm`: `prepared_bytes` for
+    /// GEMV_MAX_X rows of the widest matrix), when products take a prepared
+    /// route.
     activations_q8: Option<DevicePtr<i8>>,
     /// The widest matrix's width: the scratch holds GEMV_MAX_X rows of it.
     widest_product: usize,

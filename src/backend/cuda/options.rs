@@ -13,12 +13,14 @@ pub struct CudaOptions {
     /// for Q6_K on the integer path, 2 otherwise). Tests set it to cover
     /// both.
     pub gemv_rows_per_warp: Option<u32>,
-    /// Decode products (up to 8 rows) of the quantized formats with a
-    /// prepared path on activations prepared by a launch of their own: 8-bit
-    /// with dp4a where the device runs this build's sm_61+ code, scaled FP32
+    /// Decode products (up to 8 rows) of the quantized formats on
+    /// activations prepared by a launch of their own, on the 8-bit grid of
+    /// llama.cpp's CPU: 8-bit codes with dp4a where the device runs this
+    /// build's sm_61+ code and the format has an integer kernel, scaled FP32
     /// values with masked codes (the M40's path) where it runs sm_52 code or
-    /// the compute_52 PTX; false keeps them on the plain FP32 path (tests
-    /// set it to cover that path). Products of 9–64 rows, and a full batch's
+    /// the compute_52 PTX and the format has a scaled kernel, else grid
+    /// values for the FP32 kernel; false keeps them on the plain FP32 path
+    /// on unrounded activations (tests set it to cover that path). Products of 9–64 rows, and a full batch's
     /// large ones (`batch_tensor_core_bytes`), take the f16 tensor cores
     /// where the GPU has them (sm_80+) either way.
     pub integer_products: bool,
