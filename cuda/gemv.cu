@@ -422,7 +422,7 @@ template <> struct GemvQ8<M40_Q8_0> {
         float d;
     };
     __device__ static void weights(const uint8_t *b, int, W &w) {
-        m40_words_2<8>(b + 2, reinterpret_cast<uint32_t *>(w.q));
+        m40_words<8, 2>(b + 2, reinterpret_cast<uint32_t *>(w.q));
         w.d = m40_f16(b);
     }
     __device__ static void activations(M40Q8Row x, int block, int, X &a) {
@@ -468,7 +468,7 @@ __device__ __forceinline__ void m40_lookup_activations(M40Q8Row x, int sub, M40L
     a.d = __ldg(&x.ds[sub].x);
 }
 
-template <int TYPE> struct GemvQ8Lookup {
+struct GemvQ8Lookup {
     static constexpr bool DIRECT = false;
     using W = M40LookupW;
     using X = M40LookupX;
@@ -477,30 +477,25 @@ template <int TYPE> struct GemvQ8Lookup {
     }
 };
 
-template <> struct GemvQ8<M40_IQ4_NL> : GemvQ8Lookup<M40_IQ4_NL> {
-    static constexpr int VALUES = 32, BYTES = 18, UNITS = 1;
+// IQ4_NL (an f16 scale, 18-byte blocks) and MXFP4 (an E8M0 exponent,
+// 17-byte blocks): a unit is a block, its scale, then its 16 quant bytes.
+template <int TYPE> struct GemvQ8LookupBlock : GemvQ8Lookup {
+    static constexpr bool MX = TYPE == M40_MXFP4;
+    static constexpr int VALUES = 32, BYTES = MX ? 17 : 18, UNITS = 1;
     __device__ static void weights(const uint8_t *b, int, W &w) {
         uint32_t words[4];
-        m40_words_2<4>(b + 2, words);
-        m40_lookup_unit(words, m40_iq4_values(), w);
-        w.d = m40_f16(b);
+        m40_words<4, MX ? 1 : 2>(b + (MX ? 1 : 2), words);
+        m40_lookup_unit(words, MX ? m40_mxfp4_values() : m40_iq4_values(), w);
+        w.d = MX ? m40_e8m0_half(b[0]) : m40_f16(b);
     }
     __device__ static void activations(M40Q8Row x, int block, int, X &a) { m40_lookup_activations(x, block, a); }
 };
 
-template <> struct GemvQ8<M40_MXFP4> : GemvQ8Lookup<M40_MXFP4> {
-    static constexpr int VALUES = 32, BYTES = 17, UNITS = 1;
-    __device__ static void weights(const uint8_t *b, int, W &w) {
-        uint32_t words[4];
-        m40_words_1<4>(b + 1, words);
-        m40_lookup_unit(words, m40_mxfp4_values(), w);
-        w.d = m40_e8m0_half(b[0]);
-    }
-    __device__ static void activations(M40Q8Row x, int block, int, X &a) { m40_lookup_activations(x, block, a); }
-};
+template <> struct GemvQ8<M40_IQ4_NL> : GemvQ8LookupBlock<M40_IQ4_NL> {};
+template <> struct GemvQ8<M40_MXFP4> : GemvQ8LookupBlock<M40_MXFP4> {};
 
 // IQ4_XS blocks (136 bytes) are 8-byte aligned wherever a row is.
-template <> struct GemvQ8<M40_IQ4_XS> : GemvQ8Lookup<M40_IQ4_XS> {
+template <> struct GemvQ8<M40_IQ4_XS> : GemvQ8Lookup {
     static constexpr int VALUES = 256, BYTES = 136, UNITS = 8;
     __device__ static void weights(const uint8_t *b, int u, W &w) {
         const uint2 first = *reinterpret_cast<const uint2 *>(b + 8 + 16 * u);
@@ -771,7 +766,7 @@ template <> struct GemvScaled<M40_Q8_0> {
     };
     using X = M40Scaled32;
     __device__ static void weights(const uint8_t *b, int, W &w) {
-        m40_words_2<8>(b + 2, w.q);
+        m40_words<8, 2>(b + 2, w.q);
 #pragma unroll
         for (int k = 0; k < 8; k++) w.q[k] ^= 0x80808080u;
         w.d = m40_f16(b);
@@ -1560,7 +1555,7 @@ static int m40_gemv_blocks_per_sm() {
 //
 // The integer path never splits: a warp that owns whole rows measured
 // faster on the H100 for every integer format, Q8_0's long rows included
-// (its staged quants are read as whole words, m40_words_2).
+// (its staged quants are read as whole words, m40_words).
 template <class G> static bool m40_gemv_split(const M40Gemv &p, size_t groups, size_t resident_warps) {
     if (p.cols / G::VALUES < M40_GEMV_WARPS) return false;
     const size_t waves = G::DIRECT ? 4 : 2;

@@ -94,41 +94,30 @@ __device__ __forceinline__ uint32_t m40_u32_2(const uint8_t *p) {
 }
 __device__ __forceinline__ uint32_t m40_u32_4(const uint8_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
 
-// N consecutive 32-bit words of a run that is only 2-byte aligned, from the
+// N consecutive 32-bit words of a run that is only ALIGN-byte aligned (2:
+// Q4_0, Q5_0, Q8_0, IQ4_NL blocks; 1: MXFP4's 17-byte blocks), from the
 // aligned words it overlaps: a load and a funnel shift a word, where
-// m40_u32_2 costs two 16-bit loads and a merge. Reads no byte outside the
-// aligned words the run touches. The integer decode products read their
-// staged Q4_0, Q5_0 and Q8_0 quants this way, measured faster on the H100.
-// Where a run is only two words (the integer Q6_K, the FP32 path's Q8_0)
-// the address and alignment work outweighs the loads saved, measured
-// slower, so those keep m40_u32_2.
-template <int N> __device__ __forceinline__ void m40_words_2(const uint8_t *p, uint32_t *out) {
+// m40_u32_2 costs two 16-bit loads and a merge (byte loads, four loads and
+// three merges). Reads no byte outside the aligned words the run touches.
+// The integer decode products read their staged quants this way, measured
+// faster on the H100 for Q4_0, Q5_0 and Q8_0. Where a run is only two
+// words (the integer Q6_K, the FP32 path's Q8_0) the address and alignment
+// work outweighs the loads saved, measured slower, so those keep m40_u32_2.
+template <int N, int ALIGN> __device__ __forceinline__ void m40_words(const uint8_t *p, uint32_t *out) {
+    static_assert(ALIGN == 1 || ALIGN == 2, "runs of 4-byte aligned words need no shifts");
     // Pointer arithmetic rather than a mask of p's bits, which would hide
     // from the compiler that p points into shared memory (generic loads).
     const int offset = int(uintptr_t(p) & 3);
     const uint32_t *aligned = reinterpret_cast<const uint32_t *>(p - offset);
-    const bool straddles = offset != 0;  // p is then 2 bytes past a word boundary
+    const bool straddles = offset != 0;
     uint32_t w[N + 1];
 #pragma unroll
     for (int k = 0; k < N; k++) w[k] = aligned[k];
     w[N] = straddles ? aligned[N] : 0u;
-    const int shift = straddles ? 16 : 0;
+    // A 2-byte aligned run straddles by exactly 2 bytes.
+    const int shift = ALIGN == 2 ? (straddles ? 16 : 0) : 8 * offset;
 #pragma unroll
     for (int k = 0; k < N; k++) out[k] = __funnelshift_r(w[k], w[k + 1], shift);
-}
-
-// As m40_words_2, for a run that is only byte aligned (MXFP4's 17-byte
-// blocks): a load and a funnel shift a word, where four byte loads and
-// three merges would build it.
-template <int N> __device__ __forceinline__ void m40_words_1(const uint8_t *p, uint32_t *out) {
-    const int offset = int(uintptr_t(p) & 3);
-    const uint32_t *aligned = reinterpret_cast<const uint32_t *>(p - offset);
-    uint32_t w[N + 1];
-#pragma unroll
-    for (int k = 0; k < N; k++) w[k] = aligned[k];
-    w[N] = offset != 0 ? aligned[N] : 0u;
-#pragma unroll
-    for (int k = 0; k < N; k++) out[k] = __funnelshift_r(w[k], w[k + 1], 8 * offset);
 }
 
 // Bits 0..3 of b spread to bit 4 of bytes 0..3.
@@ -154,7 +143,7 @@ template <int BYTES_, int QS, int QH, bool MIN_, int ZERO_> struct NibbleLayout 
 #pragma unroll
             for (int k = 0; k < 4; k++) words[k] = m40_u32_4(b + QS + 4 * k);
         } else {
-            m40_words_2<4>(b + QS, words);
+            m40_words<4, 2>(b + QS, words);
         }
     }
     // The codes of values 16h + 4k .. 16h + 4k + 3 (h = 0: low nibbles, 1:

@@ -6,9 +6,9 @@
 //! decode kernel for one session and small batches of small experts, the
 //! tensor cores for larger batches and prompts where the GPU and the
 //! formats have them, else the decode kernel in pieces of 8 rows), and the
-//! weighted sum of each
-//! row's expert outputs into the residual. No value comes back to the host, so a
-//! decode step with experts is recorded and replayed like any other.
+//! weighted sum of each row's expert outputs into the residual. No value
+//! comes back to the host, so a decode step with experts is recorded and
+//! replayed like any other.
 //!
 //! Biases (gpt-oss's) go where the CPU backend adds them: the router's into
 //! its logits before the routing, each expert's gate, up and down rows into

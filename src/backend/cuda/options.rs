@@ -20,9 +20,10 @@ pub struct CudaOptions {
     /// values with masked codes (the M40's path) where it runs sm_52 code or
     /// the compute_52 PTX and the format has a scaled kernel, else grid
     /// values for the FP32 kernel; false keeps them on the plain FP32 path
-    /// on unrounded activations (tests set it to cover that path). Products of 9–64 rows, and a full batch's
-    /// large ones (`batch_tensor_core_bytes`), take the f16 tensor cores
-    /// where the GPU has them (sm_80+) either way.
+    /// on unrounded activations (tests set it to cover that path). Products
+    /// of 9–64 rows, and a full batch's large ones
+    /// (`batch_tensor_core_bytes`), take the f16 tensor cores where the GPU
+    /// has them (sm_80+) either way.
     pub integer_products: bool,
     /// A decode batch of 8 rows (the decode kernel's most, GEMV_MAX_X)
     /// takes the f16 tensor cores (sm_80+) for products that read the same
