@@ -10,13 +10,15 @@
 // where the model has them, joins its softmax without a value wherever the
 // output is normalized (m40_softmax_divisor).
 #include <type_traits>
+#include <utility>
 
 #include "ops.cuh"
 #include "prepare.cuh"
 
 #define M40_ATTN_WARPS 4
-// Head sizes up to 32 × this many values per lane.
-#define M40_ATTN_MAX_PER_LANE 8
+// Head sizes up to 32 × this many values per lane (M40_MAX_HEAD_DIM).
+#define M40_ATTN_MAX_PER_LANE 16
+static_assert(32 * M40_ATTN_MAX_PER_LANE == M40_MAX_HEAD_DIM, "every kernel takes the heads m40_attention accepts");
 
 struct Partial {
     float max, sum;
@@ -214,20 +216,44 @@ template <int MAX_D> struct PrefillTile {
     static constexpr int ROWS = MAX_D > 128 ? 4 : 8;
     static constexpr int WARPS = 4;
     static constexpr int TILE_ROWS = ROWS * WARPS;
-    // f16 pairs per head, and the key/value row stride in 32-bit words:
+    // Values of a head the shared tile holds at once: the whole head up to
+    // 256; wider heads pass through it in pieces of 128, which keeps a
+    // block within the 48 KB of shared memory a block gets on every GPU
+    // (sm_52 included): at 512 the queries take 32 KB, a whole-head tile
+    // would take 66 KB, a piece's 8.4 KB.
+    static constexpr int PIECE = MAX_D > 256 ? 128 : MAX_D;
+    static constexpr int PIECES = MAX_D / PIECE;
+    // f16 pairs of a piece, and the key/value row stride in 32-bit words:
     // two words of padding keep lane c's 8-byte key loads conflict-free.
-    static constexpr int PAIRS = MAX_D / 2;
+    static constexpr int PAIRS = PIECE / 2;
     static constexpr int STRIDE = PAIRS + 2;
-    // Value pairs per lane: lane owns pairs lane + 32 j.
+    // Value pairs per lane and piece: lane owns pairs lane + 32 j of each.
     static constexpr int LANE_PAIRS = (PAIRS + 31) / 32;
+    // Accumulators per row: every piece's pairs.
+    static constexpr int ACCS = 2 * LANE_PAIRS * PIECES;
+    // The head value of a lane's accumulator pair j (of piece j / LANE_PAIRS).
+    static __device__ __forceinline__ int value(int j, int lane) {
+        return (j / LANE_PAIRS) * PIECE + 2 * (lane + 32 * (j % LANE_PAIRS));
+    }
 };
 
 __device__ __forceinline__ float2 m40_half2_bits(uint32_t w) {
     return make_float2(m40_half_bits(uint16_t(w & 0xffffu)), m40_half_bits(uint16_t(w >> 16)));
 }
 
-// Copies positions begin .. begin+31 (those below end; zeros past it) of one
-// head's keys or values into shared memory, STRIDE words per position.
+// f(std::integral_constant<int, i>) for i = 0 .. N − 1, in order: a loop
+// over a head's pieces whose index is a constant in each body (it picks
+// registers).
+template <class F, int... I> __device__ __forceinline__ void m40_each_index(F &f, std::integer_sequence<int, I...>) {
+    (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, class F> __device__ __forceinline__ void m40_each_piece(F &&f) {
+    m40_each_index(f, std::make_integer_sequence<int, N>{});
+}
+
+// Copies positions begin .. begin+31 (those below end; zeros past it) of
+// `dim` values (a multiple of 8, at most a PIECE) of one head's keys or
+// values, from `head` on, into shared memory, STRIDE words per position.
 template <int MAX_D>
 __device__ __forceinline__ void m40_load_kv_tile(uint32_t *tile, const __half *head, int width, int dim, int begin,
                                                  int end) {
@@ -286,34 +312,38 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
 
     // Row r of this warp is tile row warp * ROWS + r, at position pos0 + that.
     const int warp_first = warp * ROWS;
-    float run_max[ROWS], lane_sum[ROWS], acc[ROWS][2 * T::LANE_PAIRS];
+    float run_max[ROWS], lane_sum[ROWS], acc[ROWS][T::ACCS];
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         run_max[r] = -INFINITY;
         lane_sum[r] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 2 * T::LANE_PAIRS; j++) acc[r][j] = 0.0f;
+        for (int j = 0; j < T::ACCS; j++) acc[r][j] = 0.0f;
     }
 
     for (int t = begin; t < end; t += 32) {
-        __syncthreads();  // the queries are in; the previous values are read
-        m40_load_kv_tile<MAX_D>(kv, keys, k_width, head_dim_k, t, end);
-        __syncthreads();
-
         // Scores of position t + lane against the warp's rows, 4 dims a step.
         float score[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; r++) score[r] = 0.0f;
-        const uint32_t *key = kv + lane * T::STRIDE;
-        for (int d = 0; d < head_dim_k; d += 4) {
-            const uint2 words = *reinterpret_cast<const uint2 *>(key + d / 2);
-            const float2 k01 = m40_half2_bits(words.x), k23 = m40_half2_bits(words.y);
+        m40_each_piece<T::PIECES>([&](auto piece) {
+            const int from = decltype(piece)::value * T::PIECE;
+            const int dims = T::PIECES == 1 ? head_dim_k : min(T::PIECE, head_dim_k - from);
+            if (T::PIECES > 1 && dims <= 0) return;
+            __syncthreads();  // the queries are in; the previous tile is read
+            m40_load_kv_tile<MAX_D>(kv, keys + from, k_width, dims, t, end);
+            __syncthreads();
+            const uint32_t *key = kv + lane * T::STRIDE;
+            for (int d = 0; d < dims; d += 4) {
+                const uint2 words = *reinterpret_cast<const uint2 *>(key + d / 2);
+                const float2 k01 = m40_half2_bits(words.x), k23 = m40_half2_bits(words.y);
 #pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                const float4 qv = *reinterpret_cast<const float4 *>(&queries[warp_first + r][d]);
-                score[r] += qv.x * k01.x + qv.y * k01.y + qv.z * k23.x + qv.w * k23.y;
+                for (int r = 0; r < ROWS; r++) {
+                    const float4 qv = *reinterpret_cast<const float4 *>(&queries[warp_first + r][from + d]);
+                    score[r] += qv.x * k01.x + qv.y * k01.y + qv.z * k23.x + qv.w * k23.y;
+                }
             }
-        }
+        });
 
         // Causal and window masks, then one online-softmax step per row.
         const int p = t + lane;
@@ -331,35 +361,42 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
             run_max[r] = new_max;
             probs[warp][lane][r] = weight;
         }
-        __syncthreads();  // every warp is done with the keys; probs are written
-        m40_load_kv_tile<MAX_D>(kv, values, v_width, head_dim_v, t, end);
-        __syncthreads();
-
-#pragma unroll
-        for (int r = 0; r < ROWS; r++)
-#pragma unroll
-            for (int j = 0; j < 2 * T::LANE_PAIRS; j++) acc[r][j] *= correction[r];
         const int n_pos = min(32, end - t);
-        for (int c = 0; c < n_pos; c++) {
-            float weight[ROWS];
+        m40_each_piece<T::PIECES>([&](auto piece_constant) {
+            constexpr int piece = decltype(piece_constant)::value;
+            const int from = piece * T::PIECE;
+            const int dims = T::PIECES == 1 ? head_dim_v : min(T::PIECE, head_dim_v - from);
+            if (T::PIECES > 1 && dims <= 0) return;
+            __syncthreads();  // every warp is done with the previous tile; probs are written
+            m40_load_kv_tile<MAX_D>(kv, values + from, v_width, dims, t, end);
+            __syncthreads();
+            if constexpr (piece == 0)
 #pragma unroll
-            for (int r = 0; r < ROWS; r += 4) {
-                const float4 w4 = *reinterpret_cast<const float4 *>(&probs[warp][c][r]);
-                weight[r] = w4.x, weight[r + 1] = w4.y, weight[r + 2] = w4.z, weight[r + 3] = w4.w;
-            }
+                for (int r = 0; r < ROWS; r++)
 #pragma unroll
-            for (int j = 0; j < T::LANE_PAIRS; j++) {
-                const int pair = lane + 32 * j;
-                if (2 * pair < head_dim_v) {
-                    const float2 v = m40_half2_bits(kv[c * T::STRIDE + pair]);
+                    for (int j = 0; j < T::ACCS; j++) acc[r][j] *= correction[r];
+            constexpr int first_acc = 2 * T::LANE_PAIRS * piece;
+            for (int c = 0; c < n_pos; c++) {
+                float weight[ROWS];
 #pragma unroll
-                    for (int r = 0; r < ROWS; r++) {
-                        acc[r][2 * j] += weight[r] * v.x;
-                        acc[r][2 * j + 1] += weight[r] * v.y;
+                for (int r = 0; r < ROWS; r += 4) {
+                    const float4 w4 = *reinterpret_cast<const float4 *>(&probs[warp][c][r]);
+                    weight[r] = w4.x, weight[r + 1] = w4.y, weight[r + 2] = w4.z, weight[r + 3] = w4.w;
+                }
+#pragma unroll
+                for (int j = 0; j < T::LANE_PAIRS; j++) {
+                    const int pair = lane + 32 * j;
+                    if (2 * pair < dims) {
+                        const float2 v = m40_half2_bits(kv[c * T::STRIDE + pair]);
+#pragma unroll
+                        for (int r = 0; r < ROWS; r++) {
+                            acc[r][first_acc + 2 * j] += weight[r] * v.x;
+                            acc[r][first_acc + 2 * j + 1] += weight[r] * v.y;
+                        }
                     }
                 }
             }
-        }
+        });
     }
 
 #pragma unroll
@@ -372,16 +409,16 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
             float *o = out + row_head * head_dim_v;
             const float divisor = m40_softmax_divisor(run_max[r], sum, sinks, head);
 #pragma unroll
-            for (int j = 0; j < T::LANE_PAIRS; j++) {
-                const int d = 2 * (lane + 32 * j);
+            for (int j = 0; j < T::ACCS / 2; j++) {
+                const int d = T::value(j, lane);
                 if (d < head_dim_v) o[d] = acc[r][2 * j] / divisor, o[d + 1] = acc[r][2 * j + 1] / divisor;
             }
         } else {
             float *o = partial + (row_head * n_splits + split) * (head_dim_v + 2);
             if (lane == 0) o[0] = run_max[r], o[1] = sum;
 #pragma unroll
-            for (int j = 0; j < T::LANE_PAIRS; j++) {
-                const int d = 2 * (lane + 32 * j);
+            for (int j = 0; j < T::ACCS / 2; j++) {
+                const int d = T::value(j, lane);
                 if (d < head_dim_v) o[2 + d] = acc[r][2 * j], o[3 + d] = acc[r][2 * j + 1];
             }
         }
@@ -400,9 +437,10 @@ __global__ void __launch_bounds__(32 * PrefillTile<MAX_D>::WARPS)
 // values the values are loaded together with the keys, before any score
 // is known, so that 32 positions cost one memory round trip rather than
 // one for the keys and one per few value rows; 256-value heads would need
-// twice the registers and load their values after the scores. Heads of a
-// multiple of 8 values; one split writes the normalized output directly,
-// more write partials for the combine kernel.
+// twice the registers and load their values after the scores, and a
+// 512-value head's key is read in two halves. Heads of a multiple of 8
+// values; one split writes the normalized output directly, more write
+// partials for the combine kernel.
 //
 // A block takes HEADS query heads of a row (blockIdx.y × HEADS onwards), its
 // warps dealt out evenly among them. With one head the four warps share its
@@ -422,6 +460,9 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
     m40_allow_next_kernel();
     static_assert(M40_ATTN_WARPS % HEADS == 0, "a head's warps are a whole share of the block's");
     constexpr int CHUNKS = MAX_D / 8;       // 16-byte pieces of a key, at most
+    // A lane reads its key up to 32 pieces (256 values, 128 registers) at a
+    // time: a 512-value head in two groups.
+    constexpr int GROUP = CHUNKS < 32 ? CHUNKS : 32;
     constexpr int LANE_PAIRS = MAX_D / 64;  // value pairs per lane
     constexpr bool VALUES_WITH_KEYS = MAX_D <= 128;
     constexpr int HEAD_WARPS = M40_ATTN_WARPS / HEADS, HEAD_THREADS = 32 * HEAD_WARPS;
@@ -466,37 +507,42 @@ __global__ void __launch_bounds__(32 * M40_ATTN_WARPS)
         const auto value_word = [&](int c, int pair) {
             return reinterpret_cast<const uint32_t *>(g.values + size_t(t + c) * g.v_width)[pair];
         };
-        uint4 pieces[CHUNKS];
-        if (valid) {
-            const uint4 *key = reinterpret_cast<const uint4 *>(g.keys + size_t(t + lane) * g.k_width);
-#pragma unroll
-            for (int i = 0; i < CHUNKS; i++)
-                if (8 * i < head_dim_k) pieces[i] = key[i];
-        }
         uint32_t values[VALUES_WITH_KEYS ? 32 : 1][LANE_PAIRS];
-        if constexpr (VALUES_WITH_KEYS) {
+        float s = valid ? 0.0f : -INFINITY;
 #pragma unroll
-            for (int c = 0; c < 32; c++)
+        for (int group = 0; group < CHUNKS / GROUP; group++) {
+            const int first = group * GROUP;
+            if (group > 0 && 8 * first >= head_dim_k) break;
+            uint4 pieces[GROUP];
+            if (valid) {
+                const uint4 *key = reinterpret_cast<const uint4 *>(g.keys + size_t(t + lane) * g.k_width) + first;
 #pragma unroll
-                for (int j = 0; j < LANE_PAIRS; j++) {
-                    const int pair = lane + 32 * j;
-                    if (c < n && 2 * pair < head_dim_v) values[c][j] = value_word(c, pair);
-                }
-        }
-        float s = -INFINITY;
-        if (valid) {
-            float dot = 0.0f;
-#pragma unroll
-            for (int i = 0; i < CHUNKS; i++) {
-                if (8 * i >= head_dim_k) break;
-                const float4 qa = *reinterpret_cast<const float4 *>(&query[8 * i]);
-                const float4 qb = *reinterpret_cast<const float4 *>(&query[8 * i + 4]);
-                const float2 k0 = m40_half2_bits(pieces[i].x), k1 = m40_half2_bits(pieces[i].y);
-                const float2 k2 = m40_half2_bits(pieces[i].z), k3 = m40_half2_bits(pieces[i].w);
-                dot = fmaf(qa.x, k0.x, fmaf(qa.y, k0.y, fmaf(qa.z, k1.x, fmaf(qa.w, k1.y, dot))));
-                dot = fmaf(qb.x, k2.x, fmaf(qb.y, k2.y, fmaf(qb.z, k3.x, fmaf(qb.w, k3.y, dot))));
+                for (int i = 0; i < GROUP; i++)
+                    if (8 * (first + i) < head_dim_k) pieces[i] = key[i];
             }
-            s = dot;
+            // Heads of up to 128 values are one group.
+            if constexpr (VALUES_WITH_KEYS) {
+#pragma unroll
+                for (int c = 0; c < 32; c++)
+#pragma unroll
+                    for (int j = 0; j < LANE_PAIRS; j++) {
+                        const int pair = lane + 32 * j;
+                        if (c < n && 2 * pair < head_dim_v) values[c][j] = value_word(c, pair);
+                    }
+            }
+            if (valid) {
+#pragma unroll
+                for (int i = 0; i < GROUP; i++) {
+                    const int d = 8 * (first + i);
+                    if (d >= head_dim_k) break;
+                    const float4 qa = *reinterpret_cast<const float4 *>(&query[d]);
+                    const float4 qb = *reinterpret_cast<const float4 *>(&query[d + 4]);
+                    const float2 k0 = m40_half2_bits(pieces[i].x), k1 = m40_half2_bits(pieces[i].y);
+                    const float2 k2 = m40_half2_bits(pieces[i].z), k3 = m40_half2_bits(pieces[i].w);
+                    s = fmaf(qa.x, k0.x, fmaf(qa.y, k0.y, fmaf(qa.z, k1.x, fmaf(qa.w, k1.y, s))));
+                    s = fmaf(qb.x, k2.x, fmaf(qb.y, k2.y, fmaf(qb.z, k3.x, fmaf(qb.w, k3.y, s))));
+                }
+            }
         }
         // Lane 0's position is always valid: new_max is finite.
         const float new_max = fmaxf(run_max, m40_warp_max(s));
@@ -580,8 +626,10 @@ M40_EXPORT cudaError_t m40_attention(const float *q, int n_rows, const M40Row *r
             launch(std::integral_constant<int, 64>{});
         else if (dim <= 128)
             launch(std::integral_constant<int, 128>{});
-        else
+        else if (dim <= 256)
             launch(std::integral_constant<int, 256>{});
+        else
+            launch(std::integral_constant<int, 512>{});
     };
     if (prompt_chunk) {
         by_head_size([&](auto tile) {

@@ -131,7 +131,7 @@ static_assert(M40_PREPARED_GRID == 4, "M40_PREPARED_GRID differs from src/backen
 static_assert(M40_GEMV_MAX_X == 8, "M40_GEMV_MAX_X differs from src/backend/cuda/layout.rs");
 static_assert(M40_MOE_MAX_EXPERTS == 1024 && M40_MOE_MAX_USED == 32,
               "M40_MOE_MAX_EXPERTS or M40_MOE_MAX_USED differs from src/backend/cuda/layout.rs");
-static_assert(M40_MAX_HEAD_DIM == 256, "M40_MAX_HEAD_DIM differs from src/backend/cuda/layout.rs");
+static_assert(M40_MAX_HEAD_DIM == 512, "M40_MAX_HEAD_DIM differs from src/backend/cuda/layout.rs");
 
 // The prepared activations' scratch (m40_scaled_bytes, scaled.cuh; prepared_bytes there)
 static_assert(m40_scaled_bytes(4096, 8) == 147456 && m40_scaled_bytes(11008, 1) == 50560 &&

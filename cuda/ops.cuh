@@ -20,7 +20,7 @@ struct M40Row {
 };
 
 // Head sizes the attention kernels handle.
-#define M40_MAX_HEAD_DIM 256
+#define M40_MAX_HEAD_DIM 512
 
 // YaRN's corrections to RoPE's angles (ggml's rope_yarn with an
 // extrapolation factor of 1; `Rope::yarn_ramp` in src/backend/mod.rs

@@ -1368,6 +1368,34 @@ fn attention_matches_the_cpu_for_prefill_decode_gqa_windows_and_long_histories()
             decode_long.to_vec(),
         ),
         (
+            "chunk of 70 at 100, Gemma 4 full layer d512 1 kv head, 3 ranges",
+            shape(4, 1, 512, None),
+            vec![170],
+            chunk(100, 70),
+        ),
+        (
+            "chunk of 40 at 0, k 512 / v 264 wide, window 24",
+            AttentionShape {
+                head_dim_k: 512,
+                head_dim_v: 264,
+                ..shape(4, 2, 512, Some(24))
+            },
+            vec![40],
+            chunk(0, 40),
+        ),
+        (
+            "decode at 900, d512 GQA 8/2",
+            shape(8, 2, 512, None),
+            vec![900],
+            decode_long.to_vec(),
+        ),
+        (
+            "decode at 300, d300 (a warp per position)",
+            shape(4, 2, 300, None),
+            vec![301],
+            vec![SeqPos { seq: 0, pos: 300 }],
+        ),
+        (
             "decode at 60, GQA 8/2, d128 (one range, written directly)",
             shape(8, 2, 128, None),
             vec![61],
@@ -1394,6 +1422,12 @@ fn attention_matches_the_cpu_for_prefill_decode_gqa_windows_and_long_histories()
         (
             "64 sessions at up to 30, MHA d64, four heads a block",
             shape(8, 8, 64, None),
+            mha_lens.clone(),
+            mha_rows.clone(),
+        ),
+        (
+            "64 sessions at up to 30, GQA 8/2, d512, four heads a block",
+            shape(8, 2, 512, None),
             mha_lens,
             mha_rows,
         ),
@@ -2866,10 +2900,26 @@ fn gemma4_matches_the_cpu_in_prompts_decode_batches_and_truncation() {
     if !have_gpu() {
         return;
     }
+    gemma4_matches_the_cpu("tiny", &["f32", "f16", "q8_0", "q4_k"]);
+}
+
+/// As above, with the real models' head sizes: sliding-window layers of 2
+/// KV heads of 256 values, full-attention layers of 1 KV head of 512 (the
+/// attention kernels' widest, whose tiles take a head in pieces).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gemma4_heads_of_256_and_512_values_match_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    gemma4_matches_the_cpu("gemma4-tiny-real-heads", &["f32", "q8_0"]);
+}
+
+fn gemma4_matches_the_cpu(preset: &str, types: &[&str]) {
     let mut report = Vec::new();
-    for ty in ["f32", "f16", "q8_0", "q4_k"] {
-        let path = synth_gemma4(ty);
-        let what = format!("gemma4 {ty}");
+    for &ty in types {
+        let path = synth_shaped("gemma4", ty, preset, N_VOCAB, None);
+        let what = format!("gemma4 {preset} {ty}");
         let float = ty.starts_with('f');
         let bound = if float { LOGIT_BOUND } else { f64::INFINITY };
         let mut errors = Vec::new();
@@ -2948,27 +2998,27 @@ fn gemma4_sessions_hold_each_layers_own_kv_width_on_the_gpu() {
     }
 }
 
-/// Heads wider than the attention kernels take (real Gemma 4's full
-/// attention layers have heads of 512 values) are refused at load, naming
-/// the key that gives them; the CPU backend runs such a model.
+/// Heads wider than the attention kernels take (512 values, real Gemma 4's
+/// full-attention layers') are refused at load, naming the key that gives
+/// them; the CPU backend runs such a model.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn heads_wider_than_the_attention_kernels_are_refused_at_load() {
     if !have_gpu() {
         return;
     }
-    // Sliding-window heads of 128, full-attention heads of 512.
+    // Sliding-window heads of 256, full-attention heads of 1024.
     let shape = TinyShape {
-        n_embd: 512,
+        n_embd: 1024,
         ..common::tiny_model::TINY
     };
     let bytes = tiny_model_with("gemma4", shape).build();
     let file = Arc::new(GgufFile::from_bytes(&bytes).unwrap());
     let err = CudaBackend::new(file, 0, CudaOptions::default(), &|_| true)
         .err()
-        .expect("a model of 512-value heads loaded on the GPU");
+        .expect("a model of 1024-value heads loaded on the GPU");
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
-    for part in ["gemma4.attention.key_length = 512", "up to 256"] {
+    for part in ["gemma4.attention.key_length = 1024", "up to 512"] {
         assert!(err.message().contains(part), "{part}: {err}");
     }
 }

@@ -346,7 +346,7 @@ impl AttentionInputs {
 }
 
 /// Head sizes the attention kernel handles (32 lanes × M40_ATTN_MAX_PER_LANE).
-pub const ATTENTION_MAX_HEAD_DIM: usize = 256;
+pub const ATTENTION_MAX_HEAD_DIM: usize = 512;
 
 /// The activation of `m40_glu` (M40Glu in cuda/common.cuh).
 pub const GLU_SILU: c_int = 0;

@@ -158,7 +158,7 @@ const _: () = assert!(
     "MOE_MAX_EXPERTS or MOE_MAX_USED differs from cuda/layout.cuh"
 );
 const _: () = assert!(
-    ATTENTION_MAX_HEAD_DIM == 256,
+    ATTENTION_MAX_HEAD_DIM == 512,
     "ATTENTION_MAX_HEAD_DIM differs from cuda/layout.cuh"
 );
 

@@ -356,9 +356,8 @@ fn upload(pieces: &[(&[u8], usize)], dst: &mut DevicePtr<u8>) -> Result<()> {
 }
 
 /// Refuses, at load rather than at the first step, heads wider than the
-/// attention kernels take (`ATTENTION_MAX_HEAD_DIM`): real Gemma 4 models'
-/// full-attention layers have heads of 512 values (their sliding-window
-/// layers 256).
+/// attention kernels take (`ATTENTION_MAX_HEAD_DIM`, 512: real Gemma 4
+/// models' full-attention heads; the hyper-parameters allow up to 1024).
 fn check_head_sizes(file: &GgufFile, architecture: &str) -> Result<()> {
     for key in [
         "attention.key_length",
