@@ -648,8 +648,9 @@ fn pair_products_equal_each_panels_product_bit_for_bit() {
                     panel
                 })
                 .collect();
-            // Tiles of every width and a remainder.
-            for n_tokens in [1, 5, 8, 19] {
+            // Tiles of every width and a remainder (VNNI: 8 tokens a tile,
+            // AMX: 16).
+            for n_tokens in [1, 5, 8, 16, 19, 37] {
                 let x = random_activations(n_tokens * cols, &mut rng);
                 let mut act = vec![Q8Block::default(); n_tokens * cols / 32];
                 quantize_row_q8(&x, &mut act);
@@ -673,9 +674,18 @@ fn pair_products_equal_each_panels_product_bit_for_bit() {
             tested += 1;
         }
     }
-    let pairs = Isa::all_available().contains(&Isa::Avx512);
-    if pairs {
-        assert!(tested >= 10, "{tested} formats with pair products");
+    let pair_isas = Isa::all_available()
+        .into_iter()
+        .filter(|isa| matches!(isa, Isa::Avx512 | Isa::Amx))
+        .count();
+    if pair_isas > 0 {
+        assert!(
+            tested >= 10 * pair_isas,
+            "{tested} formats with pair products"
+        );
+        if !Isa::Amx.is_available() {
+            eprintln!("skipped: AMX pair products (this CPU or OS has no AMX tiles)");
+        }
     } else {
         eprintln!("skipped: no instruction set here has pair products (AVX-512)");
     }

@@ -145,15 +145,26 @@ pub fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
     // Beyond these e^x is 0 or infinite in f32 anyway.
+    // n = x · log2 e rounded as `q8::round_small` rounds it: adding
+    // 1.5 · 2^23 leaves n in the low bits of `shifted`, from which 2^n's
+    // exponent is taken by integer arithmetic (a saturating `n as i32`
+    // does not vectorize: it became a scalar conversion per lane).
+    const SHIFT: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let n = crate::quant::q8::round_small(x * LOG2_E);
+    let shifted = x * LOG2_E + SHIFT;
+    let n = shifted - SHIFT;
     let r = x - n * LN2_HI - n * LN2_LO;
     // Taylor series of e^r for |r| ≤ ln 2 / 2: the next term is < 1.3e-7.
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    f32::from_bits(((n as i32 + 127) as u32) << 23) * p
+    // |n| ≤ 127, so n + 127 is a biased exponent from 1 to 254.
+    let biased = shifted
+        .to_bits()
+        .wrapping_sub(SHIFT.to_bits())
+        .wrapping_add(127);
+    f32::from_bits(biased << 23) * p
 }
 
 /// SiLU, x · σ(x).

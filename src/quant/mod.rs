@@ -113,6 +113,11 @@ pub enum Isa {
     /// (two panels, sixteen rows), where each broadcast token and each
     /// sub-block's scaling then serve twice the rows.
     Avx512,
+    /// AVX-512 with AMX-INT8 tiles (Intel Xeon from Sapphire Rapids on):
+    /// as [`Isa::Avx512`], but a pair of panels meets sixteen tokens a
+    /// `tdpbsud` in prompt and batch products, with the same results bit
+    /// for bit.
+    Amx,
 }
 
 impl Isa {
@@ -121,6 +126,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
         }
     }
 
@@ -132,6 +138,8 @@ impl Isa {
             Isa::Avx2 => x86::avx2_available(),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => x86::avx512_available(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => x86::amx_available(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -139,7 +147,7 @@ impl Isa {
 
     /// Every instruction set this CPU runs, the reference first.
     pub fn all_available() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx]
             .into_iter()
             .filter(|isa| isa.is_available())
             .collect()
@@ -153,10 +161,20 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// The fastest kernels this CPU runs.
+    /// The fastest kernels this CPU runs, or where `M40_CPU_ISA` names an
+    /// instruction set (`scalar`, `avx2`, `avx512`, `amx`), the fastest of
+    /// those up to it: to compare them in one run, or to keep a process off
+    /// AMX tiles.
     pub fn best() -> Kernels {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        let isa = *BEST.get_or_init(|| *Isa::all_available().last().unwrap_or(&Isa::Scalar));
+        let isa = *BEST.get_or_init(|| {
+            let cap = std::env::var("M40_CPU_ISA").ok();
+            let mut isas = Isa::all_available();
+            if let Some(at) = cap.and_then(|name| isas.iter().position(|i| i.name() == name)) {
+                isas.truncate(at + 1);
+            }
+            *isas.last().unwrap_or(&Isa::Scalar)
+        });
         Kernels { isa }
     }
 
@@ -176,7 +194,7 @@ impl Kernels {
             // `is_available` was checked when this `Kernels` was made.
             Isa::Avx2 => x86::avx2_attention(),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => x86::avx512_attention(),
+            Isa::Avx512 | Isa::Amx => x86::avx512_attention(),
             _ => AttentionKernels {
                 dots: float::f16_dots_many,
                 axpys: float::f16_axpys_many,
@@ -193,7 +211,7 @@ impl Kernels {
             // `is_available` was checked when this `Kernels` was made.
             Isa::Avx2 => x86::avx2_glu(),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => x86::avx512_glu(),
+            Isa::Avx512 | Isa::Amx => x86::avx512_glu(),
             _ => GluKernels {
                 swiglu: float::swiglu,
                 geglu: float::geglu,
@@ -208,7 +226,7 @@ impl Kernels {
         match self.isa {
             #[cfg(target_arch = "x86_64")]
             // `is_available` was checked when this `Kernels` was made.
-            Isa::Avx2 | Isa::Avx512 => x86::avx2_quantize,
+            Isa::Avx2 | Isa::Avx512 | Isa::Amx => x86::avx2_quantize,
             _ => quantize_row_q8,
         }
     }
@@ -220,7 +238,7 @@ impl Kernels {
         match self.isa {
             #[cfg(target_arch = "x86_64")]
             // `is_available` was checked when this `Kernels` was made.
-            Isa::Avx2 | Isa::Avx512 => x86::avx2_quantize_q8_k,
+            Isa::Avx2 | Isa::Avx512 | Isa::Amx => x86::avx2_quantize_q8_k,
             _ => quantize_row_q8_k,
         }
     }
@@ -233,7 +251,7 @@ impl Kernels {
             // `is_available` was checked when this `Kernels` was made.
             Isa::Avx2 => x86::avx2_dot_rows(ty),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => x86::avx512_dot_rows(ty),
+            Isa::Avx512 | Isa::Amx => x86::avx512_dot_rows(ty),
             _ => None,
         }
     }
@@ -247,6 +265,8 @@ impl Kernels {
             Isa::Avx2 => x86::avx2_interleaved(ty),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => x86::avx512_interleaved(ty),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => x86::amx_interleaved(ty),
             _ => None,
         }
     }
@@ -260,6 +280,8 @@ impl Kernels {
             Isa::Avx2 => x86::avx2_gemm(ty),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => x86::avx512_gemm(ty),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => x86::amx_gemm(ty),
             _ => None,
         }
     }
@@ -273,7 +295,7 @@ impl Kernels {
             // `is_available` was checked when this `Kernels` was made.
             Isa::Avx2 => x86::avx2_dot(ty).or_else(|| scalar_dot(ty))?,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => x86::avx512_dot(ty).or_else(|| scalar_dot(ty))?,
+            Isa::Avx512 | Isa::Amx => x86::avx512_dot(ty).or_else(|| scalar_dot(ty))?,
             #[cfg(not(target_arch = "x86_64"))]
             _ => scalar_dot(ty)?,
         };

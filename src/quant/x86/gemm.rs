@@ -417,7 +417,7 @@ pub(super) unsafe fn pack<F: Unpack>(rows: &[u8], row_bytes: usize, panel: &mut 
 /// d · Σ q over the `SUB` columns of `act` from column `first` (0, or 16
 /// for the second half of a block): what a sub-block's offset multiplies.
 #[inline(always)]
-fn sub_block_sum<const SUB: usize>(act: &Q8Block, first: usize) -> f32 {
+pub(super) fn sub_block_sum<const SUB: usize>(act: &Q8Block, first: usize) -> f32 {
     if SUB == 32 {
         act.d_sum
     } else {

@@ -6,6 +6,7 @@
 //! the products the same way (lane k sums bytes 4k..4k+4), so the two builds
 //! give identical integer sums.
 
+mod amx;
 mod float_dot;
 mod gemm;
 mod int_dot;
@@ -22,6 +23,8 @@ pub fn avx2_available() -> bool {
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
 }
+
+pub use amx::available as amx_available;
 
 pub fn avx512_available() -> bool {
     avx2_available()
@@ -408,6 +411,50 @@ pub fn avx2_gemm(ty: GgmlType) -> Option<GemmKernels> {
 /// The AVX-512 panel code for `ty`. Call only after `avx512_available()`.
 pub fn avx512_gemm(ty: GgmlType) -> Option<GemmKernels> {
     gemm_table!(avx512, ty, Q8_0: q8_0, Iq4Nl: iq4_nl, Iq4Xs: iq4_xs)
+}
+
+/// The AMX two-panel product for sub-blocks of `sub` columns (see the
+/// SAFETY note above: handed out only where `amx_available()`).
+fn amx_pair(sub: usize) -> PairProduct {
+    fn by16(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+            amx::product_pair::<16>(a, b, acts, out)
+        }
+        // SAFETY: only handed out when the CPU has the features.
+        unsafe { inner(a, b, acts, out) }
+    }
+    fn by32(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+            amx::product_pair::<32>(a, b, acts, out)
+        }
+        // SAFETY: as above.
+        unsafe { inner(a, b, acts, out) }
+    }
+    if sub == 16 {
+        by16
+    } else {
+        by32
+    }
+}
+
+/// The AVX-512 panel code for `ty` with AMX pair products. Call only after
+/// `amx_available()`.
+pub fn amx_gemm(ty: GgmlType) -> Option<GemmKernels> {
+    avx512_gemm(ty).map(|k| GemmKernels {
+        pair: Some(amx_pair(k.sub)),
+        ..k
+    })
+}
+
+/// The AVX-512 code for interleaved `ty` matrices with AMX pair products.
+/// Call only after `amx_available()`.
+pub fn amx_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
+    avx512_interleaved(ty).map(|k| InterleavedKernels {
+        pair: Some(amx_pair(k.sub)),
+        ..k
+    })
 }
 
 /// The AVX2 activation quantizer. Call only after `avx2_available()`.
