@@ -2,8 +2,8 @@
 # Issue 34's comparison on the CPU: for each model, thread count (1, 2) and depth (0, 2,048) in
 # turn, m40-bench then llama-bench with the same prompt and generation lengths, one line each:
 #   tools/cpu_vs_llamacpp.sh LLAMA_BENCH MODEL.gguf [MODEL.gguf ...]
-# LLAMA_BENCH: llama.cpp's llama-bench (../shared/tools/llamacpp.sh build ... cpu; on GCC 12 build
-# it with CC=clang-16 CXX=clang++-16, docs/cpu.md says why). Run `make examples` first.
+# LLAMA_BENCH: llama.cpp 0c1e57098's llama-bench, a native CPU build (with GCC 12 its AMX kernels
+# crash: build it with CC=clang-16 CXX=clang++-16, docs/cpu.md says why). Run `make examples` first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 llama_bench=$1

@@ -24,7 +24,7 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::gemm::sub_block_sum;
+use super::gemm::{pair_factors, panel_product_shapes, scale_pair_sums};
 use crate::quant::panel::{Panel, PANEL_ROWS};
 use crate::quant::Q8Block;
 
@@ -197,7 +197,6 @@ unsafe fn pair_tiles<const SUB: usize, const T: usize>(
     out: &mut [f32],
 ) {
     let stride = blocks * std::mem::size_of::<Q8Block>();
-    let (factors_a, factors_b) = (a.factors.as_ptr(), b.factors.as_ptr());
     let mut sums: [Sums; AHEAD + 1] =
         std::array::from_fn(|_| Sums([[0; 2 * PANEL_ROWS]; TILE_TOKENS]));
     let subs = a.cols / SUB;
@@ -224,12 +223,6 @@ unsafe fn pair_tiles<const SUB: usize, const T: usize>(
             store_sums!("tmm5", out);
         }
     };
-    let both = |lo: __m256, hi: __m256| {
-        _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-            _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
-            _mm256_castps_pd(hi),
-        ))
-    };
     let mut acc = [_mm512_setzero_ps(); T];
     for g in 0..AHEAD.min(subs) {
         compute(g);
@@ -241,23 +234,12 @@ unsafe fn pair_tiles<const SUB: usize, const T: usize>(
             store(g + AHEAD, &mut sums);
         }
         let (block, first) = (g * SUB / 32, g * SUB % 32);
-        let at = g * 2 * PANEL_ROWS;
-        let scale = both(
-            _mm256_loadu_ps(factors_a.add(at)),
-            _mm256_loadu_ps(factors_b.add(at)),
-        );
-        let offset = both(
-            _mm256_loadu_ps(factors_a.add(at + PANEL_ROWS)),
-            _mm256_loadu_ps(factors_b.add(at + PANEL_ROWS)),
-        );
+        let factors = pair_factors(a, b, g);
         let isums = &sums[g % (AHEAD + 1)].0;
         for t in 0..T {
             let act = &*acts.as_ptr().add(t * blocks + block);
-            let q_sum = sub_block_sum::<SUB>(act, first);
             let isum = _mm512_load_si512(isums[t].as_ptr().cast());
-            let scaled = _mm512_mul_ps(scale, _mm512_set1_ps(act.d));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scaled, acc[t]);
-            acc[t] = _mm512_fnmadd_ps(offset, _mm512_set1_ps(q_sum), acc[t]);
+            acc[t] = scale_pair_sums::<SUB>(isum, act, first, factors, acc[t]);
         }
     }
     for (t, s) in acc.into_iter().enumerate() {
@@ -278,20 +260,7 @@ pub(super) unsafe fn product_pair<const SUB: usize>(
     acts: &[Q8Block],
     out: &mut [f32],
 ) {
-    let cols = a.cols;
-    let blocks = cols / 32;
-    assert!(
-        [a, b].iter().all(|p| p.sub == SUB
-            && p.cols == cols
-            && p.codes.len() == cols * PANEL_ROWS
-            && p.factors.len() == cols / SUB * 2 * PANEL_ROWS)
-            && blocks > 0
-            && cols == blocks * 32
-            && acts.len().is_multiple_of(blocks)
-            && out.len() == acts.len() / blocks * 2 * PANEL_ROWS,
-        "panel product shapes"
-    );
-    let n_tokens = acts.len() / blocks;
+    let (blocks, n_tokens) = panel_product_shapes(&[a, b], SUB, acts, out, 2 * PANEL_ROWS);
     let mut pair = PAIR_CODES.take();
     pair_codes(a, b, &mut pair);
     let mut configured = 0;

@@ -417,7 +417,7 @@ pub(super) unsafe fn pack<F: Unpack>(rows: &[u8], row_bytes: usize, panel: &mut 
 /// d · Σ q over the `SUB` columns of `act` from column `first` (0, or 16
 /// for the second half of a block): what a sub-block's offset multiplies.
 #[inline(always)]
-pub(super) fn sub_block_sum<const SUB: usize>(act: &Q8Block, first: usize) -> f32 {
+fn sub_block_sum<const SUB: usize>(act: &Q8Block, first: usize) -> f32 {
     if SUB == 32 {
         act.d_sum
     } else {
@@ -465,6 +465,72 @@ unsafe fn tile<D: IntDot, const SUB: usize, const T: usize>(
     acc
 }
 
+/// Sub-block g's scales and offsets of panels `a` then `b`, lanes 0..8
+/// and 8..16: what a pair product's sums of that sub-block are scaled by.
+///
+/// # Safety
+/// g < cols / sub of both panels; the CPU has AVX-512 F.
+#[inline(always)]
+pub(super) unsafe fn pair_factors(a: &Panel, b: &Panel, g: usize) -> (__m512, __m512) {
+    let both = |at: usize| {
+        let lo = _mm256_loadu_ps(a.factors.as_ptr().add(at));
+        let hi = _mm256_loadu_ps(b.factors.as_ptr().add(at));
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+            _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+            _mm256_castps_pd(hi),
+        ))
+    };
+    let at = g * 2 * PANEL_ROWS;
+    (both(at), both(at + PANEL_ROWS))
+}
+
+/// `acc` plus one token's integer sums of a sub-block (sixteen rows)
+/// scaled: `scale · d · isum − offset · d · Σ q`, in the f32 operations
+/// every pair product uses, so that its rows' results are the same bit
+/// for bit on each path.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[inline(always)]
+pub(super) unsafe fn scale_pair_sums<const SUB: usize>(
+    isum: __m512i,
+    act: &Q8Block,
+    first: usize,
+    (scale, offset): (__m512, __m512),
+    acc: __m512,
+) -> __m512 {
+    let q_sum = sub_block_sum::<SUB>(act, first);
+    let scaled = _mm512_mul_ps(scale, _mm512_set1_ps(act.d));
+    let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scaled, acc);
+    _mm512_fnmadd_ps(offset, _mm512_set1_ps(q_sum), acc)
+}
+
+/// Checks that `panels` share `cols` columns in sub-blocks of `sub`, that
+/// `acts` holds whole tokens of their blocks and `out` `rows` values a
+/// token; returns the blocks a token and the tokens.
+pub(super) fn panel_product_shapes(
+    panels: &[&Panel],
+    sub: usize,
+    acts: &[Q8Block],
+    out: &[f32],
+    rows: usize,
+) -> (usize, usize) {
+    let cols = panels[0].cols;
+    let blocks = cols / 32;
+    assert!(
+        panels.iter().all(|p| p.sub == sub
+            && p.cols == cols
+            && p.codes.len() == cols * PANEL_ROWS
+            && p.factors.len() == cols / sub * 2 * PANEL_ROWS)
+            && blocks > 0
+            && cols == blocks * 32
+            && acts.len().is_multiple_of(blocks)
+            && out.len() == acts.len() / blocks * rows,
+        "panel product shapes"
+    );
+    (blocks, acts.len() / blocks)
+}
+
 /// Two panels' rows dotted with `T` tokens in 512-bit vectors: lanes 0..8
 /// are panel `a`'s rows, lanes 8..16 panel `b`'s. Each token's broadcast
 /// activations and each sub-block's scaling then serve sixteen rows. Every
@@ -481,13 +547,6 @@ unsafe fn tile_pair<const SUB: usize, const T: usize>(
 ) -> [__m512; T] {
     let mut acc = [_mm512_setzero_ps(); T];
     let (codes_a, codes_b) = (a.codes.as_ptr(), b.codes.as_ptr());
-    let (factors_a, factors_b) = (a.factors.as_ptr(), b.factors.as_ptr());
-    let both = |lo: __m256, hi: __m256| {
-        _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-            _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
-            _mm256_castps_pd(hi),
-        ))
-    };
     for g in 0..a.cols / SUB {
         let (block, first) = (g * SUB / 32, g * SUB % 32);
         let mut isum = [_mm512_setzero_si512(); T];
@@ -504,21 +563,9 @@ unsafe fn tile_pair<const SUB: usize, const T: usize>(
                 isum[t] = _mm512_dpbusd_epi32(isum[t], w, four);
             }
         }
-        let at = g * 2 * PANEL_ROWS;
-        let scale = both(
-            _mm256_loadu_ps(factors_a.add(at)),
-            _mm256_loadu_ps(factors_b.add(at)),
-        );
-        let offset = both(
-            _mm256_loadu_ps(factors_a.add(at + PANEL_ROWS)),
-            _mm256_loadu_ps(factors_b.add(at + PANEL_ROWS)),
-        );
+        let factors = pair_factors(a, b, g);
         for t in 0..T {
-            let act = &*acts[t].add(block);
-            let q_sum = sub_block_sum::<SUB>(act, first);
-            let scaled = _mm512_mul_ps(scale, _mm512_set1_ps(act.d));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), scaled, acc[t]);
-            acc[t] = _mm512_fnmadd_ps(offset, _mm512_set1_ps(q_sum), acc[t]);
+            acc[t] = scale_pair_sums::<SUB>(isum[t], &*acts[t].add(block), first, factors, acc[t]);
         }
     }
     acc
@@ -573,20 +620,7 @@ unsafe fn product_tiles<K: PanelTile, const SUB: usize, const MAX: usize>(
     acts: &[Q8Block],
     out: &mut [f32],
 ) {
-    let cols = panels[0].cols;
-    let blocks = cols / 32;
-    assert!(
-        panels.iter().all(|p| p.sub == SUB
-            && p.cols == cols
-            && p.codes.len() == cols * PANEL_ROWS
-            && p.factors.len() == cols / SUB * 2 * PANEL_ROWS)
-            && blocks > 0
-            && cols == blocks * 32
-            && acts.len().is_multiple_of(blocks)
-            && out.len() == acts.len() / blocks * K::ROWS,
-        "panel product shapes"
-    );
-    let n_tokens = acts.len() / blocks;
+    let (blocks, n_tokens) = panel_product_shapes(panels, SUB, acts, out, K::ROWS);
     let mut t0 = 0;
     while t0 < n_tokens {
         let n = (n_tokens - t0).min(MAX);
