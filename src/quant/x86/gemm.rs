@@ -760,20 +760,22 @@ fn row_groups<'a>(
         .zip(out.chunks_exact_mut(PANEL_ROWS))
 }
 
-/// How far ahead of the block in use the interleaved kernels prefetch on
-/// Intel cores (`prefetch_ahead`).
+/// How far ahead of the block in use the interleaved kernels prefetch where
+/// they prefetch far (`prefetch_ahead`).
 const FAR_PREFETCH: usize = 4608;
 
 /// Prefetches the interleaved copy ahead of `block`, in the way that suits
 /// the core. A decode step's task reads a short stream (tens to hundreds of
-/// kilobytes). On Intel cores the hardware prefetchers reach full speed on
-/// it too late, and prefetching every cache line of the stretch
-/// `FAR_PREFETCH` bytes ahead, as long as the block, takes a thread from 7
-/// to 13 GB/s on Q4_K and a Qwen3-8B-shaped decode from llama.cpp's speed
-/// to 1.4 times it (docs/cpu.md). On AMD cores the same prefetches halve
-/// the decode; there the kernels prefetch only the lines at `near`
-/// (offsets from the block), which the hardware streams on from. Past the
-/// copy's end the addresses are only prefetched, never read.
+/// kilobytes), and on most cores the hardware prefetchers reach full speed
+/// on it too late: prefetching every cache line of the stretch
+/// `FAR_PREFETCH` bytes ahead, as long as the block, takes an Intel thread
+/// from 7 to 13 GB/s on Q4_K and a Qwen3-8B-shaped decode from llama.cpp's
+/// speed to 1.4 times it, and a Zen 3 thread's SmolLM2 decode from 56–70
+/// to 81–88 tokens/s (docs/cpu.md). On AMD cores with AVX-512 (Zen 4 on)
+/// the same prefetches halve the decode; there the kernels prefetch only
+/// the lines at `near` (offsets from the block), which the hardware streams
+/// on from. Past the copy's end the addresses are only prefetched, never
+/// read.
 #[inline(always)]
 unsafe fn prefetch_ahead(block: &[u8], far: bool, near: &[usize]) {
     if far {
@@ -789,16 +791,18 @@ unsafe fn prefetch_ahead(block: &[u8], far: bool, near: &[usize]) {
     }
 }
 
-/// Whether this is an Intel core (`prefetch_ahead`'s `far`), read once.
+/// Whether to prefetch far ahead (`prefetch_ahead`): on every core but an
+/// AMD one with AVX-512, read once.
 fn far_prefetch() -> bool {
-    static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *INTEL.get_or_init(|| {
+    static FAR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FAR.get_or_init(|| {
         // CPUID leaf 0: the vendor string, on every x86-64.
         let id = __cpuid(0);
-        [id.ebx, id.edx, id.ecx]
+        let amd = [id.ebx, id.edx, id.ecx]
             .iter()
             .flat_map(|r| r.to_le_bytes())
-            .eq(*b"GenuineIntel")
+            .eq(*b"AuthenticAMD");
+        !(amd && is_x86_feature_detected!("avx512f"))
     })
 }
 
