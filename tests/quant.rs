@@ -746,6 +746,94 @@ fn interleaved_products_are_within_bound_for_one_to_many_tokens() {
 }
 
 #[test]
+fn codes_past_127_at_their_extremes_do_not_saturate_any_product() {
+    // Q8_0's codes -128 and 127 (stored as 0 and 255), IQ4_NL's and IQ4_XS's
+    // value -127 (looked up as 1), each times an activation code of 127 of
+    // the same sign: the largest pair sums any product meets, where
+    // `vpmaddubsw` on the stored codes would saturate.
+    let mut rng = Rng(0x5A7E);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let (rows, cols) = (16, 256);
+    for ty in [GgmlType::Q8_0, GgmlType::Iq4Nl, GgmlType::Iq4Xs] {
+        let mut raw = random_weights(ty, rows, cols, &mut rng);
+        let (block_bytes, codes_at) = match ty {
+            GgmlType::Q8_0 => (34, 2),
+            GgmlType::Iq4Nl => (18, 2),
+            _ => (136, 8),
+        };
+        for block in raw.chunks_exact_mut(block_bytes) {
+            for (i, code) in block[codes_at..].iter_mut().enumerate() {
+                *code = match ty {
+                    GgmlType::Q8_0 if i % 4 < 2 => 0x80,
+                    GgmlType::Q8_0 => 0x7F,
+                    _ => 0x00,
+                };
+            }
+        }
+        let w = dequantized(ty, &raw, cols);
+        let copy = interleave(ty, &raw, rows, cols).unwrap();
+        let stored = WeightMatrix::new(ty, rows, cols, &raw);
+        let interleaved = WeightMatrix {
+            interleaved: Some(&copy),
+            ..stored
+        };
+        for n_tokens in [1, 4, GEMM_MIN_TOKENS, 11] {
+            // Token t: the signs of row t's weights, so that every product
+            // of that row is as large as it gets and of one sign.
+            let x: Vec<f32> = (0..n_tokens)
+                .flat_map(|t| w[t % rows * cols..][..cols].iter().map(|v| v.signum()))
+                .collect();
+            for isa in Isa::all_available() {
+                for pool in &pools {
+                    for (matrix, path) in [(&stored, "stored"), (&interleaved, "interleaved")] {
+                        let mut y = vec![f32::NAN; n_tokens * rows];
+                        let kernels = Kernels::for_isa(isa).unwrap();
+                        matmul(pool, kernels, matrix, &x, n_tokens, &mut y).unwrap();
+                        let context = format!("{ty} {isa:?} {path}, {n_tokens} tokens");
+                        assert_products_within_bound(ty, &w, &x, &y, cols, &context);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_simd_instruction_set_has_panels_and_interleaved_copies_of_every_format_with_them() {
+    let simd: Vec<Isa> = Isa::all_available()
+        .into_iter()
+        .filter(|isa| *isa != Isa::Scalar)
+        .collect();
+    if simd.is_empty() {
+        eprintln!("skipped: this CPU has no SIMD kernels (AVX2)");
+        return;
+    }
+    let float = [GgmlType::F32, GgmlType::F16, GgmlType::Bf16];
+    for isa in simd {
+        let kernels = Kernels::for_isa(isa).unwrap();
+        for ty in TYPES.into_iter().filter(|ty| !float.contains(ty)) {
+            assert!(kernels.gemm(ty).is_some(), "{isa:?} has no panels of {ty}");
+        }
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Iq4Nl,
+            GgmlType::Mxfp4,
+            GgmlType::Q4K,
+            GgmlType::Iq4Xs,
+            GgmlType::Q6K,
+        ] {
+            assert!(
+                kernels.interleaved(ty).is_some(),
+                "{isa:?} has no interleaved copy of {ty}"
+            );
+        }
+    }
+}
+
+#[test]
 fn interleaved_mxfp4_panels_hold_every_exponents_values() {
     // Block i of row r under exponent (8·r + i) mod 251: every exponent up
     // to 250 (2^122; past it the values leave f32), the subnormal scales of

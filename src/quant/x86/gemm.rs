@@ -10,7 +10,7 @@ use std::marker::PhantomData;
 
 use super::int_dot::{
     crumbs, k_min_codes, load32, lookup16, masked_bit, nibbles16, q5_codes, q6_codes, table16,
-    IntDot,
+    CodeDot, IntDot,
 };
 use crate::quant::interleaved::{
     IQ4_XS_GROUP_BLOCK, MXFP4_GROUP_BLOCK, Q4_0_GROUP_BLOCK, Q4_1_GROUP_BLOCK, Q4_K_GROUP_BLOCK,
@@ -431,7 +431,7 @@ fn sub_block_sum<const SUB: usize>(act: &Q8Block, first: usize) -> f32 {
 /// # Safety
 /// `acts[t]` points to `panel.cols / 32` blocks; `panel.sub == SUB`.
 #[inline(always)]
-unsafe fn tile<D: IntDot, const SUB: usize, const T: usize>(
+unsafe fn tile<D: CodeDot, const SUB: usize, const T: usize>(
     panel: &Panel,
     acts: [*const Q8Block; T],
 ) -> [__m256; T] {
@@ -449,7 +449,20 @@ unsafe fn tile<D: IntDot, const SUB: usize, const T: usize>(
             for t in 0..T {
                 let q = (*acts[t].add(block)).qs.as_ptr().add(first + 4 * k);
                 let four = _mm256_set1_epi32(q.cast::<i32>().read_unaligned());
-                isum[t] = D::dot_add(isum[t], w, four);
+                isum[t] = D::biased_dot_add(isum[t], w, four);
+            }
+        }
+        if D::BIAS != 0 {
+            // Σ u·a = Σ (u − BIAS)·a + BIAS · Σ a, exactly: the sums are
+            // then the other products' to the bit.
+            for t in 0..T {
+                let a = &*acts[t].add(block);
+                let a_sum = if SUB == 32 {
+                    a.sum()
+                } else {
+                    i32::from(a.half_sums[first / 16])
+                };
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_set1_epi32(D::BIAS * a_sum));
             }
         }
         let scale = _mm256_loadu_ps(factors.add(g * 2 * PANEL_ROWS));
@@ -586,7 +599,7 @@ trait PanelTile {
 
 struct OnePanel<'a, D, const SUB: usize>(&'a Panel, PhantomData<D>);
 
-impl<D: IntDot, const SUB: usize> PanelTile for OnePanel<'_, D, SUB> {
+impl<D: CodeDot, const SUB: usize> PanelTile for OnePanel<'_, D, SUB> {
     const ROWS: usize = PANEL_ROWS;
     #[inline(always)]
     unsafe fn tile<const T: usize>(&self, acts: [*const Q8Block; T], out: &mut [f32]) {
@@ -645,7 +658,7 @@ unsafe fn product_tiles<K: PanelTile, const SUB: usize, const MAX: usize>(
 /// `out[t · 8 + r]` = panel row r · token t for every token of `acts`, `MAX`
 /// tokens a tile.
 #[inline(always)]
-pub(super) unsafe fn product<D: IntDot, const SUB: usize, const MAX: usize>(
+pub(super) unsafe fn product<D: CodeDot, const SUB: usize, const MAX: usize>(
     panel: &Panel,
     acts: &[Q8Block],
     out: &mut [f32],
@@ -996,16 +1009,19 @@ impl Block32 for Q5_0x8 {
 
 /// Eight rows' 32 codes q + `offset` (chunk k: columns 4k..4k + 4, row r
 /// at bytes 4r..4r + 4) dotted with one Q8 block: Σ q·a per row, as f32.
-/// Σ (q + offset)·a − offset·Σ a; two chains of four dots, half the latency
-/// of one of eight.
+/// Σ (q + offset − BIAS)·a − (offset − BIAS)·Σ a; two chains of four dots,
+/// half the latency of one of eight.
 #[inline(always)]
-unsafe fn offset_codes_dot<D: IntDot>(codes: [__m256i; 8], a: &Q8Block, offset: i32) -> __m256 {
+unsafe fn offset_codes_dot<D: CodeDot>(codes: [__m256i; 8], a: &Q8Block, offset: i32) -> __m256 {
     let q = a.qs.as_ptr();
-    let mut isum = [_mm256_set1_epi32(-offset * a.sum()), _mm256_setzero_si256()];
+    let mut isum = [
+        _mm256_set1_epi32((D::BIAS - offset) * a.sum()),
+        _mm256_setzero_si256(),
+    ];
     for (k, c) in codes.into_iter().enumerate() {
         // SAFETY: activation bytes 4k..4k + 4 are in bounds (k < 8).
         let four = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
-        isum[k % 2] = D::dot_add(isum[k % 2], c, four);
+        isum[k % 2] = D::biased_dot_add(isum[k % 2], c, four);
     }
     _mm256_cvtepi32_ps(_mm256_add_epi32(isum[0], isum[1]))
 }
@@ -1013,7 +1029,7 @@ unsafe fn offset_codes_dot<D: IntDot>(codes: [__m256i; 8], a: &Q8Block, offset: 
 /// Interleaved rows of a 32-column layout dotted with one token: `out[r]` =
 /// row r · act.
 #[inline(always)]
-pub(super) unsafe fn interleaved_block32_rows<D: IntDot, L: Block32>(
+pub(super) unsafe fn interleaved_block32_rows<D: CodeDot, L: Block32>(
     data: &[u8],
     cols: usize,
     act: &[Q8Block],
@@ -1094,10 +1110,10 @@ unsafe fn iq4_xs_row_scales(b: *const u8, d: __m256, j: usize) -> __m256 {
 }
 
 /// Interleaved IQ4_XS rows (`crate::quant::interleaved`) dotted with one
-/// token: `out[r]` = row r · act. The codes are looked up as value + 128,
-/// so only VNNI takes them (see `interleaved_table!`).
+/// token: `out[r]` = row r · act. The codes are looked up as value + 128
+/// (on AVX2 only `Avx2SignedCodes` takes them).
 #[inline(always)]
-pub(super) unsafe fn interleaved_iq4_xs_rows<D: IntDot>(
+pub(super) unsafe fn interleaved_iq4_xs_rows<D: CodeDot>(
     data: &[u8],
     cols: usize,
     act: &[Q8Block],

@@ -52,6 +52,42 @@ impl IntDot for VnniDot {
     }
 }
 
+/// Σ of 4 adjacent byte products per i32 lane of codes `u` taken back by
+/// `BIAS` and signed activations `s`: Σ (u − BIAS)·s. The panel and
+/// interleaved products take it, so that codes past 127 have an AVX2 form.
+pub trait CodeDot {
+    const BIAS: i32;
+
+    /// `acc` + Σ (u − BIAS)·s.
+    unsafe fn biased_dot_add(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+}
+
+impl<D: IntDot> CodeDot for D {
+    const BIAS: i32 = 0;
+
+    #[inline(always)]
+    unsafe fn biased_dot_add(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        D::dot_add(acc, u, s)
+    }
+}
+
+/// AVX2 for codes stored as value + 128 (Q8_0, IQ4_NL, IQ4_XS: up to 255,
+/// which `vpmaddubsw` would saturate in pairs times 127). Each code is taken
+/// back to its signed value v, |v| goes in as the unsigned operand and v's
+/// sign onto the activations, as the one-row Q8_0 kernel does: pair sums
+/// are at most 2 · 128 · 127 < 2^15.
+pub struct Avx2SignedCodes;
+
+impl CodeDot for Avx2SignedCodes {
+    const BIAS: i32 = 128;
+
+    #[inline(always)]
+    unsafe fn biased_dot_add(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        let v = _mm256_xor_si256(u, _mm256_set1_epi8(-128));
+        Avx2Dot::dot_add(acc, _mm256_abs_epi8(v), _mm256_sign_epi8(s, v))
+    }
+}
+
 #[inline(always)]
 unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

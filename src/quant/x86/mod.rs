@@ -184,8 +184,9 @@ macro_rules! interleaved_wrappers {
 
 mod avx2 {
     use super::*;
-    use int_dot::Avx2Dot;
+    use int_dot::{Avx2Dot, Avx2SignedCodes};
     panel_products!(Avx2Dot, "avx2,fma,f16c", 4; product_by16: 16, product_by32: 32);
+    panel_products!(Avx2SignedCodes, "avx2,fma,f16c", 4; signed_codes_product_by32: 32);
 
     /// 256-bit vectors hold one panel's rows: no pair product.
     pub fn pair(_sub: usize) -> Option<PairProduct> {
@@ -202,6 +203,13 @@ mod avx2 {
             interleaved_block32_rows / pack_interleaved_block32 for gemm::Mxfp4X8,
         q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k,
         q6_k_interleaved_rows / q6_k_interleaved_pack: interleaved_q6_k_rows / pack_interleaved_q6_k);
+    interleaved_wrappers!(Avx2SignedCodes, "avx2,fma,f16c";
+        q8_0_interleaved_rows / q8_0_interleaved_pack:
+            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q8_0x8,
+        iq4_nl_interleaved_rows / iq4_nl_interleaved_pack:
+            interleaved_block32_rows / pack_interleaved_block32 for gemm::Iq4NlX8,
+        iq4_xs_interleaved_rows / iq4_xs_interleaved_pack:
+            interleaved_iq4_xs_rows / pack_interleaved_iq4_xs);
     q8_wrappers!(avx2; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
         q5_0 / q5_0_x4 / q5_0_rows, q5_1 / q5_1_x4 / q5_1_rows, q8_0 / q8_0_x4 / q8_0_rows,
         q2_k / q2_k_x4 / q2_k_rows, q3_k / q3_k_x4 / q3_k_rows, q4_k / q4_k_x4 / q4_k_rows,
@@ -303,10 +311,10 @@ pub fn avx512_dot(ty: GgmlType) -> Option<DotKernel> {
     table!(avx512, ty)
 }
 
-// `$wide`: the formats whose unsigned codes pass 127, which only products
-// without `vpmaddubsw`'s saturation (VNNI) take.
+// `$wide`: the formats whose unsigned codes pass 127 (value + 128), with the
+// product that takes them: on AVX2 not `vpmaddubsw`'s, which saturates.
 macro_rules! gemm_table {
-    ($module:ident, $ty:expr, $($wide:ident: $packer:ident),*) => {{
+    ($module:ident, $ty:expr, $($wide:ident: $packer:ident / $wide_product:ident),*) => {{
         use GgmlType::*;
         let p = |sub: usize, pack: fn(&[u8], usize, &mut Panel)| {
             let product = if sub == 16 { $module::product_by16 } else { $module::product_by32 };
@@ -317,7 +325,12 @@ macro_rules! gemm_table {
             Q4_1 => p(32, packers::q4_1),
             Q5_0 => p(32, packers::q5_0),
             Q5_1 => p(32, packers::q5_1),
-            $($wide => p(32, packers::$packer),)*
+            $($wide => Some(GemmKernels {
+                sub: 32,
+                pack: packers::$packer,
+                product: $module::$wide_product,
+                pair: $module::pair(32),
+            }),)*
             Q2K => p(16, packers::q2_k),
             Q3K => p(16, packers::q3_k),
             Q4K => p(32, packers::q4_k),
@@ -361,10 +374,11 @@ pub fn avx512_dot_rows(ty: GgmlType) -> Option<Q8RowsFn> {
     rows_table!(avx512, ty)
 }
 
-// `$wide`: the layouts whose unsigned codes pass 127, which only products
-// without `vpmaddubsw`'s saturation (VNNI) take.
+// `$wide`: the layouts whose unsigned codes pass 127 (value + 128), with the
+// panel product that takes them (as in `gemm_table!`).
 macro_rules! interleaved_table {
-    ($module:ident, $ty:expr, $($wide:ident: $rows:ident / $pack:ident),*) => {{
+    ($module:ident, $ty:expr,
+     $($wide:ident: $rows:ident / $pack:ident / $wide_product:ident),*) => {{
         use GgmlType::*;
         type DotRows = fn(&[u8], usize, &[Q8Block], &mut [f32]);
         let k = |sub: usize, dot_rows: DotRows, pack: fn(&[u8], &mut Panel)| {
@@ -372,7 +386,13 @@ macro_rules! interleaved_table {
             Some(InterleavedKernels { sub, dot_rows, pack, product, pair: $module::pair(sub) })
         };
         match $ty {
-            $($wide => k(32, $module::$rows, $module::$pack),)*
+            $($wide => Some(InterleavedKernels {
+                sub: 32,
+                dot_rows: $module::$rows,
+                pack: $module::$pack,
+                product: $module::$wide_product,
+                pair: $module::pair(32),
+            }),)*
             Q4_0 => k(32, $module::q4_0_interleaved_rows, $module::q4_0_interleaved_pack),
             Q4_1 => k(32, $module::q4_1_interleaved_rows, $module::q4_1_interleaved_pack),
             Q5_0 => k(32, $module::q5_0_interleaved_rows, $module::q5_0_interleaved_pack),
@@ -384,33 +404,37 @@ macro_rules! interleaved_table {
     }};
 }
 
-/// The AVX2 code for interleaved `ty` matrices: Q4_0, Q4_1, Q5_0, MXFP4, Q4_K and Q6_K (Q8_0's
-/// and IQ4_NL's codes are unsigned bytes up to 255 and 241, which
-/// `vpmaddubsw` would saturate).
-/// Call only after `avx2_available()`.
+/// The AVX2 code for interleaved `ty` matrices (those of Q8_0, IQ4_NL and
+/// IQ4_XS, whose codes pass 127, through `Avx2SignedCodes`). Call only
+/// after `avx2_available()`.
 pub fn avx2_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
-    interleaved_table!(avx2, ty,)
+    interleaved_table!(avx2, ty,
+        Q8_0: q8_0_interleaved_rows / q8_0_interleaved_pack / signed_codes_product_by32,
+        Iq4Nl: iq4_nl_interleaved_rows / iq4_nl_interleaved_pack / signed_codes_product_by32,
+        Iq4Xs: iq4_xs_interleaved_rows / iq4_xs_interleaved_pack / signed_codes_product_by32)
 }
 
 /// The AVX-512 code for interleaved `ty` matrices. Call only after
 /// `avx512_available()`.
 pub fn avx512_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
-    interleaved_table!(avx512, ty, Q8_0: q8_0_interleaved_rows / q8_0_interleaved_pack,
-        Iq4Nl: iq4_nl_interleaved_rows / iq4_nl_interleaved_pack,
-        Iq4Xs: iq4_xs_interleaved_rows / iq4_xs_interleaved_pack)
+    interleaved_table!(avx512, ty,
+        Q8_0: q8_0_interleaved_rows / q8_0_interleaved_pack / product_by32,
+        Iq4Nl: iq4_nl_interleaved_rows / iq4_nl_interleaved_pack / product_by32,
+        Iq4Xs: iq4_xs_interleaved_rows / iq4_xs_interleaved_pack / product_by32)
 }
 
-/// The AVX2 panel code for `ty`. Call only after `avx2_available()`. Not
-/// Q8_0, IQ4_NL or IQ4_XS: `vpmaddubsw` saturates pairs of their unsigned
-/// codes (up to 255 and 241) times 127, so their dots keep the signed
-/// one-row kernels.
+/// The AVX2 panel code for `ty`: Q8_0's, IQ4_NL's and IQ4_XS's codes
+/// (up to 255 and 241, which `vpmaddubsw` would saturate in pairs times
+/// 127) through `Avx2SignedCodes`. Call only after `avx2_available()`.
 pub fn avx2_gemm(ty: GgmlType) -> Option<GemmKernels> {
-    gemm_table!(avx2, ty,)
+    gemm_table!(avx2, ty, Q8_0: q8_0 / signed_codes_product_by32,
+        Iq4Nl: iq4_nl / signed_codes_product_by32, Iq4Xs: iq4_xs / signed_codes_product_by32)
 }
 
 /// The AVX-512 panel code for `ty`. Call only after `avx512_available()`.
 pub fn avx512_gemm(ty: GgmlType) -> Option<GemmKernels> {
-    gemm_table!(avx512, ty, Q8_0: q8_0, Iq4Nl: iq4_nl, Iq4Xs: iq4_xs)
+    gemm_table!(avx512, ty, Q8_0: q8_0 / product_by32, Iq4Nl: iq4_nl / product_by32,
+        Iq4Xs: iq4_xs / product_by32)
 }
 
 /// The AMX two-panel product for sub-blocks of `sub` columns (see the
