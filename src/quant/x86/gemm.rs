@@ -271,7 +271,7 @@ impl Unpack for Q6K {
 // unsigned code v + OFFSET (IQ4's −127..113 by 128, MXFP4's −12..12 by 12)
 // by the same byte shuffle that looks it up, and the offset comes off as
 // OFFSET · scale. IQ4's codes reach 241: `vpmaddubsw` would saturate their
-// pair sums, so only the VNNI products take those panels.
+// pair sums, so on AVX2 their panels go through `Avx2SignedCodes`.
 
 pub(super) struct Iq4Nl;
 pub(super) struct Iq4Xs;

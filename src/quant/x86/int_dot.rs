@@ -59,6 +59,9 @@ pub trait CodeDot {
     const BIAS: i32;
 
     /// `acc` + Σ (u − BIAS)·s.
+    ///
+    /// # Safety
+    /// The CPU has the instructions of the implementation (AVX2, or VNNI).
     unsafe fn biased_dot_add(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
 }
 
@@ -75,7 +78,8 @@ impl<D: IntDot> CodeDot for D {
 /// which `vpmaddubsw` would saturate in pairs times 127). Each code is taken
 /// back to its signed value v, |v| goes in as the unsigned operand and v's
 /// sign onto the activations, as the one-row Q8_0 kernel does: pair sums
-/// are at most 2 · 128 · 127 < 2^15.
+/// are at most 2 · 128 · 127 < 2^15. That needs the activation codes within
+/// ±127 (`Q8Block`'s invariant: `vpsignb` leaves −128 as it is).
 pub struct Avx2SignedCodes;
 
 impl CodeDot for Avx2SignedCodes {

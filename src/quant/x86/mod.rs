@@ -4,7 +4,9 @@
 //! weight codes meet 32 signed activations), and compiled twice: for AVX2
 //! (`vpmaddubsw` + `vpmaddwd`) and for AVX-512 VNNI (`vpdpbusd`). Both group
 //! the products the same way (lane k sums bytes 4k..4k+4), so the two builds
-//! give identical integer sums.
+//! give identical integer sums. The panel and interleaved products are
+//! generic over `CodeDot`, which adds a third build for AVX2 of the codes
+//! past 127 (`Avx2SignedCodes`), with the same integer sums again.
 
 mod amx;
 mod float_dot;
@@ -37,9 +39,10 @@ pub fn avx512_available() -> bool {
 // Safe `fn` pointers over the `unsafe` target-feature kernels.
 //
 // SAFETY (of every wrapper below): the wrappers are reachable only through
-// `avx2_dot` / `avx512_dot` / `avx2_attention` / `avx512_attention`, which
-// `Kernels` calls only for a
-// `Kernels` whose instruction set `Isa::is_available` confirmed on this CPU.
+// this module's `avx2_*`, `avx512_*` and `amx_*` tables (dots, many-row dots,
+// panels, interleaved copies, attention, gated activations), which `Kernels`
+// calls only for a `Kernels` whose instruction set `Isa::is_available`
+// confirmed on this CPU.
 // The kernels read only inside the slices they are given.
 
 /// Safe wrappers of `int_dot::$int`'s kernels (see the SAFETY note above).
