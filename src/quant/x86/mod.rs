@@ -161,11 +161,34 @@ macro_rules! panel_products {
     )*};
 }
 
-/// Safe wrappers of the interleaved-matrix kernels with `$dot` (see the
-/// SAFETY note above).
+/// Safe wrappers of every interleaved layout's kernels for one instruction
+/// set (see the SAFETY note above): `$narrow` takes the codes up to 127,
+/// `$wide` those stored as value + 128 (Q8_0, IQ4_NL, IQ4_XS).
 macro_rules! interleaved_wrappers {
-    ($dot:ty, $features:literal;
-     $($dot_rows:ident / $pack:ident: $kernel:ident / $packer:ident $(for $layout:ty)?),*) => {$(
+    ($narrow:ty, $wide:ty, $features:literal) => {
+        interleaved_wrappers!(@each $features;
+            $narrow: q4_0_interleaved_rows / q4_0_interleaved_pack:
+                interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_0x8,
+            $narrow: q4_1_interleaved_rows / q4_1_interleaved_pack:
+                interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_1x8,
+            $narrow: q5_0_interleaved_rows / q5_0_interleaved_pack:
+                interleaved_block32_rows / pack_interleaved_block32 for gemm::Q5_0x8,
+            $narrow: mxfp4_interleaved_rows / mxfp4_interleaved_pack:
+                interleaved_block32_rows / pack_interleaved_block32 for gemm::Mxfp4X8,
+            $narrow: q4_k_interleaved_rows / q4_k_interleaved_pack:
+                interleaved_q4_k_rows / pack_interleaved_q4_k,
+            $narrow: q6_k_interleaved_rows / q6_k_interleaved_pack:
+                interleaved_q6_k_rows / pack_interleaved_q6_k,
+            $wide: q8_0_interleaved_rows / q8_0_interleaved_pack:
+                interleaved_block32_rows / pack_interleaved_block32 for gemm::Q8_0x8,
+            $wide: iq4_nl_interleaved_rows / iq4_nl_interleaved_pack:
+                interleaved_block32_rows / pack_interleaved_block32 for gemm::Iq4NlX8,
+            $wide: iq4_xs_interleaved_rows / iq4_xs_interleaved_pack:
+                interleaved_iq4_xs_rows / pack_interleaved_iq4_xs);
+    };
+    (@each $features:literal;
+     $($dot:ty: $dot_rows:ident / $pack:ident: $kernel:ident / $packer:ident $(for $layout:ty)?),*
+    ) => {$(
         pub fn $dot_rows(data: &[u8], cols: usize, act: &[Q8Block], out: &mut [f32]) {
             #[target_feature(enable = $features)]
             unsafe fn inner(data: &[u8], cols: usize, act: &[Q8Block], out: &mut [f32]) {
@@ -189,30 +212,14 @@ mod avx2 {
     use super::*;
     use int_dot::{Avx2Dot, Avx2SignedCodes};
     panel_products!(Avx2Dot, "avx2,fma,f16c", 4; product_by16: 16, product_by32: 32);
-    panel_products!(Avx2SignedCodes, "avx2,fma,f16c", 4; signed_codes_product_by32: 32);
+    // The panel product of the codes stored as value + 128.
+    panel_products!(Avx2SignedCodes, "avx2,fma,f16c", 4; wide_product_by32: 32);
 
     /// 256-bit vectors hold one panel's rows: no pair product.
     pub fn pair(_sub: usize) -> Option<PairProduct> {
         None
     }
-    interleaved_wrappers!(Avx2Dot, "avx2,fma,f16c";
-        q4_0_interleaved_rows / q4_0_interleaved_pack:
-            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_0x8,
-        q4_1_interleaved_rows / q4_1_interleaved_pack:
-            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_1x8,
-        q5_0_interleaved_rows / q5_0_interleaved_pack:
-            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q5_0x8,
-        mxfp4_interleaved_rows / mxfp4_interleaved_pack:
-            interleaved_block32_rows / pack_interleaved_block32 for gemm::Mxfp4X8,
-        q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k,
-        q6_k_interleaved_rows / q6_k_interleaved_pack: interleaved_q6_k_rows / pack_interleaved_q6_k);
-    interleaved_wrappers!(Avx2SignedCodes, "avx2,fma,f16c";
-        q8_0_interleaved_rows / q8_0_interleaved_pack:
-            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q8_0x8,
-        iq4_nl_interleaved_rows / iq4_nl_interleaved_pack:
-            interleaved_block32_rows / pack_interleaved_block32 for gemm::Iq4NlX8,
-        iq4_xs_interleaved_rows / iq4_xs_interleaved_pack:
-            interleaved_iq4_xs_rows / pack_interleaved_iq4_xs);
+    interleaved_wrappers!(Avx2Dot, Avx2SignedCodes, "avx2,fma,f16c");
     q8_wrappers!(avx2; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
         q5_0 / q5_0_x4 / q5_0_rows, q5_1 / q5_1_x4 / q5_1_rows, q8_0 / q8_0_x4 / q8_0_rows,
         q2_k / q2_k_x4 / q2_k_rows, q3_k / q3_k_x4 / q3_k_rows, q4_k / q4_k_x4 / q4_k_rows,
@@ -229,6 +236,8 @@ mod avx512 {
     use int_dot::VnniDot;
     panel_products!(VnniDot, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", 8;
         product_by16: 16, product_by32: 32);
+    // `vpdpbusd` takes unsigned codes up to 255 as they are.
+    pub use self::product_by32 as wide_product_by32;
 
     /// The two-panel product for sub-blocks of `sub` columns.
     pub fn pair(sub: usize) -> Option<PairProduct> {
@@ -250,23 +259,11 @@ mod avx512 {
         }
         Some(if sub == 16 { by16 } else { by32 })
     }
-    interleaved_wrappers!(VnniDot, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni";
-        q8_0_interleaved_rows / q8_0_interleaved_pack:
-            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q8_0x8,
-        iq4_nl_interleaved_rows / iq4_nl_interleaved_pack:
-            interleaved_block32_rows / pack_interleaved_block32 for gemm::Iq4NlX8,
-        iq4_xs_interleaved_rows / iq4_xs_interleaved_pack:
-            interleaved_iq4_xs_rows / pack_interleaved_iq4_xs,
-        q4_0_interleaved_rows / q4_0_interleaved_pack:
-            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_0x8,
-        q4_1_interleaved_rows / q4_1_interleaved_pack:
-            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q4_1x8,
-        q5_0_interleaved_rows / q5_0_interleaved_pack:
-            interleaved_block32_rows / pack_interleaved_block32 for gemm::Q5_0x8,
-        mxfp4_interleaved_rows / mxfp4_interleaved_pack:
-            interleaved_block32_rows / pack_interleaved_block32 for gemm::Mxfp4X8,
-        q4_k_interleaved_rows / q4_k_interleaved_pack: interleaved_q4_k_rows / pack_interleaved_q4_k,
-        q6_k_interleaved_rows / q6_k_interleaved_pack: interleaved_q6_k_rows / pack_interleaved_q6_k);
+    interleaved_wrappers!(
+        VnniDot,
+        VnniDot,
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
+    );
     q8_wrappers!(vnni; q4_0 / q4_0_x4 / q4_0_rows, q4_1 / q4_1_x4 / q4_1_rows,
         q5_0 / q5_0_x4 / q5_0_rows, q5_1 / q5_1_x4 / q5_1_rows, q8_0 / q8_0_x4 / q8_0_rows,
         q2_k / q2_k_x4 / q2_k_rows, q3_k / q3_k_x4 / q3_k_rows, q4_k / q4_k_x4 / q4_k_rows,
@@ -314,26 +311,43 @@ pub fn avx512_dot(ty: GgmlType) -> Option<DotKernel> {
     table!(avx512, ty)
 }
 
-// `$wide`: the formats whose unsigned codes pass 127 (value + 128), with the
-// product that takes them: on AVX2 not `vpmaddubsw`'s, which saturates.
+// The one-panel product of `$module` for sub-blocks of `$sub` columns.
+macro_rules! product_for {
+    ($module:ident, $sub:expr) => {
+        if $sub == 16 {
+            $module::product_by16
+        } else {
+            $module::product_by32
+        }
+    };
+}
+
+// The formats whose codes pass 127 (Q8_0, IQ4_NL, IQ4_XS: value + 128) take
+// `$module::wide_product_by32`: on AVX2 not `vpmaddubsw`'s, which saturates.
 macro_rules! gemm_table {
-    ($module:ident, $ty:expr, $($wide:ident: $packer:ident / $wide_product:ident),*) => {{
+    ($module:ident, $ty:expr) => {{
         use GgmlType::*;
         let p = |sub: usize, pack: fn(&[u8], usize, &mut Panel)| {
-            let product = if sub == 16 { $module::product_by16 } else { $module::product_by32 };
-            Some(GemmKernels { sub, pack, product, pair: $module::pair(sub) })
+            let product = product_for!($module, sub);
+            Some(GemmKernels {
+                sub,
+                pack,
+                product,
+                pair: $module::pair(sub),
+            })
+        };
+        let wide = |pack| {
+            let product = $module::wide_product_by32;
+            p(32, pack).map(|k| GemmKernels { product, ..k })
         };
         match $ty {
             Q4_0 => p(32, packers::q4_0),
             Q4_1 => p(32, packers::q4_1),
             Q5_0 => p(32, packers::q5_0),
             Q5_1 => p(32, packers::q5_1),
-            $($wide => Some(GemmKernels {
-                sub: 32,
-                pack: packers::$packer,
-                product: $module::$wide_product,
-                pair: $module::pair(32),
-            }),)*
+            Q8_0 => wide(packers::q8_0),
+            Iq4Nl => wide(packers::iq4_nl),
+            Iq4Xs => wide(packers::iq4_xs),
             Q2K => p(16, packers::q2_k),
             Q3K => p(16, packers::q3_k),
             Q4K => p(32, packers::q4_k),
@@ -377,31 +391,37 @@ pub fn avx512_dot_rows(ty: GgmlType) -> Option<Q8RowsFn> {
     rows_table!(avx512, ty)
 }
 
-// `$wide`: the layouts whose unsigned codes pass 127 (value + 128), with the
-// panel product that takes them (as in `gemm_table!`).
+// The layouts whose codes pass 127 take `$module::wide_product_by32`, as in
+// `gemm_table!`.
 macro_rules! interleaved_table {
-    ($module:ident, $ty:expr,
-     $($wide:ident: $rows:ident / $pack:ident / $wide_product:ident),*) => {{
+    ($module:ident, $ty:expr) => {{
+        use $module::*;
         use GgmlType::*;
         type DotRows = fn(&[u8], usize, &[Q8Block], &mut [f32]);
         let k = |sub: usize, dot_rows: DotRows, pack: fn(&[u8], &mut Panel)| {
-            let product = if sub == 16 { $module::product_by16 } else { $module::product_by32 };
-            Some(InterleavedKernels { sub, dot_rows, pack, product, pair: $module::pair(sub) })
+            let product = product_for!($module, sub);
+            Some(InterleavedKernels {
+                sub,
+                dot_rows,
+                pack,
+                product,
+                pair: pair(sub),
+            })
+        };
+        let wide = |dot_rows, pack| {
+            let product = wide_product_by32;
+            k(32, dot_rows, pack).map(|k| InterleavedKernels { product, ..k })
         };
         match $ty {
-            $($wide => Some(InterleavedKernels {
-                sub: 32,
-                dot_rows: $module::$rows,
-                pack: $module::$pack,
-                product: $module::$wide_product,
-                pair: $module::pair(32),
-            }),)*
-            Q4_0 => k(32, $module::q4_0_interleaved_rows, $module::q4_0_interleaved_pack),
-            Q4_1 => k(32, $module::q4_1_interleaved_rows, $module::q4_1_interleaved_pack),
-            Q5_0 => k(32, $module::q5_0_interleaved_rows, $module::q5_0_interleaved_pack),
-            Mxfp4 => k(32, $module::mxfp4_interleaved_rows, $module::mxfp4_interleaved_pack),
-            Q4K => k(32, $module::q4_k_interleaved_rows, $module::q4_k_interleaved_pack),
-            Q6K => k(16, $module::q6_k_interleaved_rows, $module::q6_k_interleaved_pack),
+            Q8_0 => wide(q8_0_interleaved_rows, q8_0_interleaved_pack),
+            Iq4Nl => wide(iq4_nl_interleaved_rows, iq4_nl_interleaved_pack),
+            Iq4Xs => wide(iq4_xs_interleaved_rows, iq4_xs_interleaved_pack),
+            Q4_0 => k(32, q4_0_interleaved_rows, q4_0_interleaved_pack),
+            Q4_1 => k(32, q4_1_interleaved_rows, q4_1_interleaved_pack),
+            Q5_0 => k(32, q5_0_interleaved_rows, q5_0_interleaved_pack),
+            Mxfp4 => k(32, mxfp4_interleaved_rows, mxfp4_interleaved_pack),
+            Q4K => k(32, q4_k_interleaved_rows, q4_k_interleaved_pack),
+            Q6K => k(16, q6_k_interleaved_rows, q6_k_interleaved_pack),
             _ => None,
         }
     }};
@@ -411,33 +431,25 @@ macro_rules! interleaved_table {
 /// IQ4_XS, whose codes pass 127, through `Avx2SignedCodes`). Call only
 /// after `avx2_available()`.
 pub fn avx2_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
-    interleaved_table!(avx2, ty,
-        Q8_0: q8_0_interleaved_rows / q8_0_interleaved_pack / signed_codes_product_by32,
-        Iq4Nl: iq4_nl_interleaved_rows / iq4_nl_interleaved_pack / signed_codes_product_by32,
-        Iq4Xs: iq4_xs_interleaved_rows / iq4_xs_interleaved_pack / signed_codes_product_by32)
+    interleaved_table!(avx2, ty)
 }
 
 /// The AVX-512 code for interleaved `ty` matrices. Call only after
 /// `avx512_available()`.
 pub fn avx512_interleaved(ty: GgmlType) -> Option<InterleavedKernels> {
-    interleaved_table!(avx512, ty,
-        Q8_0: q8_0_interleaved_rows / q8_0_interleaved_pack / product_by32,
-        Iq4Nl: iq4_nl_interleaved_rows / iq4_nl_interleaved_pack / product_by32,
-        Iq4Xs: iq4_xs_interleaved_rows / iq4_xs_interleaved_pack / product_by32)
+    interleaved_table!(avx512, ty)
 }
 
 /// The AVX2 panel code for `ty`: Q8_0's, IQ4_NL's and IQ4_XS's codes
 /// (up to 255 and 241, which `vpmaddubsw` would saturate in pairs times
 /// 127) through `Avx2SignedCodes`. Call only after `avx2_available()`.
 pub fn avx2_gemm(ty: GgmlType) -> Option<GemmKernels> {
-    gemm_table!(avx2, ty, Q8_0: q8_0 / signed_codes_product_by32,
-        Iq4Nl: iq4_nl / signed_codes_product_by32, Iq4Xs: iq4_xs / signed_codes_product_by32)
+    gemm_table!(avx2, ty)
 }
 
 /// The AVX-512 panel code for `ty`. Call only after `avx512_available()`.
 pub fn avx512_gemm(ty: GgmlType) -> Option<GemmKernels> {
-    gemm_table!(avx512, ty, Q8_0: q8_0 / product_by32, Iq4Nl: iq4_nl / product_by32,
-        Iq4Xs: iq4_xs / product_by32)
+    gemm_table!(avx512, ty)
 }
 
 /// The AMX two-panel product for sub-blocks of `sub` columns (see the
