@@ -279,7 +279,13 @@ fn float_dots_handle_rows_that_are_not_a_multiple_of_the_vector_width() {
 fn attention_kernels_match_f64_on_every_instruction_set_width_stride_and_head_count() {
     let mut rng = Rng(13);
     for width in [1, 7, 16, 17, 64, 100, 256] {
-        for (n, stride_values) in [(1, width), (5, width + 3), (33, 2 * width)] {
+        for (n, stride_values) in [
+            (1, width),
+            (5, width + 3),
+            (16, width),
+            (33, 2 * width),
+            (64, width + 1),
+        ] {
             for heads in [1, 3, 4, 6] {
                 // n rows of `width` F16 values, `stride_values` apart.
                 let raw = random_weights(GgmlType::F16, 1, n * stride_values, &mut rng);

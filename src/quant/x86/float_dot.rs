@@ -62,6 +62,15 @@ trait Lanes {
     unsafe fn splat(x: f32) -> Self::V;
     unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn fold(v: Self::V) -> __m256;
+    /// Key rows a pass of `dots_group` takes at once (their accumulators,
+    /// one a query, and their keys in registers).
+    const ROWS: usize;
+    /// Vectors of value columns a pass of `axpys_group` takes at once.
+    const COLUMNS: usize;
+    /// The lane sums of `N` vectors (`v[r]`'s in lane r), by a tree of
+    /// shuffles and adds: about three operations a vector where reducing
+    /// each on its own takes eight.
+    unsafe fn row_sums(v: &[Self::V]) -> Self::V;
 }
 
 struct Lanes8;
@@ -70,6 +79,8 @@ struct Lanes16;
 impl Lanes for Lanes8 {
     type V = __m256;
     const N: usize = 8;
+    const ROWS: usize = 2;
+    const COLUMNS: usize = 2;
     #[inline(always)]
     unsafe fn zero() -> __m256 {
         _mm256_setzero_ps()
@@ -98,11 +109,44 @@ impl Lanes for Lanes8 {
     unsafe fn fold(v: __m256) -> __m256 {
         v
     }
+    #[inline(always)]
+    unsafe fn row_sums(v: &[__m256]) -> __m256 {
+        // Halves of a pair added: half h of pair[i] holds 4 partial sums of
+        // v[2i + h].
+        // (Loops, not `array::from_fn`: a closure would not inherit the
+        // caller's target features, and its intrinsics would not inline.)
+        let mut pair = [_mm256_setzero_ps(); 4];
+        for i in 0..4 {
+            let (a, b) = (v[2 * i], v[2 * i + 1]);
+            pair[i] = _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(a, b),
+                _mm256_permute2f128_ps::<0x31>(a, b),
+            );
+        }
+        // Within each half: 2 partial sums of each of two rows.
+        let mut quad = [_mm256_setzero_ps(); 2];
+        for i in 0..2 {
+            let (c, d) = (pair[2 * i], pair[2 * i + 1]);
+            quad[i] = _mm256_add_ps(
+                _mm256_shuffle_ps::<0x44>(c, d),
+                _mm256_shuffle_ps::<0xEE>(c, d),
+            );
+        }
+        // Lane l holds row 2l (l < 4) or row 2(l − 4) + 1.
+        let (e, f) = (quad[0], quad[1]);
+        let sums = _mm256_add_ps(
+            _mm256_shuffle_ps::<0x88>(e, f),
+            _mm256_shuffle_ps::<0xDD>(e, f),
+        );
+        _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
 }
 
 impl Lanes for Lanes16 {
     type V = __m512;
     const N: usize = 16;
+    const ROWS: usize = 4;
+    const COLUMNS: usize = 4;
     #[inline(always)]
     unsafe fn zero() -> __m512 {
         _mm512_setzero_ps()
@@ -133,10 +177,68 @@ impl Lanes for Lanes16 {
         let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
         _mm256_add_ps(_mm512_castps512_ps256(v), high)
     }
+    #[inline(always)]
+    unsafe fn row_sums(v: &[__m512]) -> __m512 {
+        // 128-bit chunks of a pair added: chunks 0–1 of pair[i] hold 8
+        // partial sums of v[2i], chunks 2–3 those of v[2i + 1].
+        // (Loops, not `array::from_fn`: see `Lanes8::row_sums`.)
+        let mut pair = [_mm512_setzero_ps(); 8];
+        for i in 0..8 {
+            let (a, b) = (v[2 * i], v[2 * i + 1]);
+            pair[i] = _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x44>(a, b),
+                _mm512_shuffle_f32x4::<0xEE>(a, b),
+            );
+        }
+        // Chunk c of quad[i] holds 4 partial sums of v[4i + c].
+        let mut quad = [_mm512_setzero_ps(); 4];
+        for i in 0..4 {
+            let (c, d) = (pair[2 * i], pair[2 * i + 1]);
+            quad[i] = _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x88>(c, d),
+                _mm512_shuffle_f32x4::<0xDD>(c, d),
+            );
+        }
+        // Chunk c of oct[i]: 2 partial sums of v[8i + c], 2 of v[8i + 4 + c].
+        let mut oct = [_mm512_setzero_ps(); 2];
+        for i in 0..2 {
+            let (e, f) = (quad[2 * i], quad[2 * i + 1]);
+            oct[i] = _mm512_add_ps(
+                _mm512_shuffle_ps::<0x44>(e, f),
+                _mm512_shuffle_ps::<0xEE>(e, f),
+            );
+        }
+        // Lane 4c + m holds row 4m + c.
+        let (g, h) = (oct[0], oct[1]);
+        let sums = _mm512_add_ps(
+            _mm512_shuffle_ps::<0x88>(g, h),
+            _mm512_shuffle_ps::<0xDD>(g, h),
+        );
+        _mm512_permutexvar_ps(
+            _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
+            sums,
+        )
+    }
 }
 
 /// Query heads a pass over the rows serves at once.
 const HEADS: usize = 4;
+
+/// The most `Lanes::ROWS` and `Lanes::COLUMNS` of any width.
+const MAX_ROWS: usize = 4;
+const MAX_COLUMNS: usize = 4;
+
+/// Cache rows the attention kernels prefetch ahead of the one they read.
+const ROWS_AHEAD: usize = 24;
+
+/// Prefetches the `len` bytes at `p` (never faults: `p` may lie past the
+/// rows' end, where the next span's rows are).
+#[inline(always)]
+unsafe fn prefetch_row(p: *const u8, len: usize) {
+    for line in (0..len).step_by(64) {
+        _mm_prefetch(p.wrapping_add(line).cast(), _MM_HINT_T0);
+    }
+}
 
 /// `out[g · n + j]` = row j · query g for the `G` queries of `q`.
 #[inline(always)]
@@ -151,9 +253,55 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
     let full = dk / L::N * L::N;
     assert!(q.len() == G * dk && out.len() == G * n);
     let qp = q.as_ptr();
-    for j in 0..n {
+    // Tiles of N rows: each row's products in vectors, reduced together.
+    let tiled = n / L::N * L::N;
+    let mut products = [[L::zero(); 16]; HEADS];
+    for j0 in (0..tiled).step_by(L::N) {
+        // `L::ROWS` rows at a time: each query vector loaded once for them
+        // all.
+        for r in (0..L::N).step_by(L::ROWS) {
+            let mut rp = [std::ptr::null::<u8>(); MAX_ROWS];
+            for (k, p) in rp.iter_mut().enumerate().take(L::ROWS) {
+                *p = rows[(j0 + r + k) * stride..][..dk * 2].as_ptr();
+                prefetch_row(p.wrapping_add(ROWS_AHEAD * stride), dk * 2);
+            }
+            let mut acc = [[L::zero(); HEADS]; MAX_ROWS];
+            let mut i = 0;
+            while i < full {
+                let mut k = [L::zero(); MAX_ROWS];
+                for m in 0..L::ROWS {
+                    // SAFETY: i + N ≤ dk: inside each row and each query.
+                    k[m] = L::f16s(rp[m].add(i * 2));
+                }
+                for g in 0..G {
+                    let q = L::load(qp.add(g * dk + i));
+                    for m in 0..L::ROWS {
+                        acc[m][g] = L::fmadd(k[m], q, acc[m][g]);
+                    }
+                }
+                i += L::N;
+            }
+            for g in 0..G {
+                for m in 0..L::ROWS {
+                    products[g][r + m] = acc[m][g];
+                }
+            }
+        }
+        for g in 0..G {
+            let sums = &mut out[g * n + j0..][..L::N];
+            L::store(sums.as_mut_ptr(), L::row_sums(&products[g][..L::N]));
+            if full < dk {
+                for (r, sum) in sums.iter_mut().enumerate() {
+                    let row = &rows[(j0 + r) * stride..][..dk * 2];
+                    *sum += tail(row, &q[g * dk..(g + 1) * dk], full, 2, f16_at);
+                }
+            }
+        }
+    }
+    for j in tiled..n {
         let row = &rows[j * stride..][..dk * 2];
         let rp = row.as_ptr();
+        prefetch_row(rp.wrapping_add(ROWS_AHEAD * stride), dk * 2);
         let mut acc = [L::zero(); HEADS];
         let mut i = 0;
         while i < full {
@@ -196,7 +344,54 @@ unsafe fn dots_many<L: Lanes>(rows: &[u8], stride: usize, q: &[f32], dk: usize, 
     }
 }
 
-/// y_g += Σ_j a[g · n + j] · row j for the `G` weight vectors of `a`.
+/// Columns `c..c + width · N` of `axpys_group`: each value vector converted
+/// once and each weight broadcast once for all `width` vectors of columns.
+/// `width` ≤ `MAX_COLUMNS` is a constant where this is inlined, so that the
+/// accumulators stay in registers.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn axpys_columns<L: Lanes, const G: usize>(
+    rows: &[u8],
+    stride: usize,
+    a: &[f32],
+    n: usize,
+    y: &mut [f32],
+    dv: usize,
+    c: usize,
+    width: usize,
+) {
+    let mut acc = [[L::zero(); MAX_COLUMNS]; G];
+    for g in 0..G {
+        for m in 0..width {
+            acc[g][m] = L::load(y[g * dv + c + m * L::N..][..L::N].as_ptr());
+        }
+    }
+    for j in 0..n {
+        let at = j * stride + c * 2;
+        if c == 0 {
+            prefetch_row(rows.as_ptr().wrapping_add(at + ROWS_AHEAD * stride), dv * 2);
+        }
+        let values = &rows[at..at + width * L::N * 2];
+        let mut v = [L::zero(); MAX_COLUMNS];
+        for m in 0..width {
+            v[m] = L::f16s(values[m * L::N * 2..].as_ptr());
+        }
+        for g in 0..G {
+            let w = L::splat(a[g * n + j]);
+            for m in 0..width {
+                acc[g][m] = L::fmadd(v[m], w, acc[g][m]);
+            }
+        }
+    }
+    for g in 0..G {
+        for m in 0..width {
+            L::store(y[g * dv + c + m * L::N..][..L::N].as_mut_ptr(), acc[g][m]);
+        }
+    }
+}
+
+/// y_g += Σ_j a[g · n + j] · row j for the `G` weight vectors of `a`, the
+/// rows added in order to each value.
 #[inline(always)]
 unsafe fn axpys_group<L: Lanes, const G: usize>(
     rows: &[u8],
@@ -208,17 +403,14 @@ unsafe fn axpys_group<L: Lanes, const G: usize>(
 ) {
     let full = dv / L::N * L::N;
     assert!(a.len() == G * n && y.len() == G * dv);
-    for c in (0..full).step_by(L::N) {
-        let mut acc: [L::V; G] = std::array::from_fn(|g| L::load(y[g * dv + c..][..L::N].as_ptr()));
-        for j in 0..n {
-            let at = j * stride + c * 2;
-            let v = L::f16s(rows[at..at + L::N * 2].as_ptr());
-            for g in 0..G {
-                acc[g] = L::fmadd(v, L::splat(a[g * n + j]), acc[g]);
-            }
-        }
-        for g in 0..G {
-            L::store(y[g * dv + c..][..L::N].as_mut_ptr(), acc[g]);
+    let mut c = 0;
+    while c < full {
+        if c + L::COLUMNS * L::N <= full {
+            axpys_columns::<L, G>(rows, stride, a, n, y, dv, c, L::COLUMNS);
+            c += L::COLUMNS * L::N;
+        } else {
+            axpys_columns::<L, G>(rows, stride, a, n, y, dv, c, 1);
+            c += L::N;
         }
     }
     // The columns past the last whole vector: the scalar kernel.
