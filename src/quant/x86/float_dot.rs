@@ -9,6 +9,7 @@
 
 use std::arch::x86_64::*;
 
+use super::prefetch_lines;
 use crate::quant::float::{bf16_to_f32, f16_at, softmax_lanes};
 
 #[inline(always)]
@@ -224,21 +225,14 @@ impl Lanes for Lanes16 {
 /// Query heads a pass over the rows serves at once.
 const HEADS: usize = 4;
 
-/// The most `Lanes::ROWS` and `Lanes::COLUMNS` of any width.
+/// The most `Lanes::N`, `Lanes::ROWS` and `Lanes::COLUMNS` of any width.
+const MAX_LANES: usize = 16;
 const MAX_ROWS: usize = 4;
 const MAX_COLUMNS: usize = 4;
 
-/// Cache rows the attention kernels prefetch ahead of the one they read.
+/// Cache rows the attention kernels prefetch ahead of the one they read
+/// (past a span's end: the next span's rows).
 const ROWS_AHEAD: usize = 24;
-
-/// Prefetches the `len` bytes at `p` (never faults: `p` may lie past the
-/// rows' end, where the next span's rows are).
-#[inline(always)]
-unsafe fn prefetch_row(p: *const u8, len: usize) {
-    for line in (0..len).step_by(64) {
-        _mm_prefetch(p.wrapping_add(line).cast(), _MM_HINT_T0);
-    }
-}
 
 /// `out[g · n + j]` = row j · query g for the `G` queries of `q`.
 #[inline(always)]
@@ -255,7 +249,7 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
     let qp = q.as_ptr();
     // Tiles of N rows: each row's products in vectors, reduced together.
     let tiled = n / L::N * L::N;
-    let mut products = [[L::zero(); 16]; HEADS];
+    let mut products = [[L::zero(); MAX_LANES]; HEADS];
     for j0 in (0..tiled).step_by(L::N) {
         // `L::ROWS` rows at a time: each query vector loaded once for them
         // all.
@@ -263,7 +257,7 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
             let mut rp = [std::ptr::null::<u8>(); MAX_ROWS];
             for (k, p) in rp.iter_mut().enumerate().take(L::ROWS) {
                 *p = rows[(j0 + r + k) * stride..][..dk * 2].as_ptr();
-                prefetch_row(p.wrapping_add(ROWS_AHEAD * stride), dk * 2);
+                prefetch_lines(p.wrapping_add(ROWS_AHEAD * stride), dk * 2);
             }
             let mut acc = [[L::zero(); HEADS]; MAX_ROWS];
             let mut i = 0;
@@ -301,7 +295,7 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
     for j in tiled..n {
         let row = &rows[j * stride..][..dk * 2];
         let rp = row.as_ptr();
-        prefetch_row(rp.wrapping_add(ROWS_AHEAD * stride), dk * 2);
+        prefetch_lines(rp.wrapping_add(ROWS_AHEAD * stride), dk * 2);
         let mut acc = [L::zero(); HEADS];
         let mut i = 0;
         while i < full {
@@ -369,7 +363,7 @@ unsafe fn axpys_columns<L: Lanes, const G: usize>(
     for j in 0..n {
         let at = j * stride + c * 2;
         if c == 0 {
-            prefetch_row(rows.as_ptr().wrapping_add(at + ROWS_AHEAD * stride), dv * 2);
+            prefetch_lines(rows.as_ptr().wrapping_add(at + ROWS_AHEAD * stride), dv * 2);
         }
         let values = &rows[at..at + width * L::N * 2];
         let mut v = [L::zero(); MAX_COLUMNS];

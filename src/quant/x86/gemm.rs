@@ -792,11 +792,7 @@ const FAR_PREFETCH: usize = 4608;
 #[inline(always)]
 unsafe fn prefetch_ahead(block: &[u8], far: bool, near: &[usize]) {
     if far {
-        let ahead = block.as_ptr().wrapping_add(FAR_PREFETCH);
-        for line in (0..block.len()).step_by(64) {
-            _mm_prefetch(ahead.wrapping_add(line).cast(), _MM_HINT_T0);
-        }
-        _mm_prefetch(ahead.wrapping_add(block.len() - 1).cast(), _MM_HINT_T0);
+        super::prefetch_lines(block.as_ptr().wrapping_add(FAR_PREFETCH), block.len());
     } else {
         for &offset in near {
             _mm_prefetch(block.as_ptr().wrapping_add(offset).cast(), _MM_HINT_T0);

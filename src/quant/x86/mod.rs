@@ -20,6 +20,20 @@ use super::{
     float, AttentionKernels, DotKernel, GgmlType, GluKernels, Q8Block, Q8RowsFn, DOT_TOKENS,
 };
 
+/// Prefetches every cache line of the `len` bytes at `p`, the last one
+/// included where `p` is not line-aligned. Prefetching never faults, so the
+/// bytes may lie past the end of what `p` points into.
+#[inline(always)]
+unsafe fn prefetch_lines(p: *const u8, len: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    for line in (0..len).step_by(64) {
+        _mm_prefetch(p.wrapping_add(line).cast(), _MM_HINT_T0);
+    }
+    if len > 0 {
+        _mm_prefetch(p.wrapping_add(len - 1).cast(), _MM_HINT_T0);
+    }
+}
+
 pub fn avx2_available() -> bool {
     is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
