@@ -19,6 +19,7 @@ pub mod interleaved;
 mod kquants;
 mod legacy;
 mod lookup;
+pub mod pair_timing;
 pub mod panel;
 pub mod q8;
 mod types;
@@ -164,16 +165,27 @@ impl Kernels {
     /// The fastest kernels this CPU runs, or where `M40_CPU_ISA` names an
     /// instruction set (`scalar`, `avx2`, `avx512`, `amx`), the fastest of
     /// those up to it: to compare them in one run, or to keep a process off
-    /// AMX tiles.
+    /// AMX tiles. Between AMX and AVX-512, which give the same results bit
+    /// for bit, a few milliseconds of pair products decide, once a process
+    /// (`pair_timing::amx_is_faster`), unless `M40_CPU_ISA=amx` asks for
+    /// the tiles.
     pub fn best() -> Kernels {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         let isa = *BEST.get_or_init(|| {
             let cap = std::env::var("M40_CPU_ISA").ok();
             let mut isas = Isa::all_available();
-            if let Some(at) = cap.and_then(|name| isas.iter().position(|i| i.name() == name)) {
+            let named = cap.and_then(|name| isas.iter().position(|i| i.name() == name));
+            if let Some(at) = named {
                 isas.truncate(at + 1);
             }
-            *isas.last().unwrap_or(&Isa::Scalar)
+            let best = *isas.last().unwrap_or(&Isa::Scalar);
+            if best == Isa::Amx && named.is_none() {
+                let (amx, vnni) = (Kernels { isa: Isa::Amx }, Kernels { isa: Isa::Avx512 });
+                if !pair_timing::amx_is_faster(amx, vnni) {
+                    return Isa::Avx512;
+                }
+            }
+            best
         });
         Kernels { isa }
     }
