@@ -14,6 +14,7 @@ use super::{quantize_row_q8, GgmlType, Kernels, Panel, Q8Block, PANEL_ROWS};
 pub struct PairBench {
     ty: GgmlType,
     cols: usize,
+    n_tokens: usize,
     raw: Vec<u8>,
     act: Vec<Q8Block>,
 }
@@ -38,11 +39,17 @@ impl PairBench {
             .collect();
         let mut act = vec![Q8Block::default(); n_tokens * cols / 32];
         quantize_row_q8(&x, &mut act);
-        PairBench { ty, cols, raw, act }
+        PairBench {
+            ty,
+            cols,
+            n_tokens,
+            raw,
+            act,
+        }
     }
 
     pub fn multiply_adds(&self) -> usize {
-        2 * PANEL_ROWS * self.cols * (self.act.len() * 32 / self.cols)
+        2 * PANEL_ROWS * self.cols * self.n_tokens
     }
 
     /// The fastest of `rounds` rounds of `calls` pair products with
@@ -61,8 +68,7 @@ impl PairBench {
                 p
             })
             .collect();
-        let n_tokens = self.act.len() * 32 / self.cols;
-        let mut out = vec![0f32; n_tokens * 2 * PANEL_ROWS];
+        let mut out = vec![0f32; self.n_tokens * 2 * PANEL_ROWS];
         pair(&panels[0], &panels[1], &self.act, &mut out);
         let mut best = f64::MAX;
         for _ in 0..rounds {
