@@ -6,11 +6,13 @@ mod common;
 
 use std::path::Path;
 
-use m40llm::backend::cpu::{matmul, matmul_many, Product, ThreadPool, WeightMatrix};
+use m40llm::backend::cpu::{
+    matmul, matmul_many, ActivationBuffers, Product, ThreadPool, WeightMatrix,
+};
 use m40llm::quant::q8::dot_error_bound;
 use m40llm::quant::{
     dequantize_row, interleave, quantize_row_q8, quantize_row_q8_k, DotKernel, GgmlType,
-    GluKernels, Isa, Kernels, Panel, Q8Block, GEMM_MIN_TOKENS, PANEL_ROWS,
+    GluKernels, Isa, Kernels, Panel, PanelOut, Q8Block, GEMM_MIN_TOKENS, PANEL_ROWS,
 };
 
 const TYPES: [GgmlType; 16] = GgmlType::SUPPORTED;
@@ -660,14 +662,25 @@ fn pair_products_equal_each_panels_product_bit_for_bit() {
                 let x = random_activations(n_tokens * cols, &mut rng);
                 let mut act = vec![Q8Block::default(); n_tokens * cols / 32];
                 quantize_row_q8(&x, &mut act);
-                let mut both = vec![f32::NAN; n_tokens * 2 * PANEL_ROWS];
-                pair(&panels[0], &panels[1], &act, &mut both);
+                // The pair writes its runs into a wider output, as into a
+                // product's rows: the values between them stay as they were.
+                let stride = 2 * PANEL_ROWS + 3;
+                let mut both = vec![f32::NAN; n_tokens * stride];
+                // SAFETY: run t, 16 values at t · stride, lies inside `both`,
+                // which nothing else touches during the call.
+                let runs = unsafe { PanelOut::strided(both.as_mut_ptr(), stride, n_tokens, 16) };
+                pair(&panels[0], &panels[1], &act, runs);
+                assert!(
+                    both.chunks_exact(stride)
+                        .all(|t| t[16..].iter().all(|v| v.is_nan())),
+                    "{ty} {isa:?}: a value written outside the runs"
+                );
                 for (half, panel) in panels.iter().enumerate() {
                     let mut alone = vec![f32::NAN; n_tokens * PANEL_ROWS];
-                    (gemm.product)(panel, &act, &mut alone);
+                    (gemm.product)(panel, &act, PanelOut::contiguous(&mut alone, PANEL_ROWS));
                     for t in 0..n_tokens {
                         for r in 0..PANEL_ROWS {
-                            let (p, a) = (both[t * 16 + half * 8 + r], alone[t * 8 + r]);
+                            let (p, a) = (both[t * stride + half * 8 + r], alone[t * 8 + r]);
                             assert_eq!(
                                 p.to_bits(),
                                 a.to_bits(),
@@ -931,7 +944,7 @@ fn products_in_one_loop_equal_the_products_alone() {
                 y,
             })
             .collect();
-        matmul_many(&pool, kernels, &mut products).unwrap();
+        matmul_many(&pool, kernels, &ActivationBuffers::default(), &mut products).unwrap();
         drop(products);
         for (i, (together, alone)) in ys.iter().zip(&alone).enumerate() {
             let same = together

@@ -288,7 +288,7 @@ pub struct InterleavedKernels {
     pub pack: fn(&[u8], &mut crate::quant::Panel),
     /// The product of such a panel with many tokens (as
     /// [`crate::quant::GemmKernels::product`]).
-    pub product: fn(&crate::quant::Panel, &[crate::quant::Q8Block], &mut [f32]),
+    pub product: crate::quant::PanelProduct,
     /// Two such panels at once (as [`crate::quant::GemmKernels::pair`]).
     pub pair: Option<crate::quant::PairProduct>,
 }

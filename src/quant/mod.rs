@@ -30,7 +30,9 @@ pub use float::{exp, gelu_tanh, sigmoid, silu};
 pub use interleaved::{
     interleave, interleave_groups, interleaved_group_bytes, InterleavedKernels, INTERLEAVED_ROWS,
 };
-pub use panel::{GemmKernels, PairProduct, Panel, GEMM_MIN_TOKENS, PANEL_ROWS};
+pub use panel::{
+    GemmKernels, PairProduct, Panel, PanelOut, PanelProduct, GEMM_MIN_TOKENS, PANEL_ROWS,
+};
 pub(crate) use q8::Q8_BLOCK;
 pub use q8::{quantize_row_q8, quantize_row_q8_k, round_scales, ActivationScales, Q8Block};
 pub use types::GgmlType;

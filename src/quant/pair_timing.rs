@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use super::{quantize_row_q8, GgmlType, Kernels, Panel, Q8Block, PANEL_ROWS};
+use super::{quantize_row_q8, GgmlType, Kernels, Panel, PanelOut, Q8Block, PANEL_ROWS};
 
 /// Two panels of `ty` rows of `cols` values and `n_tokens` tokens'
 /// activations, ready for pair products.
@@ -69,12 +69,22 @@ impl PairBench {
             })
             .collect();
         let mut out = vec![0f32; self.n_tokens * 2 * PANEL_ROWS];
-        pair(&panels[0], &panels[1], &self.act, &mut out);
+        pair(
+            &panels[0],
+            &panels[1],
+            &self.act,
+            PanelOut::contiguous(&mut out, 2 * PANEL_ROWS),
+        );
         let mut best = f64::MAX;
         for _ in 0..rounds {
             let t = Instant::now();
             for _ in 0..calls {
-                pair(&panels[0], &panels[1], &self.act, &mut out);
+                pair(
+                    &panels[0],
+                    &panels[1],
+                    &self.act,
+                    PanelOut::contiguous(&mut out, 2 * PANEL_ROWS),
+                );
             }
             best = best.min(t.elapsed().as_secs_f64() / calls.max(1) as f64);
         }

@@ -14,6 +14,8 @@
 //! [`Panel::sub`] columns (16 or 32), `u` in 0..=255: a dot with a Q8 block
 //! `d · q` is then `scale · d · Σ u·q − offset · d · Σ q`.
 
+use std::marker::PhantomData;
+
 /// Rows a panel holds: the eight lanes of a 256-bit vector.
 pub const PANEL_ROWS: usize = 8;
 
@@ -63,6 +65,78 @@ impl Panel {
     }
 }
 
+/// Where a panel product writes its sums: for each of `tokens` tokens a
+/// run of `width` values (a panel's 8 rows or a pair's 16), token t's at
+/// `t · stride` values from the first, so that a product's tasks, each
+/// owning a band of rows, write straight into the token-major output.
+/// Written as each tile of tokens is done, the stores drain while the next
+/// tile is computed; copied from a buffer after the whole product, they
+/// came all at once, a cache line a token, and the core waited on them (an
+/// eighth of a SmolLM2 prompt chunk's time on one thread).
+#[derive(Debug)]
+pub struct PanelOut<'a> {
+    first: *mut f32,
+    stride: usize,
+    tokens: usize,
+    width: usize,
+    out: PhantomData<&'a mut [f32]>,
+}
+
+impl<'a> PanelOut<'a> {
+    /// `out` as runs of `width` values back to back, one a token.
+    pub fn contiguous(out: &'a mut [f32], width: usize) -> PanelOut<'a> {
+        assert!(
+            width > 0 && out.len().is_multiple_of(width),
+            "{} values in runs of {width}",
+            out.len()
+        );
+        PanelOut {
+            first: out.as_mut_ptr(),
+            stride: width,
+            tokens: out.len() / width,
+            width,
+            out: PhantomData,
+        }
+    }
+
+    /// Runs of `width` values at `first + t · stride` for t in 0..tokens.
+    ///
+    /// # Safety
+    /// Each run is valid for writes for `'a` and nothing else reads or
+    /// writes it meanwhile.
+    pub unsafe fn strided(
+        first: *mut f32,
+        stride: usize,
+        tokens: usize,
+        width: usize,
+    ) -> PanelOut<'a> {
+        PanelOut {
+            first,
+            stride,
+            tokens,
+            width,
+            out: PhantomData,
+        }
+    }
+
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// Values a token's run holds.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Token t's run.
+    pub(crate) fn run(&mut self, t: usize) -> &mut [f32] {
+        assert!(t < self.tokens, "token {t} of {}", self.tokens);
+        // SAFETY: run t is valid and this value's alone (`strided`,
+        // `contiguous`); the borrow of self keeps it the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.first.add(t * self.stride), self.width) }
+    }
+}
+
 /// The panel code of one format.
 #[derive(Clone, Copy)]
 pub struct GemmKernels {
@@ -73,15 +147,18 @@ pub struct GemmKernels {
     /// `panel`, made with this format's `sub` and the rows' column count.
     pub pack: fn(&[u8], usize, &mut Panel),
     /// `product(panel, acts, out)`: for each token t of `acts` (its Q8
-    /// blocks, `panel.cols() / 32` a token, tokens back to back),
-    /// `out[t · 8 + r]` = row r · token t. `out` holds 8 values a token.
-    pub product: fn(&Panel, &[crate::quant::Q8Block], &mut [f32]),
+    /// blocks, `panel.cols() / 32` a token, tokens back to back), value r
+    /// of `out`'s run t = row r · token t. `out` has 8 values a run.
+    pub product: PanelProduct,
     /// The product of two panels at once, where the instruction set's
     /// vectors hold sixteen rows (AVX-512).
     pub pair: Option<PairProduct>,
 }
 
+/// See [`GemmKernels::product`].
+pub type PanelProduct = fn(&Panel, &[crate::quant::Q8Block], PanelOut);
+
 /// `pair(a, b, acts, out)`: as [`GemmKernels::product`] for the sixteen
-/// rows of `a` then `b`: `out[t · 16 + r]`; each row's sums are those of
-/// `product`, bit for bit.
-pub type PairProduct = fn(&Panel, &Panel, &[crate::quant::Q8Block], &mut [f32]);
+/// rows of `a` then `b` (`out` has 16 values a run); each row's sums are
+/// those of `product`, bit for bit.
+pub type PairProduct = fn(&Panel, &Panel, &[crate::quant::Q8Block], PanelOut);

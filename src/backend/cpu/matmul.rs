@@ -5,14 +5,14 @@
 //! token's activations, so a row is read from memory once per call and then
 //! reused from cache across the tokens.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::ThreadPool;
 use crate::error::{Error, Result};
 use crate::quant::{
     interleaved_group_bytes, round_scales, ActivationScales, DotKernel, GgmlType,
-    InterleavedKernels, Kernels, PairProduct, Panel, Q8Block, DOT_TOKENS, GEMM_MIN_TOKENS,
-    INTERLEAVED_ROWS, PANEL_ROWS, Q8_BLOCK,
+    InterleavedKernels, Kernels, PairProduct, Panel, PanelOut, PanelProduct, Q8Block, DOT_TOKENS,
+    GEMM_MIN_TOKENS, INTERLEAVED_ROWS, PANEL_ROWS, Q8_BLOCK,
 };
 
 /// A weight matrix in its stored format: `rows` rows of `cols` values.
@@ -89,16 +89,22 @@ impl Output {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i), len) }
     }
 
-    /// Elements `i..i + N`, a length known when compiled, so that the copy
-    /// is a few vector moves rather than a call (a prompt's panel products
-    /// write a run of 8 or 16 rows for every token).
+    /// Rows `first..first + width` of each of `tokens` tokens (`rows` a
+    /// token), for a panel product.
     ///
     /// # Safety
-    /// No other task writes indices `i..i + N` during the loop.
-    unsafe fn write_run<const N: usize>(&self, i: usize, v: &[f32; N]) {
-        assert!(i + N <= self.len);
-        // SAFETY: in bounds (checked), and the caller owns these elements.
-        unsafe { self.ptr.add(i).cast::<[f32; N]>().write_unaligned(*v) };
+    /// No other task touches those elements while the result lives.
+    unsafe fn panel_runs(
+        &self,
+        first: usize,
+        width: usize,
+        rows: usize,
+        tokens: usize,
+    ) -> PanelOut<'_> {
+        assert!(tokens == 0 || (tokens - 1) * rows + first + width <= self.len);
+        assert!(first + width <= rows);
+        // SAFETY: each run is in bounds (checked), and the caller owns it.
+        unsafe { PanelOut::strided(self.ptr.add(first), rows, tokens, width) }
     }
 }
 
@@ -118,7 +124,7 @@ pub fn matmul(
         n_tokens,
         y,
     };
-    matmul_many(pool, kernels, &mut [product])
+    matmul_many(pool, kernels, &ActivationBuffers::default(), &mut [product])
 }
 
 /// One product of [`matmul_many`].
@@ -129,16 +135,61 @@ pub struct Product<'a> {
     pub y: &'a mut [f32],
 }
 
+/// Buffers for products' quantized activations, kept from one product to
+/// the next: a prompt chunk runs hundreds of products, and a buffer made
+/// anew for each was faulted in and zeroed page by page by the OS every
+/// time (a tenth of a SmolLM2 prompt chunk's time on one thread).
+#[derive(Default)]
+pub struct ActivationBuffers {
+    free: Mutex<Vec<Vec<Q8Block>>>,
+}
+
+impl ActivationBuffers {
+    /// Bytes of buffers kept at most; past them a buffer is let go.
+    const KEPT_BYTES: usize = 64 << 20;
+
+    /// A buffer of `n` blocks (their values unspecified), a kept one if
+    /// there is one.
+    fn take(&self, n: usize) -> Result<Vec<Q8Block>> {
+        let kept = self
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let mut act = kept.unwrap_or_default();
+        act.clear();
+        act.try_reserve_exact(n)
+            .map_err(|_| Error::out_of_memory("the activations of a matrix product"))?;
+        act.resize(n, Q8Block::default());
+        Ok(act)
+    }
+
+    /// Keeps `act` for a later product, within [`Self::KEPT_BYTES`].
+    fn give_back(&self, act: Vec<Q8Block>) {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        let bytes = |v: &Vec<Q8Block>| v.capacity() * std::mem::size_of::<Q8Block>();
+        if free.iter().map(bytes).sum::<usize>() + bytes(&act) <= Self::KEPT_BYTES {
+            free.push(act);
+        }
+    }
+}
+
 /// Several products in one parallel loop (a mixture layer's experts, each
 /// with its own rows): one wait for all of them rather than one each.
-/// Products of the same input (Q/K/V, gate and up) quantize it once.
-pub fn matmul_many(pool: &ThreadPool, kernels: Kernels, products: &mut [Product]) -> Result<()> {
+/// Products of the same input (Q/K/V, gate and up) quantize it once, into
+/// a buffer of `buffers`.
+pub fn matmul_many(
+    pool: &ThreadPool,
+    kernels: Kernels,
+    buffers: &ActivationBuffers,
+    products: &mut [Product],
+) -> Result<()> {
     // The products share the tasks one product alone would have.
     let tasks = tasks_alone(pool.n_threads()) / products.len().max(1);
     let mut quantized = Vec::new();
     let plans = products
         .iter_mut()
-        .map(|p| plan(pool, kernels, p, tasks, &mut quantized))
+        .map(|p| plan(pool, kernels, buffers, p, tasks, &mut quantized))
         .collect::<Result<Vec<_>>>()?;
     let starts: Vec<usize> = plans
         .iter()
@@ -153,6 +204,13 @@ pub fn matmul_many(pool: &ThreadPool, kernels: Kernels, products: &mut [Product]
         let i = starts.partition_point(|&s| s <= task) - 1;
         (plans[i].task)(task - starts[i]);
     });
+    // The plans hold the other references to the activations.
+    drop(plans);
+    for (_, act) in quantized {
+        if let Ok(act) = Arc::try_unwrap(act) {
+            buffers.give_back(act);
+        }
+    }
     Ok(())
 }
 
@@ -168,10 +226,12 @@ type Quantized = Vec<((*const f32, usize, ActivationScales), Arc<Vec<Q8Block>>)>
 
 /// `x`'s tokens quantized to Q8 blocks with their scales rounded as
 /// `scales` says: taken from `quantized` when a product of the same input
-/// made them, else made (across the pool) and kept there.
+/// made them, else made (across the pool, into a buffer of `buffers`) and
+/// kept there.
 fn quantized_input(
     pool: &ThreadPool,
     kernels: Kernels,
+    buffers: &ActivationBuffers,
     x: &[f32],
     cols: usize,
     scales: ActivationScales,
@@ -183,10 +243,7 @@ fn quantized_input(
     }
     let blocks = cols / Q8_BLOCK;
     let n = x.len() / Q8_BLOCK;
-    let mut act = Vec::new();
-    act.try_reserve_exact(n)
-        .map_err(|_| Error::out_of_memory("the activations of a matrix product"))?;
-    act.resize(n, Q8Block::default());
+    let mut act = buffers.take(n)?;
     let quantize = if scales == ActivationScales::Q8K {
         kernels.q8_k_quantizer()
     } else {
@@ -211,6 +268,7 @@ fn quantized_input(
 fn plan<'a>(
     pool: &ThreadPool,
     kernels: Kernels,
+    buffers: &ActivationBuffers,
     p: &'a mut Product<'_>,
     tasks: usize,
     quantized: &mut Quantized,
@@ -269,6 +327,7 @@ fn plan<'a>(
     let act = quantized_input(
         pool,
         kernels,
+        buffers,
         x,
         w.cols,
         w.ty.activation_scales(),
@@ -388,24 +447,12 @@ fn interleaved_rows<'a>(
     }
 }
 
-/// Token t's `N` sums (`sums[t · N..]`) to rows `first..first + N` of
-/// `out`'s token t, tokens `rows` apart.
-///
-/// # Safety
-/// No other task writes those rows during the loop.
-unsafe fn write_runs<const N: usize>(out: &Output, sums: &[f32], rows: usize, first: usize) {
-    for (t, s) in sums.as_chunks::<N>().0.iter().enumerate() {
-        // SAFETY: the caller owns rows first..first + N of every token.
-        unsafe { out.write_run(t * rows + first, s) };
-    }
-}
-
 /// A format's panel products: `one` panel's, and where the instruction
 /// set has it, a `pair`'s at once.
 #[derive(Clone, Copy)]
 struct PanelProducts {
     sub: usize,
-    one: fn(&Panel, &[Q8Block], &mut [f32]),
+    one: PanelProduct,
     pair: Option<PairProduct>,
 }
 
@@ -432,31 +479,26 @@ fn panel_product<'a>(
             Panel::new(w.cols, products.sub),
             Panel::new(w.cols, products.sub),
         ];
-        let mut sums = vec![0f32; n_tokens * 2 * PANEL_ROWS];
         let end = ((task + 1) * per_task).min(panels);
         let mut p = task * per_task;
         while p < end {
-            let (taken, rows) = match products.pair {
-                Some(pair) if p + 1 < end => {
+            let taken = match products.pair {
+                Some(_) if p + 1 < end => 2,
+                _ => 1,
+            };
+            // SAFETY: the panels' rows belong to this task alone.
+            let runs =
+                unsafe { out.panel_runs(p * PANEL_ROWS, taken * PANEL_ROWS, w.rows, n_tokens) };
+            match products.pair {
+                Some(pair) if taken == 2 => {
                     let [a, b] = &mut both;
                     pack(p, a);
                     pack(p + 1, b);
-                    pair(a, b, &act, &mut sums);
-                    (2, 2 * PANEL_ROWS)
+                    pair(a, b, &act, runs);
                 }
                 _ => {
                     pack(p, &mut both[0]);
-                    (products.one)(&both[0], &act, &mut sums[..n_tokens * PANEL_ROWS]);
-                    (1, PANEL_ROWS)
-                }
-            };
-            let (first, sums) = (p * PANEL_ROWS, &sums[..n_tokens * rows]);
-            // SAFETY: the panels' rows belong to this task alone.
-            unsafe {
-                if rows == PANEL_ROWS {
-                    write_runs::<PANEL_ROWS>(&out, sums, w.rows, first);
-                } else {
-                    write_runs::<{ 2 * PANEL_ROWS }>(&out, sums, w.rows, first);
+                    (products.one)(&both[0], &act, runs);
                 }
             }
             p += taken;

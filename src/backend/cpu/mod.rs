@@ -10,7 +10,7 @@ mod pool;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-pub use matmul::{matmul, matmul_many, Product, WeightMatrix};
+pub use matmul::{matmul, matmul_many, ActivationBuffers, Product, WeightMatrix};
 pub use pool::{check_thread_count, ThreadPool, MAX_THREADS};
 
 use super::{
@@ -36,6 +36,8 @@ pub struct CpuBackend {
     /// first product and kept; `None` where the copy could not be made (out
     /// of memory), so that it is not tried again.
     interleaved: Mutex<HashMap<(usize, usize), Option<InterleavedCopy>>>,
+    /// The products' quantized activations, reused.
+    activations: ActivationBuffers,
     /// Where products of at least [`HELPER_MIN_ROWS`] rows run instead (a
     /// GPU of the same split model), if anywhere.
     helper: Option<Box<dyn ProductHelper>>,
@@ -59,6 +61,7 @@ impl CpuBackend {
             pool: ThreadPool::try_new(threads)?,
             kernels: Kernels::best(),
             interleaved: Mutex::new(HashMap::new()),
+            activations: ActivationBuffers::default(),
             helper: None,
         })
     }
@@ -244,7 +247,7 @@ impl CpuBackend {
                 });
             }
         }
-        matmul_many(&self.pool, self.kernels, &mut products)?;
+        matmul_many(&self.pool, self.kernels, &self.activations, &mut products)?;
         drop(products);
         if let Some(biases) = &ex.biases {
             for ((&(e, users), g), u) in used.iter().zip(&mut g).zip(&mut u) {
@@ -267,7 +270,7 @@ impl CpuBackend {
                 y: &mut y[..m * d],
             });
         }
-        matmul_many(&self.pool, self.kernels, &mut products)?;
+        matmul_many(&self.pool, self.kernels, &self.activations, &mut products)?;
         drop(products);
         if let Some(biases) = &ex.biases {
             for (&(e, users), y) in used.iter().zip(&mut ye) {
@@ -403,7 +406,7 @@ impl Backend for CpuBackend {
                 y: &mut out[..rows * w.rows],
             });
         }
-        matmul_many(&self.pool, self.kernels, &mut products)
+        matmul_many(&self.pool, self.kernels, &self.activations, &mut products)
     }
 
     fn add_bias(&self, x: &mut Vec<f32>, bias: &Weight, rows: usize) -> Result<()> {

@@ -25,7 +25,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::gemm::{pair_factors, panel_product_shapes, scale_pair_sums};
-use crate::quant::panel::{Panel, PANEL_ROWS};
+use crate::quant::panel::{Panel, PanelOut, PANEL_ROWS};
 use crate::quant::Q8Block;
 
 /// Tokens a tile of activations holds: its sixteen rows.
@@ -179,14 +179,14 @@ fn pair_codes(a: &Panel, b: &Panel, out: &mut Vec<u8>) {
 }
 
 /// Panels `a` and `b` dotted with `T` consecutive tokens starting at
-/// `acts` (`blocks` blocks a token): `out[t · 16 + r]`, [`super::gemm`]'s
-/// pair product bit for bit.
+/// `acts` (`blocks` blocks a token): value r of `out`'s run t0 + t,
+/// [`super::gemm`]'s pair product bit for bit.
 ///
 /// # Safety
 /// The CPU has AVX-512 F and VNNI and [`available`] said yes; the tiles
 /// are configured by [`TileConfig::pair`] for `T` tokens and `SUB`; `acts`
-/// holds `T · blocks` blocks; `out` holds `16 · T` values; both panels
-/// have `blocks · 32` columns in sub-blocks of `SUB`.
+/// holds `T · blocks` blocks; `out` has runs of 16 values, at least
+/// t0 + T; both panels have `blocks · 32` columns in sub-blocks of `SUB`.
 #[inline(always)]
 unsafe fn pair_tiles<const SUB: usize, const T: usize>(
     a: &Panel,
@@ -194,7 +194,8 @@ unsafe fn pair_tiles<const SUB: usize, const T: usize>(
     pair: &[u8],
     acts: &[Q8Block],
     blocks: usize,
-    out: &mut [f32],
+    out: &mut PanelOut,
+    t0: usize,
 ) {
     let stride = blocks * std::mem::size_of::<Q8Block>();
     let mut sums: [Sums; AHEAD + 1] =
@@ -243,13 +244,13 @@ unsafe fn pair_tiles<const SUB: usize, const T: usize>(
         }
     }
     for (t, s) in acc.into_iter().enumerate() {
-        _mm512_storeu_ps(out[t * 2 * PANEL_ROWS..][..2 * PANEL_ROWS].as_mut_ptr(), s);
+        _mm512_storeu_ps(out.run(t0 + t)[..2 * PANEL_ROWS].as_mut_ptr(), s);
     }
 }
 
-/// `out[t · 16 + r]` = row r of panels `a` then `b` · token t for every
-/// token of `acts`, sixteen tokens a tile: [`super::gemm::product_pair`]'s
-/// result, bit for bit.
+/// Value r of `out`'s run t = row r of panels `a` then `b` · token t for
+/// every token of `acts`, sixteen tokens a tile:
+/// [`super::gemm::product_pair`]'s result, bit for bit.
 ///
 /// # Safety
 /// The CPU has AVX-512 F and VNNI, and [`available`] said yes.
@@ -258,9 +259,9 @@ pub(super) unsafe fn product_pair<const SUB: usize>(
     a: &Panel,
     b: &Panel,
     acts: &[Q8Block],
-    out: &mut [f32],
+    mut out: PanelOut,
 ) {
-    let (blocks, n_tokens) = panel_product_shapes(&[a, b], SUB, acts, out, 2 * PANEL_ROWS);
+    let (blocks, n_tokens) = panel_product_shapes(&[a, b], SUB, acts, &out, 2 * PANEL_ROWS);
     let mut pair = PAIR_CODES.take();
     pair_codes(a, b, &mut pair);
     let mut configured = 0;
@@ -275,13 +276,12 @@ pub(super) unsafe fn product_pair<const SUB: usize>(
             configured = n;
         }
         let acts = &acts[t0 * blocks..(t0 + n) * blocks];
-        let out = &mut out[t0 * 2 * PANEL_ROWS..(t0 + n) * 2 * PANEL_ROWS];
         macro_rules! tiles {
             ($($n:literal),*) => {
                 match n {
-                    // SAFETY: the tiles are configured for n tokens; the
-                    // slices hold n tokens' blocks and sums.
-                    $($n => pair_tiles::<SUB, $n>(a, b, &pair, acts, blocks, out),)*
+                    // SAFETY: the tiles are configured for n tokens; `acts`
+                    // holds n tokens' blocks, `out` runs t0..t0 + n.
+                    $($n => pair_tiles::<SUB, $n>(a, b, &pair, acts, blocks, &mut out, t0),)*
                     _ => unreachable!("{n} tokens a tile"),
                 }
             };

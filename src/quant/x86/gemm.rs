@@ -18,7 +18,7 @@ use crate::quant::interleaved::{
 };
 use crate::quant::kquants::{k_scale_min, q3k_scales};
 use crate::quant::lookup::{e8m0_half, iq4_xs_scales, IQ4_VALUES, MXFP4_VALUES};
-use crate::quant::panel::{Panel, PANEL_ROWS};
+use crate::quant::panel::{Panel, PanelOut, PANEL_ROWS};
 use crate::quant::Q8Block;
 
 /// The f16 in the first two bytes of `b` as f32, by F16C (the portable
@@ -519,13 +519,13 @@ pub(super) unsafe fn scale_pair_sums<const SUB: usize>(
 }
 
 /// Checks that `panels` share `cols` columns in sub-blocks of `sub`, that
-/// `acts` holds whole tokens of their blocks and `out` `rows` values a
-/// token; returns the blocks a token and the tokens.
+/// `acts` holds whole tokens of their blocks and `out` a run of `rows`
+/// values for each; returns the blocks a token and the tokens.
 pub(super) fn panel_product_shapes(
     panels: &[&Panel],
     sub: usize,
     acts: &[Q8Block],
-    out: &[f32],
+    out: &PanelOut,
     rows: usize,
 ) -> (usize, usize) {
     let cols = panels[0].cols;
@@ -538,7 +538,8 @@ pub(super) fn panel_product_shapes(
             && blocks > 0
             && cols == blocks * 32
             && acts.len().is_multiple_of(blocks)
-            && out.len() == acts.len() / blocks * rows,
+            && out.tokens() == acts.len() / blocks
+            && out.width() == rows,
         "panel product shapes"
     );
     (blocks, acts.len() / blocks)
@@ -589,12 +590,12 @@ unsafe fn tile_pair<const SUB: usize, const T: usize>(
 trait PanelTile {
     /// Rows a tile's result holds for each token.
     const ROWS: usize;
-    /// `out[t · ROWS + r]` = row r · token t for the `T` tokens whose
-    /// blocks start at `acts[t]`.
+    /// Value r of `out`'s run t0 + t = row r · token t for the `T` tokens
+    /// whose blocks start at `acts[t]`.
     ///
     /// # Safety
-    /// As [`tile`]; `out` holds `T · ROWS` values.
-    unsafe fn tile<const T: usize>(&self, acts: [*const Q8Block; T], out: &mut [f32]);
+    /// As [`tile`]; `out` has runs of `ROWS` values, at least t0 + T.
+    unsafe fn tile<const T: usize>(&self, acts: [*const Q8Block; T], out: &mut PanelOut, t0: usize);
 }
 
 struct OnePanel<'a, D, const SUB: usize>(&'a Panel, PhantomData<D>);
@@ -602,9 +603,14 @@ struct OnePanel<'a, D, const SUB: usize>(&'a Panel, PhantomData<D>);
 impl<D: CodeDot, const SUB: usize> PanelTile for OnePanel<'_, D, SUB> {
     const ROWS: usize = PANEL_ROWS;
     #[inline(always)]
-    unsafe fn tile<const T: usize>(&self, acts: [*const Q8Block; T], out: &mut [f32]) {
+    unsafe fn tile<const T: usize>(
+        &self,
+        acts: [*const Q8Block; T],
+        out: &mut PanelOut,
+        t0: usize,
+    ) {
         for (t, s) in tile::<D, SUB, T>(self.0, acts).into_iter().enumerate() {
-            _mm256_storeu_ps(out[t * PANEL_ROWS..][..PANEL_ROWS].as_mut_ptr(), s);
+            _mm256_storeu_ps(out.run(t0 + t)[..PANEL_ROWS].as_mut_ptr(), s);
         }
     }
 }
@@ -614,38 +620,42 @@ struct PanelPair<'a, const SUB: usize>(&'a Panel, &'a Panel);
 impl<const SUB: usize> PanelTile for PanelPair<'_, SUB> {
     const ROWS: usize = 2 * PANEL_ROWS;
     #[inline(always)]
-    unsafe fn tile<const T: usize>(&self, acts: [*const Q8Block; T], out: &mut [f32]) {
+    unsafe fn tile<const T: usize>(
+        &self,
+        acts: [*const Q8Block; T],
+        out: &mut PanelOut,
+        t0: usize,
+    ) {
         for (t, s) in tile_pair::<SUB, T>(self.0, self.1, acts)
             .into_iter()
             .enumerate()
         {
-            _mm512_storeu_ps(out[t * Self::ROWS..][..Self::ROWS].as_mut_ptr(), s);
+            _mm512_storeu_ps(out.run(t0 + t)[..Self::ROWS].as_mut_ptr(), s);
         }
     }
 }
 
-/// `out[t · K::ROWS + r]` = row r of `panels` · token t for every token of
-/// `acts`, `MAX` tokens a tile of `kernel` (which multiplies `panels`).
+/// Value r of `out`'s run t = row r of `panels` · token t for every token
+/// of `acts`, `MAX` tokens a tile of `kernel` (which multiplies `panels`).
 #[inline(always)]
 unsafe fn product_tiles<K: PanelTile, const SUB: usize, const MAX: usize>(
     kernel: &K,
     panels: &[&Panel],
     acts: &[Q8Block],
-    out: &mut [f32],
+    mut out: PanelOut,
 ) {
-    let (blocks, n_tokens) = panel_product_shapes(panels, SUB, acts, out, K::ROWS);
+    let (blocks, n_tokens) = panel_product_shapes(panels, SUB, acts, &out, K::ROWS);
     let mut t0 = 0;
     while t0 < n_tokens {
         let n = (n_tokens - t0).min(MAX);
         let token = |t: usize| acts[(t0 + t) * blocks..].as_ptr();
-        let out = &mut out[t0 * K::ROWS..(t0 + n) * K::ROWS];
         macro_rules! tiles {
             ($($n:literal),*) => {
                 match n {
                     // SAFETY: each token's pointer starts `blocks` blocks
                     // inside `acts`; the panels are shaped alike (checked
                     // above).
-                    $($n => kernel.tile::<$n>(std::array::from_fn(token), out),)*
+                    $($n => kernel.tile::<$n>(std::array::from_fn(token), &mut out, t0),)*
                     _ => unreachable!("{n} tokens a tile"),
                 }
             };
@@ -655,20 +665,20 @@ unsafe fn product_tiles<K: PanelTile, const SUB: usize, const MAX: usize>(
     }
 }
 
-/// `out[t · 8 + r]` = panel row r · token t for every token of `acts`, `MAX`
-/// tokens a tile.
+/// Value r of `out`'s run t = panel row r · token t for every token of
+/// `acts`, `MAX` tokens a tile.
 #[inline(always)]
 pub(super) unsafe fn product<D: CodeDot, const SUB: usize, const MAX: usize>(
     panel: &Panel,
     acts: &[Q8Block],
-    out: &mut [f32],
+    out: PanelOut,
 ) {
     let kernel = OnePanel::<D, SUB>(panel, PhantomData);
     product_tiles::<_, SUB, MAX>(&kernel, &[panel], acts, out)
 }
 
-/// `out[t · 16 + r]` = row r of panels `a` then `b` · token t, for every
-/// token of `acts`, `MAX` tokens a tile, through [`tile_pair`].
+/// Value r of `out`'s run t = row r of panels `a` then `b` · token t, for
+/// every token of `acts`, `MAX` tokens a tile, through [`tile_pair`].
 ///
 /// # Safety
 /// The CPU has AVX-512 F and VNNI.
@@ -677,7 +687,7 @@ pub(super) unsafe fn product_pair<const SUB: usize, const MAX: usize>(
     a: &Panel,
     b: &Panel,
     acts: &[Q8Block],
-    out: &mut [f32],
+    out: PanelOut,
 ) {
     product_tiles::<_, SUB, MAX>(&PanelPair::<SUB>(a, b), &[a, b], acts, out)
 }

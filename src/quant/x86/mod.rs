@@ -15,7 +15,7 @@ mod int_dot;
 mod quantize;
 
 use super::interleaved::InterleavedKernels;
-use super::panel::{GemmKernels, PairProduct, Panel};
+use super::panel::{GemmKernels, PairProduct, Panel, PanelOut};
 use super::{
     float, AttentionKernels, DotKernel, GgmlType, GluKernels, Q8Block, Q8RowsFn, DOT_TOKENS,
 };
@@ -164,9 +164,9 @@ mod packers {
 /// above), `$max` tokens a tile.
 macro_rules! panel_products {
     ($dot:ty, $features:literal, $max:literal; $($name:ident: $sub:literal),*) => {$(
-        pub fn $name(panel: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+        pub fn $name(panel: &Panel, acts: &[Q8Block], out: PanelOut) {
             #[target_feature(enable = $features)]
-            unsafe fn inner(panel: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+            unsafe fn inner(panel: &Panel, acts: &[Q8Block], out: PanelOut) {
                 gemm::product::<$dot, $sub, $max>(panel, acts, out)
             }
             // SAFETY: only handed out when the CPU has the features.
@@ -255,17 +255,17 @@ mod avx512 {
 
     /// The two-panel product for sub-blocks of `sub` columns.
     pub fn pair(sub: usize) -> Option<PairProduct> {
-        fn by16(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+        fn by16(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
             #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-            unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+            unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
                 gemm::product_pair::<16, 8>(a, b, acts, out)
             }
             // SAFETY: only handed out when the CPU has the features.
             unsafe { inner(a, b, acts, out) }
         }
-        fn by32(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+        fn by32(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
             #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-            unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+            unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
                 gemm::product_pair::<32, 8>(a, b, acts, out)
             }
             // SAFETY: as above.
@@ -469,17 +469,17 @@ pub fn avx512_gemm(ty: GgmlType) -> Option<GemmKernels> {
 /// The AMX two-panel product for sub-blocks of `sub` columns (see the
 /// SAFETY note above: handed out only where `amx_available()`).
 fn amx_pair(sub: usize) -> PairProduct {
-    fn by16(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+    fn by16(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+        unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
             amx::product_pair::<16>(a, b, acts, out)
         }
         // SAFETY: only handed out when the CPU has the features.
         unsafe { inner(a, b, acts, out) }
     }
-    fn by32(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+    fn by32(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: &mut [f32]) {
+        unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
             amx::product_pair::<32>(a, b, acts, out)
         }
         // SAFETY: as above.
