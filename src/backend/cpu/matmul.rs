@@ -136,9 +136,10 @@ pub struct Product<'a> {
 }
 
 /// Buffers for products' quantized activations, kept from one product to
-/// the next: a prompt chunk runs hundreds of products, and a buffer made
-/// anew for each was faulted in and zeroed page by page by the OS every
-/// time (a tenth of a SmolLM2 prompt chunk's time on one thread).
+/// the next: a prompt chunk runs hundreds of products, and a buffer of
+/// more than the allocator's mapping threshold (128 KiB for glibc at
+/// first) made anew for each can come fresh from the OS, to be faulted in
+/// and zeroed page by page.
 #[derive(Default)]
 pub struct ActivationBuffers {
     free: Mutex<Vec<Vec<Q8Block>>>,

@@ -7,8 +7,8 @@ mod matmul;
 mod ops;
 mod pool;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
 
 pub use matmul::{matmul, matmul_many, ActivationBuffers, Product, WeightMatrix};
 pub use pool::{check_thread_count, ThreadPool, MAX_THREADS};
@@ -38,6 +38,8 @@ pub struct CpuBackend {
     interleaved: Mutex<HashMap<(usize, usize), Option<InterleavedCopy>>>,
     /// The products' quantized activations, reused.
     activations: ActivationBuffers,
+    /// The RoPE angles of the latest steps' positions (`step_angles`).
+    rope_angles: Mutex<VecDeque<Arc<ops::StepAngles>>>,
     /// Where products of at least [`HELPER_MIN_ROWS`] rows run instead (a
     /// GPU of the same split model), if anywhere.
     helper: Option<Box<dyn ProductHelper>>,
@@ -49,6 +51,11 @@ pub struct CpuBackend {
 /// whole GPU's do; its f16 tensor-core route for 9–64 rows lay 2.6% of the
 /// logit scale from the CPU's on a Qwen3 model split CPU-then-GPU (H100).
 const HELPER_MIN_ROWS: usize = 65;
+
+/// Steps' RoPE angles kept: a model's layers take one or two RoPEs (Gemma's
+/// local and global layers), and sessions stepped from several threads
+/// interleave their steps.
+const KEPT_ANGLES: usize = 4;
 
 impl CpuBackend {
     /// A backend over the weights of `file` with `threads` threads.
@@ -62,6 +69,7 @@ impl CpuBackend {
             kernels: Kernels::best(),
             interleaved: Mutex::new(HashMap::new()),
             activations: ActivationBuffers::default(),
+            rope_angles: Mutex::new(VecDeque::new()),
             helper: None,
         })
     }
@@ -74,6 +82,28 @@ impl CpuBackend {
 
     pub fn n_threads(&self) -> usize {
         self.pool.n_threads()
+    }
+
+    /// The angles of `table` at the rows' positions: kept ones where a
+    /// call of the same step (the other of Q and K, an earlier layer) made
+    /// them, else made and kept.
+    fn step_angles(&self, table: ops::RopeTable, rows: &[SeqPos]) -> Arc<ops::StepAngles> {
+        let positions = || rows.iter().map(|r| r.pos);
+        let lock = || {
+            self.rope_angles
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+        };
+        if let Some(kept) = lock().iter().find(|a| a.serves(&table, positions())) {
+            return Arc::clone(kept);
+        }
+        let angles = Arc::new(ops::StepAngles::new(table, positions().collect()));
+        let mut kept = lock();
+        if kept.len() == KEPT_ANGLES {
+            kept.pop_front();
+        }
+        kept.push_back(Arc::clone(&angles));
+        angles
     }
 
     /// `f(start, piece)` over pieces of `data` made of whole rows of
@@ -479,15 +509,15 @@ impl Backend for CpuBackend {
         rope: &Rope,
     ) -> Result<()> {
         let factors = rope.freq_factors.map(|w| self.vector(w));
-        let table = ops::RopeTable::new(rope, factors.as_deref());
+        let angles = self.step_angles(ops::RopeTable::new(rope, factors.as_deref()), positions);
         let width = n_heads * head_dim;
         let x = &mut x[..positions.len() * width];
         self.rows_in_parallel(x, width, &|start, rows| {
             let first = start / width;
-            for (row, p) in rows.chunks_exact_mut(width).zip(&positions[first..]) {
-                let (cos, sin) = table.angles(p.pos);
+            for (j, row) in rows.chunks_exact_mut(width).enumerate() {
+                let (cos, sin) = angles.row(first + j);
                 for head in row.chunks_exact_mut(head_dim) {
-                    ops::rotate(head, rope.mode, &cos, &sin);
+                    ops::rotate(head, rope.mode, cos, sin);
                 }
             }
         });

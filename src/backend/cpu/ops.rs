@@ -37,6 +37,7 @@ pub fn soft_cap(x: &mut [f32], cap: f32) {
 }
 
 /// The inverse frequencies of one layer's RoPE.
+#[derive(Clone, Debug, PartialEq)]
 pub struct RopeTable {
     inv_freq: Vec<f64>,
     /// Each pair's position scale: the layer's, or under YaRN the pair's
@@ -91,6 +92,56 @@ impl RopeTable {
                 (angle.cos() as f32 * m, angle.sin() as f32 * m)
             })
             .unzip()
+    }
+}
+
+/// cos and sin of every pair's angle at each position of a step, for one
+/// table: a step's Q and K and all its layers of one RoPE share them, where
+/// computing them for each row of each call took a prompt chunk of SmolLM2
+/// 30 layers × 2 × 128 rows × 32 pairs of f64 sin and cos.
+#[derive(Debug)]
+pub struct StepAngles {
+    table: RopeTable,
+    positions: Vec<usize>,
+    /// Row j's cos at `cos[j · pairs..]`, likewise `sin`.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl StepAngles {
+    pub fn new(table: RopeTable, positions: Vec<usize>) -> StepAngles {
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for &pos in &positions {
+            let (c, s) = table.angles(pos);
+            cos.extend_from_slice(&c);
+            sin.extend_from_slice(&s);
+        }
+        StepAngles {
+            table,
+            positions,
+            cos,
+            sin,
+        }
+    }
+
+    /// Whether these are the angles of `table` at `positions`.
+    pub fn serves(
+        &self,
+        table: &RopeTable,
+        positions: impl ExactSizeIterator<Item = usize>,
+    ) -> bool {
+        positions.len() == self.positions.len()
+            && self.positions.iter().copied().eq(positions)
+            && self.table == *table
+    }
+
+    /// Row j's cos and sin.
+    pub fn row(&self, j: usize) -> (&[f32], &[f32]) {
+        let pairs = self.table.inv_freq.len();
+        (
+            &self.cos[j * pairs..][..pairs],
+            &self.sin[j * pairs..][..pairs],
+        )
     }
 }
 
@@ -161,7 +212,9 @@ fn span_partials(
     let n = keys.len() / k_width;
     let key_rows = &f16_bytes(keys)[kv_head * dk * 2..];
     let value_rows = &f16_bytes(values)[kv_head * dv * 2..];
-    let mut scratch = vec![0f32; n_queries * (n + dv)];
+    let mut scratch = SPAN_SCRATCH.take();
+    scratch.clear();
+    scratch.resize(n_queries * (n + dv), 0.0);
     let (scores, weighted) = scratch.split_at_mut(n_queries * n);
     (kernels.dots)(key_rows, k_width * 2, queries, dk, scores);
     for (part, head_scores) in out.chunks_exact_mut(dv + 2).zip(scores.chunks_exact_mut(n)) {
@@ -173,6 +226,15 @@ fn span_partials(
     for (part, w) in out.chunks_exact_mut(dv + 2).zip(weighted.chunks_exact(dv)) {
         part[2..].copy_from_slice(w);
     }
+    SPAN_SCRATCH.set(scratch);
+}
+
+thread_local! {
+    /// Each thread's scores and weighted values of `span_partials`, kept
+    /// between calls: at the start of a prompt a call covers a few dozen
+    /// keys, and a buffer allocated and zeroed for each showed in its
+    /// profile. At most a span's scores and a head's values a query.
+    static SPAN_SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Merges span partials `next` into `total` (both as `span_partials` lays
@@ -439,6 +501,30 @@ mod tests {
         let mut normal = vec![1.0, 0.0, 0.0, 0.0];
         rotate(&mut normal, RopeMode::Normal, &cos, &sin);
         assert!((normal[0] - 1f32.cos()).abs() < 1e-6 && (normal[1] - 1f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn step_angles_are_each_positions_angles_and_serve_only_their_own() {
+        let rope = |freq_base| Rope {
+            mode: RopeMode::Neox,
+            dims: 8,
+            freq_base,
+            freq_scale: 1.0,
+            freq_factors: None,
+            yarn: None,
+        };
+        let table = RopeTable::new(&rope(10000.0), None);
+        let positions = vec![7, 3, 1000];
+        let angles = StepAngles::new(table.clone(), positions.clone());
+        for (j, &pos) in positions.iter().enumerate() {
+            let (cos, sin) = table.angles(pos);
+            assert_eq!(angles.row(j), (&cos[..], &sin[..]));
+        }
+        assert!(angles.serves(&table, positions.iter().copied()));
+        assert!(!angles.serves(&table, [7, 3, 1001].into_iter()));
+        assert!(!angles.serves(&table, [7, 3].into_iter()));
+        let other = RopeTable::new(&rope(1e6), None);
+        assert!(!angles.serves(&other, positions.iter().copied()));
     }
 
     #[test]
