@@ -250,13 +250,10 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
     // Tiles of N rows: each row's products in vectors, reduced together.
     let tiled = n / L::N * L::N;
     let mut products = [[L::zero(); MAX_LANES]; HEADS];
-    // (`while` loops: `step_by`'s iterator was not inlined here.)
-    let mut j0 = 0;
-    while j0 < tiled {
+    for j0 in (0..tiled).step_by(L::N) {
         // `L::ROWS` rows at a time: each query vector loaded once for them
         // all.
-        let mut r = 0;
-        while r < L::N {
+        for r in (0..L::N).step_by(L::ROWS) {
             let mut rp = [std::ptr::null::<u8>(); MAX_ROWS];
             for (k, p) in rp.iter_mut().enumerate().take(L::ROWS) {
                 *p = rows[(j0 + r + k) * stride..][..dk * 2].as_ptr();
@@ -283,7 +280,6 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
                     products[g][r + m] = acc[m][g];
                 }
             }
-            r += L::ROWS;
         }
         for g in 0..G {
             let sums = &mut out[g * n + j0..][..L::N];
@@ -295,7 +291,6 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
                 }
             }
         }
-        j0 += L::N;
     }
     for j in tiled..n {
         let row = &rows[j * stride..][..dk * 2];
