@@ -23,12 +23,27 @@ struct Shape {
     group: usize,
 }
 
-const SHAPES: [Shape; 3] = [
+/// The models' shapes with a decode step's query group (one row's query
+/// heads of a KV head), and two prompt blocks (eight rows' query heads of a
+/// KV head, which share each span's pass in a prompt).
+const SHAPES: [Shape; 5] = [
     Shape {
         name: "SmolLM2-135M",
         head_dim: 64,
         kv_heads: 3,
         group: 3,
+    },
+    Shape {
+        name: "SmolLM2-135M prompt block",
+        head_dim: 64,
+        kv_heads: 3,
+        group: 24,
+    },
+    Shape {
+        name: "Gemma 3 270M prompt block",
+        head_dim: 256,
+        kv_heads: 1,
+        group: 32,
     },
     Shape {
         name: "Gemma 3 270M",
