@@ -288,7 +288,7 @@ fn attention_kernels_match_f64_on_every_instruction_set_width_stride_and_head_co
             (33, 2 * width),
             (64, width + 1),
         ] {
-            for heads in [1, 3, 4, 6] {
+            for heads in [1, 3, 4, 6, 8, 24] {
                 // n rows of `width` F16 values, `stride_values` apart.
                 let raw = random_weights(GgmlType::F16, 1, n * stride_values, &mut rng);
                 let all = dequantized(GgmlType::F16, &raw, n * stride_values);
@@ -301,6 +301,20 @@ fn attention_kernels_match_f64_on_every_instruction_set_width_stride_and_head_co
                     let kernels = Kernels::for_isa(isa).unwrap().attention();
                     let mut dots = vec![0f32; heads * n];
                     (kernels.dots)(&raw, stride, &q, width, &mut dots);
+                    // A query's dots are the same bits whichever queries
+                    // share the call (a prompt block's or a row's alone).
+                    for g in 0..heads {
+                        let mut alone = vec![0f32; n];
+                        (kernels.dots)(&raw, stride, &q[g * width..][..width], width, &mut alone);
+                        let shared = &dots[g * n..(g + 1) * n];
+                        assert!(
+                            alone
+                                .iter()
+                                .zip(shared)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{isa:?} width {width} head {g} of {heads}: dots alone differ"
+                        );
+                    }
                     for (at, &got) in dots.iter().enumerate() {
                         let (g, j) = (at / n, at % n);
                         let query = &q[g * width..(g + 1) * width];
@@ -313,6 +327,18 @@ fn attention_kernels_match_f64_on_every_instruction_set_width_stride_and_head_co
                     }
                     let mut y = y0.clone();
                     (kernels.axpys)(&raw, stride, &a, n, &mut y);
+                    for g in 0..heads {
+                        let mut alone = y0[g * width..][..width].to_vec();
+                        (kernels.axpys)(&raw, stride, &a[g * n..][..n], n, &mut alone);
+                        let shared = &y[g * width..(g + 1) * width];
+                        assert!(
+                            alone
+                                .iter()
+                                .zip(shared)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{isa:?} width {width} head {g} of {heads}: weighted sums alone differ"
+                        );
+                    }
                     for (at, &got) in y.iter().enumerate() {
                         let (g, i) = (at / width, at % width);
                         let terms: Vec<f64> = (0..n)

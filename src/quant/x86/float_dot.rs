@@ -68,6 +68,12 @@ trait Lanes {
     const ROWS: usize;
     /// Vectors of value columns a pass of `axpys_group` takes at once.
     const COLUMNS: usize;
+    /// Queries a pass of `dots_many` or `axpys_many` takes at once: with
+    /// more than four, `dots_group` takes two rows at a time and
+    /// `axpys_group` two vectors of columns, their accumulators in
+    /// registers all the same (sixteen of 512 bits; AVX2's sixteen
+    /// registers hold no more than four queries').
+    const QUERIES: usize;
     /// The lane sums of `N` vectors (`v[r]`'s in lane r), by a tree of
     /// shuffles and adds: about three operations a vector where reducing
     /// each on its own takes eight.
@@ -82,6 +88,7 @@ impl Lanes for Lanes8 {
     const N: usize = 8;
     const ROWS: usize = 2;
     const COLUMNS: usize = 2;
+    const QUERIES: usize = 4;
     #[inline(always)]
     unsafe fn zero() -> __m256 {
         _mm256_setzero_ps()
@@ -148,6 +155,7 @@ impl Lanes for Lanes16 {
     const N: usize = 16;
     const ROWS: usize = 4;
     const COLUMNS: usize = 4;
+    const QUERIES: usize = 8;
     #[inline(always)]
     unsafe fn zero() -> __m512 {
         _mm512_setzero_ps()
@@ -222,8 +230,8 @@ impl Lanes for Lanes16 {
     }
 }
 
-/// Query heads a pass over the rows serves at once.
-const HEADS: usize = 4;
+/// The most `Lanes::QUERIES` of any width.
+const MAX_QUERIES: usize = 8;
 
 /// The most `Lanes::N`, `Lanes::ROWS` and `Lanes::COLUMNS` of any width.
 const MAX_LANES: usize = 16;
@@ -249,34 +257,37 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
     let qp = q.as_ptr();
     // Tiles of N rows: each row's products in vectors, reduced together.
     let tiled = n / L::N * L::N;
-    let mut products = [[L::zero(); MAX_LANES]; HEADS];
+    let mut products = [[L::zero(); MAX_LANES]; MAX_QUERIES];
+    // Rows a step of the pass takes: each query vector loaded once for
+    // them all, their accumulators in registers.
+    let rows_at_once = if G > 4 { 2 } else { L::ROWS };
     for j0 in (0..tiled).step_by(L::N) {
         // `L::ROWS` rows at a time: each query vector loaded once for them
         // all.
-        for r in (0..L::N).step_by(L::ROWS) {
+        for r in (0..L::N).step_by(rows_at_once) {
             let mut rp = [std::ptr::null::<u8>(); MAX_ROWS];
-            for (k, p) in rp.iter_mut().enumerate().take(L::ROWS) {
+            for (k, p) in rp.iter_mut().enumerate().take(rows_at_once) {
                 *p = rows[(j0 + r + k) * stride..][..dk * 2].as_ptr();
                 prefetch_lines(p.wrapping_add(ROWS_AHEAD * stride), dk * 2);
             }
-            let mut acc = [[L::zero(); HEADS]; MAX_ROWS];
+            let mut acc = [[L::zero(); MAX_QUERIES]; MAX_ROWS];
             let mut i = 0;
             while i < full {
                 let mut k = [L::zero(); MAX_ROWS];
-                for m in 0..L::ROWS {
+                for m in 0..rows_at_once {
                     // SAFETY: i + N ≤ dk: inside each row and each query.
                     k[m] = L::f16s(rp[m].add(i * 2));
                 }
                 for g in 0..G {
                     let q = L::load(qp.add(g * dk + i));
-                    for m in 0..L::ROWS {
+                    for m in 0..rows_at_once {
                         acc[m][g] = L::fmadd(k[m], q, acc[m][g]);
                     }
                 }
                 i += L::N;
             }
             for g in 0..G {
-                for m in 0..L::ROWS {
+                for m in 0..rows_at_once {
                     products[g][r + m] = acc[m][g];
                 }
             }
@@ -296,7 +307,7 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
         let row = &rows[j * stride..][..dk * 2];
         let rp = row.as_ptr();
         prefetch_lines(rp.wrapping_add(ROWS_AHEAD * stride), dk * 2);
-        let mut acc = [L::zero(); HEADS];
+        let mut acc = [L::zero(); MAX_QUERIES];
         let mut i = 0;
         while i < full {
             // SAFETY: i + N ≤ dk: inside the row and each query.
@@ -306,29 +317,47 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
             }
             i += L::N;
         }
-        let sums = sums4_256([
-            L::fold(acc[0]),
-            L::fold(acc[1]),
-            L::fold(acc[2]),
-            L::fold(acc[3]),
-        ]);
+        // Each query's sum on its own, four at a time.
+        let fours = [
+            sums4_256([
+                L::fold(acc[0]),
+                L::fold(acc[1]),
+                L::fold(acc[2]),
+                L::fold(acc[3]),
+            ]),
+            if G > 4 {
+                sums4_256([
+                    L::fold(acc[4]),
+                    L::fold(acc[5]),
+                    L::fold(acc[6]),
+                    L::fold(acc[7]),
+                ])
+            } else {
+                [0.0; 4]
+            },
+        ];
         for g in 0..G {
-            out[g * n + j] = sums[g] + tail(row, &q[g * dk..(g + 1) * dk], full, 2, f16_at);
+            let sum = fours[g / 4][g % 4];
+            out[g * n + j] = sum + tail(row, &q[g * dk..(g + 1) * dk], full, 2, f16_at);
         }
     }
 }
 
 /// `crate::quant::float::f16_dots_many`, the queries in groups of up to
-/// [`HEADS`].
+/// `L::QUERIES`.
 #[inline(always)]
 unsafe fn dots_many<L: Lanes>(rows: &[u8], stride: usize, q: &[f32], dk: usize, out: &mut [f32]) {
     let heads = q.len() / dk.max(1);
     let n = out.len() / heads.max(1);
     let mut g0 = 0;
     while g0 < heads {
-        let g = (heads - g0).min(HEADS);
+        let g = (heads - g0).min(L::QUERIES);
         let (q, out) = (&q[g0 * dk..(g0 + g) * dk], &mut out[g0 * n..(g0 + g) * n]);
         match g {
+            8 => dots_group::<L, 8>(rows, stride, q, dk, out, n),
+            7 => dots_group::<L, 7>(rows, stride, q, dk, out, n),
+            6 => dots_group::<L, 6>(rows, stride, q, dk, out, n),
+            5 => dots_group::<L, 5>(rows, stride, q, dk, out, n),
             4 => dots_group::<L, 4>(rows, stride, q, dk, out, n),
             3 => dots_group::<L, 3>(rows, stride, q, dk, out, n),
             2 => dots_group::<L, 2>(rows, stride, q, dk, out, n),
@@ -397,11 +426,14 @@ unsafe fn axpys_group<L: Lanes, const G: usize>(
 ) {
     let full = dv / L::N * L::N;
     assert!(a.len() == G * n && y.len() == G * dv);
+    // More than four queries' accumulators fill the registers at two
+    // vectors of columns each.
+    let width = if G > 4 { 2 } else { L::COLUMNS };
     let mut c = 0;
     while c < full {
-        if c + L::COLUMNS * L::N <= full {
-            axpys_columns::<L, G>(rows, stride, a, n, y, dv, c, L::COLUMNS);
-            c += L::COLUMNS * L::N;
+        if c + width * L::N <= full {
+            axpys_columns::<L, G>(rows, stride, a, n, y, dv, c, width);
+            c += width * L::N;
         } else {
             axpys_columns::<L, G>(rows, stride, a, n, y, dv, c, 1);
             c += L::N;
@@ -418,16 +450,20 @@ unsafe fn axpys_group<L: Lanes, const G: usize>(
 }
 
 /// `crate::quant::float::f16_axpys_many`, the weight vectors in groups of up
-/// to [`HEADS`].
+/// to `L::QUERIES`.
 #[inline(always)]
 unsafe fn axpys_many<L: Lanes>(rows: &[u8], stride: usize, a: &[f32], n: usize, y: &mut [f32]) {
     let heads = a.len() / n.max(1);
     let dv = y.len() / heads.max(1);
     let mut g0 = 0;
     while g0 < heads {
-        let g = (heads - g0).min(HEADS);
+        let g = (heads - g0).min(L::QUERIES);
         let (a, y) = (&a[g0 * n..(g0 + g) * n], &mut y[g0 * dv..(g0 + g) * dv]);
         match g {
+            8 => axpys_group::<L, 8>(rows, stride, a, n, y, dv),
+            7 => axpys_group::<L, 7>(rows, stride, a, n, y, dv),
+            6 => axpys_group::<L, 6>(rows, stride, a, n, y, dv),
+            5 => axpys_group::<L, 5>(rows, stride, a, n, y, dv),
             4 => axpys_group::<L, 4>(rows, stride, a, n, y, dv),
             3 => axpys_group::<L, 3>(rows, stride, a, n, y, dv),
             2 => axpys_group::<L, 2>(rows, stride, a, n, y, dv),
