@@ -277,6 +277,11 @@ fn float_dots_handle_rows_that_are_not_a_multiple_of_the_vector_width() {
     }
 }
 
+/// Whether `a` and `b` hold the same f32 bit patterns.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 #[test]
 fn attention_kernels_match_f64_on_every_instruction_set_width_stride_and_head_count() {
     let mut rng = Rng(13);
@@ -306,12 +311,8 @@ fn attention_kernels_match_f64_on_every_instruction_set_width_stride_and_head_co
                     for g in 0..heads {
                         let mut alone = vec![0f32; n];
                         (kernels.dots)(&raw, stride, &q[g * width..][..width], width, &mut alone);
-                        let shared = &dots[g * n..(g + 1) * n];
                         assert!(
-                            alone
-                                .iter()
-                                .zip(shared)
-                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            same_bits(&alone, &dots[g * n..(g + 1) * n]),
                             "{isa:?} width {width} head {g} of {heads}: dots alone differ"
                         );
                     }
@@ -330,12 +331,8 @@ fn attention_kernels_match_f64_on_every_instruction_set_width_stride_and_head_co
                     for g in 0..heads {
                         let mut alone = y0[g * width..][..width].to_vec();
                         (kernels.axpys)(&raw, stride, &a[g * n..][..n], n, &mut alone);
-                        let shared = &y[g * width..(g + 1) * width];
                         assert!(
-                            alone
-                                .iter()
-                                .zip(shared)
-                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            same_bits(&alone, &y[g * width..(g + 1) * width]),
                             "{isa:?} width {width} head {g} of {heads}: weighted sums alone differ"
                         );
                     }

@@ -483,21 +483,19 @@ fn panel_product<'a>(
         let end = ((task + 1) * per_task).min(panels);
         let mut p = task * per_task;
         while p < end {
-            let taken = match products.pair {
-                Some(_) if p + 1 < end => 2,
-                _ => 1,
-            };
+            let pair = products.pair.filter(|_| p + 1 < end);
+            let taken = if pair.is_some() { 2 } else { 1 };
             // SAFETY: the panels' rows belong to this task alone.
             let runs =
                 unsafe { out.panel_runs(p * PANEL_ROWS, taken * PANEL_ROWS, w.rows, n_tokens) };
-            match products.pair {
-                Some(pair) if taken == 2 => {
+            match pair {
+                Some(pair) => {
                     let [a, b] = &mut both;
                     pack(p, a);
                     pack(p + 1, b);
                     pair(a, b, &act, runs);
                 }
-                _ => {
+                None => {
                     pack(p, &mut both[0]);
                     (products.one)(&both[0], &act, runs);
                 }

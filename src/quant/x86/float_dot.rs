@@ -262,8 +262,6 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
     // them all, their accumulators in registers.
     let rows_at_once = if G > 4 { 2 } else { L::ROWS };
     for j0 in (0..tiled).step_by(L::N) {
-        // `L::ROWS` rows at a time: each query vector loaded once for them
-        // all.
         for r in (0..L::N).step_by(rows_at_once) {
             let mut rp = [std::ptr::null::<u8>(); MAX_ROWS];
             for (k, p) in rp.iter_mut().enumerate().take(rows_at_once) {
