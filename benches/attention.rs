@@ -6,7 +6,9 @@
 //! small enough to stay in L2 ("hot") or 30 layers' worth ("cache": the
 //! layers of a 2,048-token context, from L3 or memory).
 //!
-//!     cargo bench --bench attention
+//!     cargo bench --bench attention [-- avx2 avx512 ...]
+//!
+//! Naming instruction sets runs only theirs.
 
 use std::time::Instant;
 
@@ -24,9 +26,9 @@ struct Shape {
 }
 
 /// The models' shapes with a decode step's query group (one row's query
-/// heads of a KV head), and two prompt blocks (eight rows' query heads of a
+/// heads of a KV head), and three prompt blocks (eight rows' query heads of a
 /// KV head, which share each span's pass in a prompt).
-const SHAPES: [Shape; 5] = [
+const SHAPES: [Shape; 6] = [
     Shape {
         name: "SmolLM2-135M",
         head_dim: 64,
@@ -57,6 +59,12 @@ const SHAPES: [Shape; 5] = [
         kv_heads: 8,
         group: 4,
     },
+    Shape {
+        name: "Qwen3-8B prompt block",
+        head_dim: 128,
+        kv_heads: 8,
+        group: 32,
+    },
 ];
 
 /// Nanoseconds a row of the fastest of several rounds of `pass` over `rows`
@@ -73,9 +81,18 @@ fn ns_per_row(rows: usize, mut pass: impl FnMut()) -> f64 {
 }
 
 fn main() {
+    // `cargo bench` passes `--bench` among the arguments.
+    let wanted: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .map(|a| a.to_lowercase())
+        .collect();
     println!("| kernels | shape | layers | dots ns/row | weighted sum ns/row |");
     println!("|---|---|---:|---:|---:|");
     for isa in Isa::all_available() {
+        if !wanted.is_empty() && !wanted.contains(&format!("{isa:?}").to_lowercase()) {
+            continue;
+        }
         let kernels = Kernels::for_isa(isa)
             .expect("an available instruction set")
             .attention();

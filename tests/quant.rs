@@ -307,7 +307,8 @@ fn attention_kernels_match_f64_on_every_instruction_set_width_stride_and_head_co
                     let mut dots = vec![0f32; heads * n];
                     (kernels.dots)(&raw, stride, &q, width, &mut dots);
                     // A query's dots are the same bits whichever queries
-                    // share the call (a prompt block's or a row's alone).
+                    // share the call (a prompt block's or a row's alone;
+                    // from eight queries on, most keys take another path).
                     for g in 0..heads {
                         let mut alone = vec![0f32; n];
                         (kernels.dots)(&raw, stride, &q[g * width..][..width], width, &mut alone);

@@ -74,10 +74,19 @@ trait Lanes {
     /// registers all the same (sixteen of 512 bits; AVX2's sixteen
     /// registers hold no more than four queries').
     const QUERIES: usize;
+    /// The largest head dimension whose prompt blocks take
+    /// `dots_keys_in_lanes`. The lane sums it saves cost a share of a dot
+    /// that shrinks as the head grows, while each tile's transposition and
+    /// its loads of the tile cost the same share: past this (in `cargo bench
+    /// --bench attention`) `dots_group` was as fast or faster.
+    const KEYS_IN_LANES_DIM: usize;
     /// The lane sums of `N` vectors (`v[r]`'s in lane r), by a tree of
     /// shuffles and adds: about three operations a vector where reducing
     /// each on its own takes eight.
     unsafe fn row_sums(v: &[Self::V]) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    /// Transposes the `N` × `N` matrix of `v`'s `N` vectors in place.
+    unsafe fn transpose(v: &mut [Self::V]);
 }
 
 struct Lanes8;
@@ -89,6 +98,7 @@ impl Lanes for Lanes8 {
     const ROWS: usize = 2;
     const COLUMNS: usize = 2;
     const QUERIES: usize = 4;
+    const KEYS_IN_LANES_DIM: usize = 64;
     #[inline(always)]
     unsafe fn zero() -> __m256 {
         _mm256_setzero_ps()
@@ -148,6 +158,34 @@ impl Lanes for Lanes8 {
         );
         _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
     }
+
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        _mm256_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn transpose(v: &mut [__m256]) {
+        // Pairs of rows interleaved, then pairs of pairs: in 128-bit half k,
+        // column 4k + c of rows 4h..4h + 4 (h = 0, 1) in u[c + 4h].
+        let mut t = [_mm256_setzero_ps(); 8];
+        for i in 0..4 {
+            t[2 * i] = _mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+        }
+        let mut u = [_mm256_setzero_ps(); 8];
+        for h in 0..2 {
+            let (a, b, c, d) = (t[4 * h], t[4 * h + 1], t[4 * h + 2], t[4 * h + 3]);
+            u[4 * h] = _mm256_shuffle_ps::<0x44>(a, c);
+            u[4 * h + 1] = _mm256_shuffle_ps::<0xEE>(a, c);
+            u[4 * h + 2] = _mm256_shuffle_ps::<0x44>(b, d);
+            u[4 * h + 3] = _mm256_shuffle_ps::<0xEE>(b, d);
+        }
+        // Column c's rows 0–3 from the low halves, 4–7 from the high ones.
+        for c in 0..4 {
+            v[c] = _mm256_permute2f128_ps::<0x20>(u[c], u[c + 4]);
+            v[c + 4] = _mm256_permute2f128_ps::<0x31>(u[c], u[c + 4]);
+        }
+    }
 }
 
 impl Lanes for Lanes16 {
@@ -156,6 +194,7 @@ impl Lanes for Lanes16 {
     const ROWS: usize = 4;
     const COLUMNS: usize = 4;
     const QUERIES: usize = 8;
+    const KEYS_IN_LANES_DIM: usize = 128;
     #[inline(always)]
     unsafe fn zero() -> __m512 {
         _mm512_setzero_ps()
@@ -227,6 +266,43 @@ impl Lanes for Lanes16 {
             _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
             sums,
         )
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn transpose(v: &mut [__m512]) {
+        // Pairs of rows interleaved, then pairs of pairs: in 128-bit chunk k,
+        // column 4k + c of rows 4h..4h + 4 (h = 0..4) in u[c + 4h].
+        let mut t = [_mm512_setzero_ps(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+        }
+        let mut u = [_mm512_setzero_ps(); 16];
+        for h in 0..4 {
+            let (a, b) = (_mm512_castps_pd(t[4 * h]), _mm512_castps_pd(t[4 * h + 1]));
+            let (c, d) = (
+                _mm512_castps_pd(t[4 * h + 2]),
+                _mm512_castps_pd(t[4 * h + 3]),
+            );
+            u[4 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+            u[4 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+            u[4 * h + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+            u[4 * h + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+        }
+        // Column 4k + c gathers chunk k of u[c], u[c + 4], u[c + 8], u[c + 12].
+        for c in 0..4 {
+            let even_low = _mm512_shuffle_f32x4::<0x88>(u[c], u[c + 4]);
+            let even_high = _mm512_shuffle_f32x4::<0x88>(u[c + 8], u[c + 12]);
+            let odd_low = _mm512_shuffle_f32x4::<0xDD>(u[c], u[c + 4]);
+            let odd_high = _mm512_shuffle_f32x4::<0xDD>(u[c + 8], u[c + 12]);
+            v[c] = _mm512_shuffle_f32x4::<0x88>(even_low, even_high);
+            v[c + 8] = _mm512_shuffle_f32x4::<0xDD>(even_low, even_high);
+            v[c + 4] = _mm512_shuffle_f32x4::<0x88>(odd_low, odd_high);
+            v[c + 12] = _mm512_shuffle_f32x4::<0xDD>(odd_low, odd_high);
+        }
     }
 }
 
@@ -301,7 +377,24 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
             }
         }
     }
-    for j in tiled..n {
+    dots_each_row::<L, G>(rows, stride, q, dk, out, n, tiled);
+}
+
+/// Rows `from..n` of `dots_group`, each on its own: a span's last rows that
+/// fill no tile of `N`.
+#[inline(always)]
+unsafe fn dots_each_row<L: Lanes, const G: usize>(
+    rows: &[u8],
+    stride: usize,
+    q: &[f32],
+    dk: usize,
+    out: &mut [f32],
+    n: usize,
+    from: usize,
+) {
+    let full = dk / L::N * L::N;
+    let qp = q.as_ptr();
+    for j in from..n {
         let row = &rows[j * stride..][..dk * 2];
         let rp = row.as_ptr();
         prefetch_lines(rp.wrapping_add(ROWS_AHEAD * stride), dk * 2);
@@ -341,12 +434,214 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
     }
 }
 
+/// Queries from which a call's whole tiles of keys take
+/// `dots_keys_in_lanes` (where the head dimension is at most
+/// `Lanes::KEYS_IN_LANES_DIM`): its conversion and transposition of each
+/// tile cost about what the lane sums of eight queries' dots with it cost
+/// in `dots_group`.
+const KEYS_IN_LANES_QUERIES: usize = 8;
+
+thread_local! {
+    /// Each thread's transposed tile of keys for `dots_keys_in_lanes`
+    /// (head dimension × `N` values), kept between calls.
+    static KEY_TILE: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// `dots_group`'s sums for rows `0..tiled` (whole tiles of `N` rows) of
+/// every query of `q`, by another route to the same bits. Each tile's keys
+/// are converted and transposed once for all queries (vector d: dimension d
+/// of the tile's `N` keys), so a multiply-add meets one query value with
+/// `N` keys, and a query's `N` lane partials are added vector to vector in
+/// `row_sums`' order (`tile_dots`) where `dots_group` adds across lanes:
+/// no shuffles a query, and no accumulators copied out for them.
+#[inline(always)]
+unsafe fn dots_keys_in_lanes<L: Lanes>(
+    rows: &[u8],
+    stride: usize,
+    q: &[f32],
+    dk: usize,
+    out: &mut [f32],
+    tiled: usize,
+) {
+    let heads = q.len() / dk;
+    let n = out.len() / heads;
+    assert!(
+        dk.is_multiple_of(L::N)
+            && tiled.is_multiple_of(L::N)
+            && tiled <= n
+            && q.len() == heads * dk
+    );
+    assert!(tiled == 0 || (tiled - 1) * stride + dk * 2 <= rows.len());
+    let mut tile = KEY_TILE.take();
+    tile.clear();
+    tile.resize(dk * L::N, 0.0);
+    let kt = tile.as_mut_ptr();
+    for j0 in (0..tiled).step_by(L::N) {
+        for j in 0..L::N {
+            let row = rows.as_ptr().wrapping_add((j0 + j) * stride);
+            prefetch_lines(row.wrapping_add(ROWS_AHEAD * stride), dk * 2);
+        }
+        for c in (0..dk).step_by(L::N) {
+            let mut v = [L::zero(); MAX_LANES];
+            for (j, v) in v.iter_mut().enumerate().take(L::N) {
+                // SAFETY: row j0 + j < tiled and c + N ≤ dk (asserted above).
+                *v = L::f16s(rows.as_ptr().add((j0 + j) * stride + c * 2));
+            }
+            L::transpose(&mut v[..L::N]);
+            for (l, &v) in v.iter().enumerate().take(L::N) {
+                // SAFETY: c + l < dk: inside the tile of dk · N values.
+                L::store(kt.add((c + l) * L::N), v);
+            }
+        }
+        let mut g = 0;
+        while g < heads {
+            let take = (heads - g).min(4);
+            // SAFETY: queries g..g + take of `q`, rows j0..j0 + N of `out`'s.
+            let qg = q.as_ptr().add(g * dk);
+            let sums = &mut out[g * n..(g + take) * n];
+            match take {
+                4 => tile_sums::<L, 4>(kt, qg, dk, sums, n, j0),
+                3 => tile_sums::<L, 3>(kt, qg, dk, sums, n, j0),
+                2 => tile_sums::<L, 2>(kt, qg, dk, sums, n, j0),
+                _ => tile_sums::<L, 1>(kt, qg, dk, sums, n, j0),
+            }
+            g += take;
+        }
+    }
+    KEY_TILE.set(tile);
+}
+
+/// The `Q` queries at `q` (dk values each) dotted with the transposed tile
+/// `kt`, into columns `j0..j0 + N` of their rows of `out` (n apart).
+#[inline(always)]
+unsafe fn tile_sums<L: Lanes, const Q: usize>(
+    kt: *const f32,
+    q: *const f32,
+    dk: usize,
+    out: &mut [f32],
+    n: usize,
+    j0: usize,
+) {
+    let sums = tile_dots::<L, Q>(kt, q, dk);
+    for (i, &s) in sums.iter().enumerate() {
+        L::store(out[i * n + j0..][..L::N].as_mut_ptr(), s);
+    }
+}
+
+/// Lane partials l and l + N / 2 of each query's dot with each key of the
+/// tile, added (`row_sums`' first halving). Lane partial l is the sum, in
+/// order, of the products at dimensions l, l + N, l + 2N, …, as lane l of
+/// `dots_group`'s accumulator adds them; the two are computed in one loop,
+/// so that twice the chains of multiply-adds are in flight.
+#[inline(always)]
+unsafe fn lane_pair<L: Lanes, const Q: usize>(
+    kt: *const f32,
+    q: *const f32,
+    dk: usize,
+    l: usize,
+) -> [L::V; Q] {
+    let half = L::N / 2;
+    let mut low = [L::zero(); Q];
+    let mut high = [L::zero(); Q];
+    for d in (l..dk).step_by(L::N) {
+        let (keys_low, keys_high) = (
+            L::load(kt.add(d * L::N)),
+            L::load(kt.add((d + half) * L::N)),
+        );
+        for i in 0..Q {
+            low[i] = L::fmadd(keys_low, L::splat(*q.add(i * dk + d)), low[i]);
+            high[i] = L::fmadd(keys_high, L::splat(*q.add(i * dk + d + half)), high[i]);
+        }
+    }
+    added::<L, Q>(low, high)
+}
+
+#[inline(always)]
+unsafe fn added<L: Lanes, const Q: usize>(a: [L::V; Q], b: [L::V; Q]) -> [L::V; Q] {
+    let mut sum = a;
+    for (s, b) in sum.iter_mut().zip(b) {
+        *s = L::add(*s, b);
+    }
+    sum
+}
+
+/// Each query's dots with the tile's keys: the lane partials added in the
+/// halving tree of `row_sums` (16 lanes: l + 8, then + 4, + 2, + 1; 8
+/// lanes: + 4, + 2, + 1), depth first so that few are live at once.
+#[inline(always)]
+unsafe fn tile_dots<L: Lanes, const Q: usize>(
+    kt: *const f32,
+    q: *const f32,
+    dk: usize,
+) -> [L::V; Q] {
+    // (Calls, not a closure: see `Lanes8::row_sums`.)
+    if L::N == 16 {
+        let low = added::<L, Q>(
+            added::<L, Q>(
+                lane_pair::<L, Q>(kt, q, dk, 0),
+                lane_pair::<L, Q>(kt, q, dk, 4),
+            ),
+            added::<L, Q>(
+                lane_pair::<L, Q>(kt, q, dk, 2),
+                lane_pair::<L, Q>(kt, q, dk, 6),
+            ),
+        );
+        let high = added::<L, Q>(
+            added::<L, Q>(
+                lane_pair::<L, Q>(kt, q, dk, 1),
+                lane_pair::<L, Q>(kt, q, dk, 5),
+            ),
+            added::<L, Q>(
+                lane_pair::<L, Q>(kt, q, dk, 3),
+                lane_pair::<L, Q>(kt, q, dk, 7),
+            ),
+        );
+        added::<L, Q>(low, high)
+    } else {
+        added::<L, Q>(
+            added::<L, Q>(
+                lane_pair::<L, Q>(kt, q, dk, 0),
+                lane_pair::<L, Q>(kt, q, dk, 2),
+            ),
+            added::<L, Q>(
+                lane_pair::<L, Q>(kt, q, dk, 1),
+                lane_pair::<L, Q>(kt, q, dk, 3),
+            ),
+        )
+    }
+}
+
 /// `crate::quant::float::f16_dots_many`, the queries in groups of up to
 /// `L::QUERIES`.
 #[inline(always)]
 unsafe fn dots_many<L: Lanes>(rows: &[u8], stride: usize, q: &[f32], dk: usize, out: &mut [f32]) {
     let heads = q.len() / dk.max(1);
     let n = out.len() / heads.max(1);
+    if heads >= KEYS_IN_LANES_QUERIES
+        && dk <= L::KEYS_IN_LANES_DIM
+        && dk.is_multiple_of(L::N)
+        && n >= L::N
+    {
+        let tiled = n / L::N * L::N;
+        dots_keys_in_lanes::<L>(rows, stride, q, dk, out, tiled);
+        let mut g0 = 0;
+        while g0 < heads {
+            let g = (heads - g0).min(L::QUERIES);
+            let (q, out) = (&q[g0 * dk..(g0 + g) * dk], &mut out[g0 * n..(g0 + g) * n]);
+            match g {
+                8 => dots_each_row::<L, 8>(rows, stride, q, dk, out, n, tiled),
+                7 => dots_each_row::<L, 7>(rows, stride, q, dk, out, n, tiled),
+                6 => dots_each_row::<L, 6>(rows, stride, q, dk, out, n, tiled),
+                5 => dots_each_row::<L, 5>(rows, stride, q, dk, out, n, tiled),
+                4 => dots_each_row::<L, 4>(rows, stride, q, dk, out, n, tiled),
+                3 => dots_each_row::<L, 3>(rows, stride, q, dk, out, n, tiled),
+                2 => dots_each_row::<L, 2>(rows, stride, q, dk, out, n, tiled),
+                _ => dots_each_row::<L, 1>(rows, stride, q, dk, out, n, tiled),
+            }
+            g0 += g;
+        }
+        return;
+    }
     let mut g0 = 0;
     while g0 < heads {
         let g = (heads - g0).min(L::QUERIES);
