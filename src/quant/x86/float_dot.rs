@@ -543,6 +543,8 @@ unsafe fn lane_pair<L: Lanes, const Q: usize>(
     let half = L::N / 2;
     let mut low = [L::zero(); Q];
     let mut high = [L::zero(); Q];
+    // SAFETY (the caller's): `kt` holds dk · N values and `q` Q queries of dk
+    // each; l < N / 2 and dk is a multiple of N, so d + half < dk.
     for d in (l..dk).step_by(L::N) {
         let (keys_low, keys_high) = (
             L::load(kt.add(d * L::N)),
