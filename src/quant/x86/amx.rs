@@ -16,7 +16,11 @@
 //! next [`AHEAD`] sub-blocks is issued before a sub-block is scaled, so the
 //! tile unit runs beside the vector units rather than before them. On the
 //! 2-core development VM (one 512-bit FMA port) a pair of 576-column panels
-//! times 128 tokens takes 5.1–5.4 µs against VNNI's 5.5–6.4 µs.
+//! times 128 tokens takes 5.1–5.4 µs against VNNI's 5.5–6.4 µs. On an H200
+//! machine's Xeon host they did not run side by side: in this loop's
+//! skeleton (`tools/amx_pair_skeleton.c`) the tile work alone took 2.4 µs,
+//! the scaling alone 2.2 and both 4.6–4.7, with two to four sub-blocks
+//! ahead, and VNNI won the startup timing there (docs/cpu.md).
 //!
 //! The tile instructions are written as inline assembly: Rust's AMX
 //! intrinsics are not stable.
