@@ -1,7 +1,8 @@
 // Where the time of an AMX pair product goes (src/quant/x86/amx.rs): its loop's skeleton for two
 // 576-column panels (18 sub-blocks of 32) times 128 tokens, a tile of 16 tokens at a time, with
-// the tile work alone, the scaling alone, both (as amx.rs runs them), and variants of both;
-// against the VNNI product's dots alone. Needs a CPU and kernel with AMX (Linux 5.16+):
+// the tile work alone, the scaling alone, both (as amx.rs runs them), and variants of both (more
+// sub-blocks ahead, stores after the scaling, tile-shaped activation rows, the tile work issued in
+// the middle of a sub-block's scaling); against the VNNI product's dots alone. Needs a CPU and kernel with AMX (Linux 5.16+):
 //   clang-16 -O2 -march=sapphirerapids -o amx_pair_skeleton tools/amx_pair_skeleton.c -lm
 //   ./amx_pair_skeleton
 // The values are arbitrary (finite, no denormals); only the timings mean anything.
@@ -59,6 +60,34 @@ static void run(int mode) {
     for (int t = 0; t < 16; t++) _mm512_storeu_ps(out[t0+t], acc[t]);
   }
 }
+
+// The tile work of sub-block g + 2 issued in the middle of sub-block g's scaling, its store after.
+static inline void tile_work(int t0, int n) {
+  const uint8_t *a = acts + (t0*SUBS + n)*BLK + 12; long stride = SUBS*BLK;
+  if (n & 1) { _tile_loadd(1, a, stride); _tile_loadd(3, codes + n*512, 64); _tile_zero(5); _tile_dpbsud(5, 1, 3); }
+  else { _tile_loadd(0, a, stride); _tile_loadd(2, codes + n*512, 64); _tile_zero(4); _tile_dpbsud(4, 0, 2); }
+}
+static inline void tile_store(int n) { if (n & 1) _tile_stored(5, sums[n%3], 64); else _tile_stored(4, sums[n%3], 64); }
+static void run_spread(int at) {
+  for (int t0 = 0; t0 < TOK; t0 += 16) {
+    __m512 acc[16]; for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
+    tile_work(t0, 0); tile_store(0); tile_work(t0, 1); tile_store(1);
+    for (int g = 0; g < SUBS; g++) {
+      __m512 scale = _mm512_load_ps(factors + g*32), offset = _mm512_load_ps(factors + g*32 + 16);
+      for (int t = 0; t < 16; t++) {
+        if (t == at && g + 2 < SUBS) tile_work(t0, g + 2);
+        const uint8_t *blk = acts + ((t0+t)*SUBS + g)*BLK;
+        float d = *(const float*)blk, ds = *(const float*)(blk+4);
+        __m512i is = _mm512_load_si512(sums[g%3][t]);
+        __m512 sc = _mm512_mul_ps(scale, _mm512_set1_ps(d));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), sc, acc[t]);
+        acc[t] = _mm512_fnmadd_ps(offset, _mm512_set1_ps(ds), acc[t]);
+      }
+      if (g + 2 < SUBS) tile_store(g + 2);
+    }
+    for (int t = 0; t < 16; t++) _mm512_storeu_ps(out[t0+t], acc[t]);
+  }
+}
 // VNNI-shaped reference of the dots alone: 8 vpdpbusd per token and sub-block (no scaling).
 static void vnni_dots(void) {
   for (int t0 = 0; t0 < TOK; t0 += 8) {
@@ -89,6 +118,11 @@ int main() {
     printf("full, ahead %d, store %s: %6.2f us\n", AHEAD_N, LATE ? "after the scaling" : "right after the product", best*1e6);
   }
   AHEAD_N = 2; LATE = 0; NB = 3;
+  for (int at = 0; at <= 12; at += 4) {
+    double best = 1e9;
+    for (int r = 0; r < 20; r++) { double t = now(); for (int i = 0; i < 200; i++) run_spread(at); best = fmin(best, (now()-t)/200); }
+    printf("full, the tile work at token %d of the scaling: %6.2f us\n", at, best*1e6);
+  }
   for (int round = 0; round < 2; round++) {
     for (int m = 0; m < 4; m++) {
       double best = 1e9;

@@ -20,7 +20,8 @@
 //! machine's Xeon host they did not run side by side: in this loop's
 //! skeleton (`tools/amx_pair_skeleton.c`) the tile work alone took 2.4 µs,
 //! the scaling alone 2.2 and both 4.6–4.7, with two to four sub-blocks
-//! ahead, and VNNI won the startup timing there (docs/cpu.md).
+//! ahead, and VNNI won the startup timing there (docs/cpu.md, which has a
+//! second machine's figures too).
 //!
 //! The tile instructions are written as inline assembly: Rust's AMX
 //! intrinsics are not stable.
