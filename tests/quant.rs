@@ -285,7 +285,7 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 #[test]
 fn attention_kernels_match_f64_on_every_instruction_set_width_stride_and_head_count() {
     let mut rng = Rng(13);
-    for width in [1, 7, 16, 17, 64, 100, 256] {
+    for width in [1, 7, 16, 17, 32, 64, 100, 128, 256] {
         for (n, stride_values) in [
             (1, width),
             (5, width + 3),
@@ -293,7 +293,7 @@ fn attention_kernels_match_f64_on_every_instruction_set_width_stride_and_head_co
             (33, 2 * width),
             (64, width + 1),
         ] {
-            for heads in [1, 3, 4, 6, 8, 24] {
+            for heads in [1, 3, 4, 6, 8, 9, 10, 11, 24] {
                 // n rows of `width` F16 values, `stride_values` apart.
                 let raw = random_weights(GgmlType::F16, 1, n * stride_values, &mut rng);
                 let all = dequantized(GgmlType::F16, &raw, n * stride_values);

@@ -84,6 +84,7 @@ trait Lanes {
     /// shuffles and adds: about three operations a vector where reducing
     /// each on its own takes eight.
     unsafe fn row_sums(v: &[Self::V]) -> Self::V;
+    /// Lane-wise sum.
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
     /// Transposes the `N` × `N` matrix of `v`'s `N` vectors in place.
     unsafe fn transpose(v: &mut [Self::V]);
@@ -496,7 +497,7 @@ unsafe fn dots_keys_in_lanes<L: Lanes>(
         let mut g = 0;
         while g < heads {
             let take = (heads - g).min(4);
-            // SAFETY: queries g..g + take of `q`, rows j0..j0 + N of `out`'s.
+            // SAFETY: queries g..g + take of `q`; their rows of `out` are sliced.
             let qg = q.as_ptr().add(g * dk);
             let sums = &mut out[g * n..(g + take) * n];
             match take {
