@@ -319,7 +319,9 @@ const MAX_COLUMNS: usize = 4;
 /// (past a span's end: the next span's rows).
 const ROWS_AHEAD: usize = 24;
 
-/// `out[g · n + j]` = row j · query g for the `G` queries of `q`.
+/// `out[g · n + j]` = row j · query g for the `G` queries of `q`, for rows
+/// `done..n` (`done`, a multiple of `N`: rows whose sums are already there,
+/// from `dots_keys_in_lanes`).
 #[inline(always)]
 unsafe fn dots_group<L: Lanes, const G: usize>(
     rows: &[u8],
@@ -328,9 +330,10 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
     dk: usize,
     out: &mut [f32],
     n: usize,
+    done: usize,
 ) {
     let full = dk / L::N * L::N;
-    assert!(q.len() == G * dk && out.len() == G * n);
+    assert!(q.len() == G * dk && out.len() == G * n && done.is_multiple_of(L::N) && done <= n);
     let qp = q.as_ptr();
     // Tiles of N rows: each row's products in vectors, reduced together.
     let tiled = n / L::N * L::N;
@@ -338,7 +341,7 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
     // Rows a step of the pass takes: each query vector loaded once for
     // them all, their accumulators in registers.
     let rows_at_once = if G > 4 { 2 } else { L::ROWS };
-    for j0 in (0..tiled).step_by(L::N) {
+    for j0 in (done..tiled).step_by(L::N) {
         for r in (0..L::N).step_by(rows_at_once) {
             let mut rp = [std::ptr::null::<u8>(); MAX_ROWS];
             for (k, p) in rp.iter_mut().enumerate().take(rows_at_once) {
@@ -378,24 +381,8 @@ unsafe fn dots_group<L: Lanes, const G: usize>(
             }
         }
     }
-    dots_each_row::<L, G>(rows, stride, q, dk, out, n, tiled);
-}
-
-/// Rows `from..n` of `dots_group`, each on its own: a span's last rows that
-/// fill no tile of `N`.
-#[inline(always)]
-unsafe fn dots_each_row<L: Lanes, const G: usize>(
-    rows: &[u8],
-    stride: usize,
-    q: &[f32],
-    dk: usize,
-    out: &mut [f32],
-    n: usize,
-    from: usize,
-) {
-    let full = dk / L::N * L::N;
-    let qp = q.as_ptr();
-    for j in from..n {
+    // The rows past the last tile, each on its own.
+    for j in tiled..n {
         let row = &rows[j * stride..][..dk * 2];
         let rp = row.as_ptr();
         prefetch_lines(rp.wrapping_add(ROWS_AHEAD * stride), dk * 2);
@@ -474,8 +461,10 @@ unsafe fn dots_keys_in_lanes<L: Lanes>(
     );
     assert!(tiled == 0 || (tiled - 1) * stride + dk * 2 <= rows.len());
     let mut tile = KEY_TILE.take();
-    tile.clear();
-    tile.resize(dk * L::N, 0.0);
+    // Every value a tile uses is written before it is read.
+    if tile.len() < dk * L::N {
+        tile.resize(dk * L::N, 0.0);
+    }
     let kt = tile.as_mut_ptr();
     for j0 in (0..tiled).step_by(L::N) {
         for j in 0..L::N {
@@ -614,51 +603,44 @@ unsafe fn tile_dots<L: Lanes, const Q: usize>(
     }
 }
 
+/// `$f::<$lanes, G>($args)` for the group size `$g` (1..=`MAX_QUERIES`), a
+/// constant in the call so that its accumulators stay in registers.
+macro_rules! for_group_size {
+    ($g:expr, $f:ident::<$lanes:ty>($($arg:expr),*)) => {
+        match $g {
+            8 => $f::<$lanes, 8>($($arg),*),
+            7 => $f::<$lanes, 7>($($arg),*),
+            6 => $f::<$lanes, 6>($($arg),*),
+            5 => $f::<$lanes, 5>($($arg),*),
+            4 => $f::<$lanes, 4>($($arg),*),
+            3 => $f::<$lanes, 3>($($arg),*),
+            2 => $f::<$lanes, 2>($($arg),*),
+            _ => $f::<$lanes, 1>($($arg),*),
+        }
+    };
+}
+
 /// `crate::quant::float::f16_dots_many`, the queries in groups of up to
-/// `L::QUERIES`.
+/// `L::QUERIES`; with enough queries, their whole tiles of rows first all
+/// together (`dots_keys_in_lanes`).
 #[inline(always)]
 unsafe fn dots_many<L: Lanes>(rows: &[u8], stride: usize, q: &[f32], dk: usize, out: &mut [f32]) {
     let heads = q.len() / dk.max(1);
     let n = out.len() / heads.max(1);
+    let mut done = 0;
     if heads >= KEYS_IN_LANES_QUERIES
         && dk <= L::KEYS_IN_LANES_DIM
         && dk.is_multiple_of(L::N)
         && n >= L::N
     {
-        let tiled = n / L::N * L::N;
-        dots_keys_in_lanes::<L>(rows, stride, q, dk, out, tiled);
-        let mut g0 = 0;
-        while g0 < heads {
-            let g = (heads - g0).min(L::QUERIES);
-            let (q, out) = (&q[g0 * dk..(g0 + g) * dk], &mut out[g0 * n..(g0 + g) * n]);
-            match g {
-                8 => dots_each_row::<L, 8>(rows, stride, q, dk, out, n, tiled),
-                7 => dots_each_row::<L, 7>(rows, stride, q, dk, out, n, tiled),
-                6 => dots_each_row::<L, 6>(rows, stride, q, dk, out, n, tiled),
-                5 => dots_each_row::<L, 5>(rows, stride, q, dk, out, n, tiled),
-                4 => dots_each_row::<L, 4>(rows, stride, q, dk, out, n, tiled),
-                3 => dots_each_row::<L, 3>(rows, stride, q, dk, out, n, tiled),
-                2 => dots_each_row::<L, 2>(rows, stride, q, dk, out, n, tiled),
-                _ => dots_each_row::<L, 1>(rows, stride, q, dk, out, n, tiled),
-            }
-            g0 += g;
-        }
-        return;
+        done = n / L::N * L::N;
+        dots_keys_in_lanes::<L>(rows, stride, q, dk, out, done);
     }
     let mut g0 = 0;
     while g0 < heads {
         let g = (heads - g0).min(L::QUERIES);
         let (q, out) = (&q[g0 * dk..(g0 + g) * dk], &mut out[g0 * n..(g0 + g) * n]);
-        match g {
-            8 => dots_group::<L, 8>(rows, stride, q, dk, out, n),
-            7 => dots_group::<L, 7>(rows, stride, q, dk, out, n),
-            6 => dots_group::<L, 6>(rows, stride, q, dk, out, n),
-            5 => dots_group::<L, 5>(rows, stride, q, dk, out, n),
-            4 => dots_group::<L, 4>(rows, stride, q, dk, out, n),
-            3 => dots_group::<L, 3>(rows, stride, q, dk, out, n),
-            2 => dots_group::<L, 2>(rows, stride, q, dk, out, n),
-            _ => dots_group::<L, 1>(rows, stride, q, dk, out, n),
-        }
+        for_group_size!(g, dots_group::<L>(rows, stride, q, dk, out, n, done));
         g0 += g;
     }
 }
@@ -755,16 +737,7 @@ unsafe fn axpys_many<L: Lanes>(rows: &[u8], stride: usize, a: &[f32], n: usize, 
     while g0 < heads {
         let g = (heads - g0).min(L::QUERIES);
         let (a, y) = (&a[g0 * n..(g0 + g) * n], &mut y[g0 * dv..(g0 + g) * dv]);
-        match g {
-            8 => axpys_group::<L, 8>(rows, stride, a, n, y, dv),
-            7 => axpys_group::<L, 7>(rows, stride, a, n, y, dv),
-            6 => axpys_group::<L, 6>(rows, stride, a, n, y, dv),
-            5 => axpys_group::<L, 5>(rows, stride, a, n, y, dv),
-            4 => axpys_group::<L, 4>(rows, stride, a, n, y, dv),
-            3 => axpys_group::<L, 3>(rows, stride, a, n, y, dv),
-            2 => axpys_group::<L, 2>(rows, stride, a, n, y, dv),
-            _ => axpys_group::<L, 1>(rows, stride, a, n, y, dv),
-        }
+        for_group_size!(g, axpys_group::<L>(rows, stride, a, n, y, dv));
         g0 += g;
     }
 }
