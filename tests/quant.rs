@@ -637,20 +637,31 @@ fn panels_hold_the_dequantized_rows() {
             let Some(gemm) = Kernels::for_isa(isa).unwrap().gemm(ty) else {
                 continue;
             };
+            // A panel, and each half of a pair.
             let mut panel = Panel::new(cols, gemm.sub);
-            (gemm.pack)(&raw, raw.len() / PANEL_ROWS, &mut panel);
-            for r in 0..PANEL_ROWS {
-                for c in 0..cols {
-                    // scale · u − offset against ggml's d · (q − k) or d · q − m:
-                    // the same value up to f32 rounding of the two terms.
-                    let (got, want) = (panel.value(r, c), w[r * cols + c]);
-                    let scale = w[r * cols..(r + 1) * cols]
-                        .iter()
-                        .fold(0f32, |m, v| m.max(v.abs()));
-                    assert!(
-                        (got - want).abs() <= scale * 1e-6,
-                        "{ty} {isa:?} row {r} column {c}: {got} vs {want}"
-                    );
+            (gemm.pack)(&raw, raw.len() / PANEL_ROWS, panel.half(0));
+            let mut pair = Panel::pair(cols, gemm.sub);
+            (gemm.pack)(&raw, raw.len() / PANEL_ROWS, pair.half(1));
+            (gemm.pack)(&raw, raw.len() / PANEL_ROWS, pair.half(0));
+            assert_eq!((panel.rows(), pair.rows()), (PANEL_ROWS, 2 * PANEL_ROWS));
+            for (what, p, first) in [
+                ("panel", &panel, 0),
+                ("half 0", &pair, 0),
+                ("half 1", &pair, 8),
+            ] {
+                for r in 0..PANEL_ROWS {
+                    for c in 0..cols {
+                        // scale · u − offset against ggml's d · (q − k) or d · q − m:
+                        // the same value up to f32 rounding of the two terms.
+                        let (got, want) = (p.value(first + r, c), w[r * cols + c]);
+                        let scale = w[r * cols..(r + 1) * cols]
+                            .iter()
+                            .fold(0f32, |m, v| m.max(v.abs()));
+                        assert!(
+                            (got - want).abs() <= scale * 1e-6,
+                            "{ty} {isa:?} {what} row {r} column {c}: {got} vs {want}"
+                        );
+                    }
                 }
             }
         }
@@ -672,11 +683,14 @@ fn pair_products_equal_each_panels_product_bit_for_bit() {
             let Some(pair) = gemm.pair else {
                 continue;
             };
+            let mut two = Panel::pair(cols, gemm.sub);
             let panels: Vec<Panel> = raw
                 .chunks_exact(PANEL_ROWS * row_bytes)
-                .map(|rows| {
+                .enumerate()
+                .map(|(h, rows)| {
+                    (gemm.pack)(rows, row_bytes, two.half(h));
                     let mut panel = Panel::new(cols, gemm.sub);
-                    (gemm.pack)(rows, row_bytes, &mut panel);
+                    (gemm.pack)(rows, row_bytes, panel.half(0));
                     panel
                 })
                 .collect();
@@ -693,7 +707,7 @@ fn pair_products_equal_each_panels_product_bit_for_bit() {
                 // SAFETY: run t, 16 values at t · stride, lies inside `both`,
                 // which nothing else touches during the call.
                 let runs = unsafe { PanelOut::strided(both.as_mut_ptr(), stride, n_tokens, 16) };
-                pair(&panels[0], &panels[1], &act, runs);
+                pair(&two, &act, runs);
                 assert!(
                     both.chunks_exact(stride)
                         .all(|t| t[16..].iter().all(|v| v.is_nan())),
@@ -897,7 +911,7 @@ fn interleaved_mxfp4_panels_hold_every_exponents_values() {
                 continue;
             };
             let mut panel = Panel::new(cols, k.sub);
-            (k.pack)(&copy, &mut panel);
+            (k.pack)(&copy, panel.half(0));
             for r in 0..rows {
                 for c in 0..cols {
                     let (got, want) = (panel.value(r, c), w[r * cols + c]);

@@ -1,7 +1,8 @@
 // Where the time of an AMX pair product goes (src/quant/x86/amx.rs): its loop's skeleton for two
 // 576-column panels (18 sub-blocks of 32) times 128 tokens, a tile of 16 tokens at a time, with
-// the tile work alone, the scaling alone, both (as amx.rs runs them), and variants of both (more
-// sub-blocks ahead, stores after the scaling, tile-shaped activation rows, the tile work issued in
+// the tile work alone, the scaling alone, both (each tile stored right after its product), and
+// variants of both (more sub-blocks ahead, stores after the scaling as amx.rs issues them,
+// tile-shaped activation rows, the tile work issued in
 // the middle of a sub-block's scaling); against the VNNI product's dots alone. Needs a CPU and kernel with AMX (Linux 5.16+):
 //   clang-16 -O2 -march=sapphirerapids -o amx_pair_skeleton tools/amx_pair_skeleton.c -lm
 //   ./amx_pair_skeleton
@@ -109,7 +110,7 @@ int main() {
   cfg_t c; memset(&c, 0, sizeof c); c.palette = 1;
   for (int s = 0; s < 2; s++) { c.rows[s] = 16; c.colsb[s] = 32; c.rows[2+s] = 8; c.colsb[2+s] = 64; c.rows[4+s] = 16; c.colsb[4+s] = 64; }
   _tile_loadconfig(&c);
-  const char *names[] = {"full (as amx.rs)", "tiles only", "scaling only", "full, contiguous activations"};
+  const char *names[] = {"full, stores first", "tiles only", "scaling only", "full, contiguous activations"};
   int variants[][3] = {{2,0,3},{3,0,4},{4,0,5},{2,1,3},{3,1,4}};
   for (int v = 0; v < 5; v++) {
     AHEAD_N = variants[v][0]; LATE = variants[v][1]; NB = variants[v][2];

@@ -282,14 +282,15 @@ pub struct InterleavedKernels {
     /// Columns a scale covers in the panels `pack` makes (32, or 16 for
     /// Q6_K).
     pub sub: usize,
-    /// `pack(group, panel)`: eight interleaved rows (one group) as a
-    /// [`crate::quant::Panel`] (made with `sub`) for products with many
-    /// tokens.
-    pub pack: fn(&[u8], &mut crate::quant::Panel),
+    /// `pack(group, half)`: eight interleaved rows (one group) into a half
+    /// of a [`crate::quant::Panel`] (made with `sub`) for products with
+    /// many tokens.
+    pub pack: fn(&[u8], crate::quant::PanelHalf<'_>),
     /// The product of such a panel with many tokens (as
     /// [`crate::quant::GemmKernels::product`]).
     pub product: crate::quant::PanelProduct,
-    /// Two such panels at once (as [`crate::quant::GemmKernels::pair`]).
+    /// The product of a pair of such panels (as
+    /// [`crate::quant::GemmKernels::pair`]).
     pub pair: Option<crate::quant::PairProduct>,
 }
 

@@ -31,7 +31,7 @@ pub use interleaved::{
     interleave, interleave_groups, interleaved_group_bytes, InterleavedKernels, INTERLEAVED_ROWS,
 };
 pub use panel::{
-    GemmKernels, PairProduct, Panel, PanelOut, PanelProduct, GEMM_MIN_TOKENS, PANEL_ROWS,
+    GemmKernels, PairProduct, Panel, PanelHalf, PanelOut, PanelProduct, GEMM_MIN_TOKENS, PANEL_ROWS,
 };
 pub(crate) use q8::Q8_BLOCK;
 pub use q8::{quantize_row_q8, quantize_row_q8_k, round_scales, ActivationScales, Q8Block};
@@ -148,7 +148,8 @@ impl Isa {
         }
     }
 
-    /// Every instruction set this CPU runs, the reference first.
+    /// Every instruction set this CPU runs, the reference first (asking
+    /// the OS for AMX tiles where the CPU has them).
     pub fn all_available() -> Vec<Isa> {
         [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx]
             .into_iter()
@@ -166,28 +167,24 @@ pub struct Kernels {
 impl Kernels {
     /// The fastest kernels this CPU runs, or where `M40_CPU_ISA` names an
     /// instruction set (`scalar`, `avx2`, `avx512`, `amx`), the fastest of
-    /// those up to it: to compare them in one run, or to keep a process off
-    /// AMX tiles. Between AMX and AVX-512, which give the same results bit
-    /// for bit, a few milliseconds of pair products decide, once a process
-    /// (`pair_timing::amx_is_faster`), unless `M40_CPU_ISA=amx` asks for
-    /// the tiles.
+    /// those up to it, to compare them in one run. AMX tiles only where
+    /// `M40_CPU_ISA=amx` asks for them: their pair product alone can beat
+    /// AVX-512 VNNI's, which gives the same results bit for bit, but whole
+    /// prompts on Xeon hosts with AMX ran faster on VNNI, on two threads in
+    /// 11 rounds of 12 (docs/cpu.md, "AMX tiles").
     pub fn best() -> Kernels {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         let isa = *BEST.get_or_init(|| {
             let cap = std::env::var("M40_CPU_ISA").ok();
-            let mut isas = Isa::all_available();
-            let named = cap.and_then(|name| isas.iter().position(|i| i.name() == name));
-            if let Some(at) = named {
+            // AMX is not even asked of the OS (`arch_prctl`) unless named.
+            let candidates = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx]
+                .into_iter()
+                .filter(|&isa| isa != Isa::Amx || cap.as_deref() == Some("amx"));
+            let mut isas: Vec<Isa> = candidates.filter(|isa| isa.is_available()).collect();
+            if let Some(at) = cap.and_then(|name| isas.iter().position(|i| i.name() == name)) {
                 isas.truncate(at + 1);
             }
-            let best = *isas.last().unwrap_or(&Isa::Scalar);
-            if best == Isa::Amx && named.is_none() {
-                let (amx, vnni) = (Kernels { isa: Isa::Amx }, Kernels { isa: Isa::Avx512 });
-                if !pair_timing::amx_is_faster(amx, vnni) {
-                    return Isa::Avx512;
-                }
-            }
-            best
+            *isas.last().unwrap_or(&Isa::Scalar)
         });
         Kernels { isa }
     }

@@ -1,9 +1,7 @@
 //! Timing of the panel pair product (sixteen rows times many tokens, the
-//! inner loop of prompt and batch products), for `benches/panel_pair.rs` and
-//! for [`super::Kernels::best`]'s choice between AMX tiles and AVX-512 VNNI:
-//! the two give the same results bit for bit, and which is faster differs
-//! from one host to another and from one day to another on the same cloud
-//! VM (docs/cpu.md, "On the 2-core Intel VM (AMX)").
+//! inner loop of prompt and batch products), for `benches/panel_pair.rs`:
+//! each instruction set's pair product alone, AMX tiles against AVX-512
+//! VNNI included (docs/cpu.md, "AMX tiles").
 
 use std::time::Instant;
 
@@ -59,19 +57,14 @@ impl PairBench {
         let gemm = kernels.gemm(self.ty)?;
         let pair = gemm.pair?;
         let row_bytes = self.raw.len() / (2 * PANEL_ROWS);
-        let panels: Vec<Panel> = self
-            .raw
-            .chunks_exact(PANEL_ROWS * row_bytes)
-            .map(|rows| {
-                let mut p = Panel::new(self.cols, gemm.sub);
-                (gemm.pack)(rows, row_bytes, &mut p);
-                p
-            })
-            .collect();
+        let mut panels = Panel::pair(self.cols, gemm.sub);
+        for (h, rows) in self.raw.chunks_exact(PANEL_ROWS * row_bytes).enumerate() {
+            (gemm.pack)(rows, row_bytes, panels.half(h));
+        }
         let mut out = vec![0f32; self.n_tokens * 2 * PANEL_ROWS];
         let mut product = || {
             let runs = PanelOut::contiguous(&mut out, 2 * PANEL_ROWS);
-            pair(&panels[0], &panels[1], &self.act, runs)
+            pair(&panels, &self.act, runs)
         };
         product();
         let mut best = f64::MAX;
@@ -85,22 +78,6 @@ impl PairBench {
         std::hint::black_box(&out);
         Some(best)
     }
-}
-
-/// Whether `amx`'s pair product beats `vnni`'s on this machine now: a few
-/// milliseconds of Q4_1 products (SmolLM2's shape) a side, in alternating
-/// rounds so that a passing disturbance slows both.
-pub(super) fn amx_is_faster(amx: Kernels, vnni: Kernels) -> bool {
-    let bench = PairBench::new(GgmlType::Q4_1, 576, 64);
-    let (mut t_amx, mut t_vnni) = (f64::MAX, f64::MAX);
-    for _ in 0..4 {
-        let (Some(a), Some(v)) = (bench.seconds(amx, 60, 1), bench.seconds(vnni, 60, 1)) else {
-            return true;
-        };
-        t_amx = t_amx.min(a);
-        t_vnni = t_vnni.min(v);
-    }
-    t_amx < t_vnni
 }
 
 #[cfg(test)]
@@ -119,7 +96,12 @@ mod tests {
             assert_eq!(seconds.is_some(), has_pair, "{}", isa.name());
             assert!(seconds.is_none_or(|s| s > 0.0 && s.is_finite()));
         }
-        // The choice is among what this CPU runs.
-        assert!(Kernels::best().isa().is_available());
+        // The choice is among what this CPU runs, and the tiles only when
+        // asked for.
+        let best = Kernels::best().isa();
+        assert!(best.is_available());
+        if std::env::var("M40_CPU_ISA").as_deref() != Ok("amx") {
+            assert_ne!(best, Isa::Amx);
+        }
     }
 }

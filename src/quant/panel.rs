@@ -22,28 +22,46 @@ pub const PANEL_ROWS: usize = 8;
 /// Tokens from which a matrix product unpacks its weights into panels.
 pub const GEMM_MIN_TOKENS: usize = 8;
 
-/// [`PANEL_ROWS`] rows of one matrix, unpacked.
+/// [`PANEL_ROWS`] rows of one matrix unpacked, or two such sets of rows
+/// side by side (a pair: [`Panel::pair`]), as the pair products read them.
 pub struct Panel {
-    /// `cols / 4` chunks of 32 bytes: chunk k holds codes 4k..4k + 4 of
-    /// each row, row r at bytes 4r..4r + 4.
+    /// `cols / 4` chunks: chunk k holds codes 4k..4k + 4 of each row, row r
+    /// at bytes 4r..4r + 4, in 32 bytes a half (a pair's chunk is half 0's
+    /// 32 bytes, then half 1's: four columns of sixteen rows, one 512-bit
+    /// vector or one AMX tile row).
     pub(crate) codes: Vec<u8>,
-    /// Per sub-block: the eight rows' scales, then their offsets.
+    /// Per sub-block: each half's eight scales, then each half's eight
+    /// offsets (a pair's sixteen scales and sixteen offsets are one vector
+    /// each).
     pub(crate) factors: Vec<f32>,
     pub(crate) cols: usize,
     pub(crate) sub: usize,
+    /// 1, or 2 for a pair.
+    pub(crate) halves: usize,
 }
 
 impl Panel {
-    /// An empty panel for rows of `cols` values (a multiple of `sub`, which
-    /// is 16 or 32).
+    /// An empty panel for [`PANEL_ROWS`] rows of `cols` values (a multiple
+    /// of `sub`, which is 16 or 32).
     pub fn new(cols: usize, sub: usize) -> Panel {
+        Panel::with_halves(cols, sub, 1)
+    }
+
+    /// An empty pair of panels, for the pair products
+    /// ([`GemmKernels::pair`]): twice [`PANEL_ROWS`] rows.
+    pub fn pair(cols: usize, sub: usize) -> Panel {
+        Panel::with_halves(cols, sub, 2)
+    }
+
+    fn with_halves(cols: usize, sub: usize, halves: usize) -> Panel {
         assert!(sub == 16 || sub == 32, "sub-block of {sub} columns");
         assert_eq!(cols % 32, 0, "{cols} columns");
         Panel {
-            codes: vec![0; PANEL_ROWS * cols],
-            factors: vec![0.0; cols / sub * 2 * PANEL_ROWS],
+            codes: vec![0; halves * PANEL_ROWS * cols],
+            factors: vec![0.0; cols / sub * 2 * halves * PANEL_ROWS],
             cols,
             sub,
+            halves,
         }
     }
 
@@ -56,12 +74,63 @@ impl Panel {
         self.sub
     }
 
-    /// Row r's value at column c, from its code, scale and offset (what the
-    /// products compute with; for tests).
+    /// Rows it holds: [`PANEL_ROWS`], or twice that for a pair.
+    pub fn rows(&self) -> usize {
+        self.halves * PANEL_ROWS
+    }
+
+    /// Half h's rows (h = 0 for a panel, 0 or 1 for a pair), to be packed.
+    pub fn half(&mut self, h: usize) -> PanelHalf<'_> {
+        assert!(h < self.halves, "half {h} of {}", self.halves);
+        PanelHalf { panel: self, h }
+    }
+
+    /// Row r's value at column c (r < [`Panel::rows`]), from its code,
+    /// scale and offset (what the products compute with; for tests).
     pub fn value(&self, r: usize, c: usize) -> f32 {
-        let code = self.codes[c / 4 * 32 + r * 4 + c % 4];
-        let f = &self.factors[c / self.sub * 2 * PANEL_ROWS..];
-        f[r] * f32::from(code) - f[PANEL_ROWS + r]
+        let (h, r) = (r / PANEL_ROWS, r % PANEL_ROWS);
+        let code = self.codes[(c / 4 * self.halves + h) * 32 + r * 4 + c % 4];
+        let f = &self.factors[c / self.sub * 2 * self.rows()..];
+        f[h * PANEL_ROWS + r] * f32::from(code) - f[self.rows() + h * PANEL_ROWS + r]
+    }
+}
+
+/// One half of a [`Panel`]: where a packer writes [`PANEL_ROWS`] rows.
+pub struct PanelHalf<'a> {
+    panel: &'a mut Panel,
+    h: usize,
+}
+
+impl PanelHalf<'_> {
+    pub fn cols(&self) -> usize {
+        self.panel.cols
+    }
+
+    /// Columns that share a scale and an offset.
+    pub fn sub(&self) -> usize {
+        self.panel.sub
+    }
+
+    /// Chunk k of these rows: codes 4k..4k + 4 of each, row r at bytes
+    /// 4r..4r + 4.
+    #[inline(always)]
+    pub(crate) fn chunk(&mut self, k: usize) -> &mut [u8; 32] {
+        let at = (k * self.panel.halves + self.h) * 32;
+        (&mut self.panel.codes[at..at + 32])
+            .try_into()
+            .expect("32 bytes")
+    }
+
+    /// Sub-block g's scales and offsets of these rows.
+    #[inline(always)]
+    pub(crate) fn factors(&mut self, g: usize) -> (&mut [f32; PANEL_ROWS], &mut [f32; PANEL_ROWS]) {
+        let rows = self.panel.rows();
+        let at = g * 2 * rows + self.h * PANEL_ROWS;
+        let (scales, offsets) = self.panel.factors[at..at + rows + PANEL_ROWS].split_at_mut(rows);
+        (
+            (&mut scales[..PANEL_ROWS]).try_into().expect("8 scales"),
+            (&mut offsets[..PANEL_ROWS]).try_into().expect("8 offsets"),
+        )
     }
 }
 
@@ -142,23 +211,25 @@ impl<'a> PanelOut<'a> {
 pub struct GemmKernels {
     /// Columns a panel's scale covers for this format.
     pub sub: usize,
-    /// `pack(rows, row_bytes, panel)`: unpacks [`PANEL_ROWS`] consecutive
+    /// `pack(rows, row_bytes, half)`: unpacks [`PANEL_ROWS`] consecutive
     /// rows of `row_bytes` bytes each (`rows` holds exactly those) into
-    /// `panel`, made with this format's `sub` and the rows' column count.
-    pub pack: fn(&[u8], usize, &mut Panel),
+    /// `half`, of a panel made with this format's `sub` and the rows'
+    /// column count.
+    pub pack: fn(&[u8], usize, PanelHalf<'_>),
     /// `product(panel, acts, out)`: for each token t of `acts` (its Q8
     /// blocks, `panel.cols() / 32` a token, tokens back to back), value r
-    /// of `out`'s run t = row r · token t. `out` has 8 values a run.
+    /// of `out`'s run t = row r · token t. `out` has 8 values a run; the
+    /// panel is not a pair.
     pub product: PanelProduct,
-    /// The product of two panels at once, where the instruction set's
-    /// vectors hold sixteen rows (AVX-512).
+    /// The product of a pair of panels ([`Panel::pair`]), where the
+    /// instruction set's vectors hold sixteen rows (AVX-512).
     pub pair: Option<PairProduct>,
 }
 
 /// See [`GemmKernels::product`].
 pub type PanelProduct = fn(&Panel, &[crate::quant::Q8Block], PanelOut);
 
-/// `pair(a, b, acts, out)`: as [`GemmKernels::product`] for the sixteen
-/// rows of `a` then `b` (`out` has 16 values a run); each row's sums are
-/// those of `product`, bit for bit.
-pub type PairProduct = fn(&Panel, &Panel, &[crate::quant::Q8Block], PanelOut);
+/// `pair(pair, acts, out)`: as [`GemmKernels::product`] for the sixteen
+/// rows of a pair of panels (`out` has 16 values a run); each row's sums
+/// are those of `product` on a panel of its half's rows, bit for bit.
+pub type PairProduct = fn(&Panel, &[crate::quant::Q8Block], PanelOut);

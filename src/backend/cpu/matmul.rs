@@ -11,8 +11,8 @@ use super::ThreadPool;
 use crate::error::{Error, Result};
 use crate::quant::{
     interleaved_group_bytes, round_scales, ActivationScales, DotKernel, GgmlType,
-    InterleavedKernels, Kernels, PairProduct, Panel, PanelOut, PanelProduct, Q8Block, DOT_TOKENS,
-    GEMM_MIN_TOKENS, INTERLEAVED_ROWS, PANEL_ROWS, Q8_BLOCK,
+    InterleavedKernels, Kernels, PairProduct, Panel, PanelHalf, PanelOut, PanelProduct, Q8Block,
+    DOT_TOKENS, GEMM_MIN_TOKENS, INTERLEAVED_ROWS, PANEL_ROWS, Q8_BLOCK,
 };
 
 /// A weight matrix in its stored format: `rows` rows of `cols` values.
@@ -336,8 +336,8 @@ fn plan<'a>(
     )?;
     if let Some((data, code, group_bytes)) = interleaved(kernels, &w) {
         if n_tokens >= GEMM_MIN_TOKENS {
-            let pack = move |g: usize, panel: &mut Panel| {
-                (code.pack)(&data[g * group_bytes..(g + 1) * group_bytes], panel)
+            let pack = move |g: usize, half: PanelHalf| {
+                (code.pack)(&data[g * group_bytes..(g + 1) * group_bytes], half)
             };
             let products = PanelProducts {
                 sub: code.sub,
@@ -352,9 +352,9 @@ fn plan<'a>(
     if let Some(gemm) = kernels.gemm(w.ty) {
         if n_tokens >= GEMM_MIN_TOKENS && rows.is_multiple_of(PANEL_ROWS) {
             let panel_bytes = PANEL_ROWS * row_bytes;
-            let pack = move |p: usize, panel: &mut Panel| {
+            let pack = move |p: usize, half: PanelHalf| {
                 let rows = &w.data[p * panel_bytes..(p + 1) * panel_bytes];
-                (gemm.pack)(rows, row_bytes, panel)
+                (gemm.pack)(rows, row_bytes, half)
             };
             let products = PanelProducts {
                 sub: gemm.sub,
@@ -458,14 +458,14 @@ struct PanelProducts {
 }
 
 /// `out[t][r]` = row r · token t through panels: each task unpacks a band
-/// of its rows a panel at a time (`pack(p, panel)` fills panel p, rows
-/// 8p..8p + 8) and multiplies the panels with every token, two at a time
-/// where the products allow.
+/// of its rows a panel at a time (`pack(p, half)` fills a panel or half a
+/// pair with panel p, rows 8p..8p + 8) and multiplies the panels with every
+/// token, a pair at a time where the products allow.
 fn panel_product<'a>(
     pool: &ThreadPool,
     w: WeightMatrix<'a>,
     products: PanelProducts,
-    pack: impl Fn(usize, &mut Panel) + Sync + 'a,
+    pack: impl Fn(usize, PanelHalf) + Sync + 'a,
     act: Arc<Vec<Q8Block>>,
     n_tokens: usize,
     out: Output,
@@ -476,10 +476,8 @@ fn panel_product<'a>(
         per_task = per_task.next_multiple_of(2);
     }
     let task = move |task: usize| {
-        let mut both = [
-            Panel::new(w.cols, products.sub),
-            Panel::new(w.cols, products.sub),
-        ];
+        let mut one = Panel::new(w.cols, products.sub);
+        let mut two = products.pair.map(|_| Panel::pair(w.cols, products.sub));
         let end = ((task + 1) * per_task).min(panels);
         let mut p = task * per_task;
         while p < end {
@@ -488,16 +486,15 @@ fn panel_product<'a>(
             // SAFETY: the panels' rows belong to this task alone.
             let runs =
                 unsafe { out.panel_runs(p * PANEL_ROWS, taken * PANEL_ROWS, w.rows, n_tokens) };
-            match pair {
-                Some(pair) => {
-                    let [a, b] = &mut both;
-                    pack(p, a);
-                    pack(p + 1, b);
-                    pair(a, b, &act, runs);
+            match (pair, two.as_mut()) {
+                (Some(pair), Some(two)) => {
+                    pack(p, two.half(0));
+                    pack(p + 1, two.half(1));
+                    pair(two, &act, runs);
                 }
-                None => {
-                    pack(p, &mut both[0]);
-                    (products.one)(&both[0], &act, runs);
+                _ => {
+                    pack(p, one.half(0));
+                    (products.one)(&one, &act, runs);
                 }
             }
             p += taken;

@@ -2,8 +2,8 @@
 //!
 //! A `tdpbsud` multiplies sixteen tokens' activations (signed bytes, a
 //! token a tile row, read where they lie in their `Q8Block`s) with the
-//! unsigned codes of two panels side by side (a 64-byte row holds four
-//! columns of all sixteen rows, chunk k of each panel): one instruction
+//! unsigned codes of a pair of panels ([`Panel::pair`]: a 64-byte chunk
+//! holds four columns of all sixteen rows, a tile row): one instruction
 //! gives a 32-column sub-block's integer sums for sixteen tokens and
 //! sixteen rows, which the VNNI pair product ([`super::gemm`]) makes with
 //! 128 `vpdpbusd`.
@@ -14,14 +14,14 @@
 //! on either path (`tests/quant.rs`). That scaling, four vector operations a
 //! token and sub-block, is what limits the product: the tile work of the
 //! next [`AHEAD`] sub-blocks is issued before a sub-block is scaled, so the
-//! tile unit runs beside the vector units rather than before them. On the
-//! 2-core development VM (one 512-bit FMA port) a pair of 576-column panels
-//! times 128 tokens takes 5.1–5.4 µs against VNNI's 5.5–6.4 µs. On an H200
-//! machine's Xeon host they did not run side by side: in this loop's
-//! skeleton (`tools/amx_pair_skeleton.c`) the tile work alone took 2.4 µs,
-//! the scaling alone 2.2 and both 4.6–4.7, with two to four sub-blocks
-//! ahead, and VNNI won the startup timing there (docs/cpu.md, which has a
-//! second machine's figures too).
+//! tile unit runs beside the vector units rather than before them. The
+//! tiles read the pair's codes where the packers put them (a pair's 64-byte
+//! chunks are tile rows) and stay configured from one call to the next.
+//! On an H200 machine's Xeon host a pair of 576-column Q4_1 panels times
+//! 128 tokens takes 4.7–4.8 µs against VNNI's 5.7, on another such host
+//! 9.2 against 8.6. Whole prompts there ran faster on VNNI all the same,
+//! so the tiles run only where `M40_CPU_ISA=amx` asks for them
+//! ([`crate::quant::Kernels::best`], docs/cpu.md "AMX tiles").
 //!
 //! The tile instructions are written as inline assembly: Rust's AMX
 //! intrinsics are not stable.
@@ -105,10 +105,9 @@ impl TileConfig {
     /// The registers of [`pair_tiles`] for `tokens` tokens (1..=16) and
     /// sub-blocks of `sub` columns, two sets of three so that a sub-block's
     /// tiles are loaded while the previous one's are in use: tmm0 and tmm1
-    /// the activations (a token a row, `sub` bytes), tmm2 and tmm3 the two
-    /// panels' codes side by side (`sub / 4` rows of 64 bytes: a chunk of
-    /// panel a, then panel b's), tmm4 and tmm5 the sums (a token a row,
-    /// sixteen i32).
+    /// the activations (a token a row, `sub` bytes), tmm2 and tmm3 the
+    /// pair's codes (`sub / 4` of its 64-byte chunks, a chunk a row), tmm4
+    /// and tmm5 the sums (a token a row, sixteen i32).
     fn pair(sub: usize, tokens: usize) -> TileConfig {
         let mut config = TileConfig {
             palette: 1,
@@ -131,7 +130,8 @@ impl TileConfig {
 }
 
 /// A sub-block's sums of sixteen rows for up to sixteen tokens: row t of
-/// the buffer is token t's sums, panel a's eight rows then panel b's.
+/// the buffer is token t's sums, the pair's half 0's eight rows then half
+/// 1's.
 #[repr(C, align(64))]
 struct Sums([[i32; 2 * PANEL_ROWS]; TILE_TOKENS]);
 
@@ -168,61 +168,52 @@ macro_rules! store_sums {
 }
 
 thread_local! {
-    /// Each thread's two panels' codes side by side ([`pair_codes`]).
-    static PAIR_CODES: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    /// The tile configuration this thread last loaded: (sub-block columns,
+    /// tokens), or none.
+    static CONFIGURED: std::cell::Cell<Option<(usize, usize)>> = const { std::cell::Cell::new(None) };
 }
 
-/// Panels `a` and `b`'s codes as one tile operand: 64-byte rows, chunk k
-/// of `a` then chunk k of `b`, so that a row holds four columns of all
-/// sixteen rows.
-fn pair_codes(a: &Panel, b: &Panel, out: &mut Vec<u8>) {
-    out.clear();
-    for (ca, cb) in a.codes.chunks_exact(32).zip(b.codes.chunks_exact(32)) {
-        out.extend_from_slice(ca);
-        out.extend_from_slice(cb);
-    }
-}
-
-/// Panels `a` and `b` dotted with `T` consecutive tokens starting at
-/// `acts` (`blocks` blocks a token): value r of `out`'s run t0 + t,
+/// A pair of panels dotted with `T` consecutive tokens starting at `acts`
+/// (`blocks` blocks a token): value r of `out`'s run t0 + t,
 /// [`super::gemm`]'s pair product bit for bit.
 ///
 /// # Safety
 /// The CPU has AVX-512 F and VNNI and [`available`] said yes; the tiles
 /// are configured by [`TileConfig::pair`] for `T` tokens and `SUB`; `acts`
 /// holds `T · blocks` blocks; `out` has runs of 16 values, at least
-/// t0 + T; both panels have `blocks · 32` columns in sub-blocks of `SUB`.
+/// t0 + T; `pair` is a pair of `blocks · 32` columns in sub-blocks of `SUB`.
 #[inline(always)]
 unsafe fn pair_tiles<const SUB: usize, const T: usize>(
-    a: &Panel,
-    b: &Panel,
-    pair: &[u8],
+    pair: &Panel,
     acts: &[Q8Block],
     blocks: usize,
     out: &mut PanelOut,
     t0: usize,
 ) {
     let stride = blocks * std::mem::size_of::<Q8Block>();
-    let mut sums: [Sums; AHEAD + 1] =
-        std::array::from_fn(|_| Sums([[0; 2 * PANEL_ROWS]; TILE_TOKENS]));
-    let subs = a.cols / SUB;
+    // Rows 0..T of a buffer are stored (the tiles have T rows) before they
+    // are read; the rest are never read. Zeroing them would be 3 KB of
+    // stores every sixteen tokens.
+    let mut sums = std::mem::MaybeUninit::<[Sums; AHEAD + 1]>::uninit();
+    let sums = sums.as_mut_ptr().cast::<Sums>();
+    let subs = pair.cols / SUB;
     // Sub-block g's sums, through tile set g % 2, stored to buffer
-    // g % (AHEAD + 1) while sub-block g − AHEAD is scaled.
+    // g % (AHEAD + 1) after sub-block g − AHEAD is scaled.
     let compute = |g: usize| {
         let (block, first) = (g * SUB / 32, g * SUB % 32);
         // SAFETY (pointer arithmetic): block < blocks and first + SUB <= 32
-        // keep every tile row inside its token's block; pair-code rows
-        // g·SUB/4 and its SUB/4 − 1 successors are inside `pair`.
+        // keep every tile row inside its token's block; chunks g·SUB/4 and
+        // its SUB/4 − 1 successors (64 bytes each) are inside the codes.
         let act = acts.as_ptr().add(block).cast::<u8>().add(12 + first);
-        let codes = pair.as_ptr().add(g * SUB * 16);
+        let codes = pair.codes.as_ptr().add(g * SUB * 16);
         if g.is_multiple_of(2) {
             sub_block_sums!("tmm0", "tmm2", "tmm4", act, stride, codes);
         } else {
             sub_block_sums!("tmm1", "tmm3", "tmm5", act, stride, codes);
         }
     };
-    let store = |g: usize, sums: &mut [Sums; AHEAD + 1]| {
-        let out = sums[g % (AHEAD + 1)].0.as_mut_ptr().cast::<u8>();
+    let store = |g: usize| {
+        let out = sums.add(g % (AHEAD + 1)).cast::<u8>();
         if g.is_multiple_of(2) {
             store_sums!("tmm4", out);
         } else {
@@ -232,20 +223,26 @@ unsafe fn pair_tiles<const SUB: usize, const T: usize>(
     let mut acc = [_mm512_setzero_ps(); T];
     for g in 0..AHEAD.min(subs) {
         compute(g);
-        store(g, &mut sums);
+        store(g);
     }
     for g in 0..subs {
+        // Sub-block g + AHEAD's tile work is issued before g is scaled and
+        // stored after it: on an H200 machine's host the Q4_1 pair product
+        // took 4.7–4.8 µs against 5.2–5.3 with the store first.
         if g + AHEAD < subs {
             compute(g + AHEAD);
-            store(g + AHEAD, &mut sums);
         }
         let (block, first) = (g * SUB / 32, g * SUB % 32);
-        let factors = pair_factors(a, b, g);
-        let isums = &sums[g % (AHEAD + 1)].0;
-        for t in 0..T {
+        let factors = pair_factors(pair, g);
+        // Raw pointers only: rows T.. of the buffer are never written.
+        let isums = sums.add(g % (AHEAD + 1)).cast::<[i32; 2 * PANEL_ROWS]>();
+        for (t, acc) in acc.iter_mut().enumerate() {
             let act = &*acts.as_ptr().add(t * blocks + block);
-            let isum = _mm512_load_si512(isums[t].as_ptr().cast());
-            acc[t] = scale_pair_sums::<SUB>(isum, act, first, factors, acc[t]);
+            let isum = _mm512_load_si512(isums.add(t).cast());
+            *acc = scale_pair_sums::<SUB>(isum, act, first, factors, *acc);
+        }
+        if g + AHEAD < subs {
+            store(g + AHEAD);
         }
     }
     for (t, s) in acc.into_iter().enumerate() {
@@ -253,32 +250,35 @@ unsafe fn pair_tiles<const SUB: usize, const T: usize>(
     }
 }
 
-/// Value r of `out`'s run t = row r of panels `a` then `b` · token t for
+/// Value r of `out`'s run t = row r of a pair of panels · token t for
 /// every token of `acts`, sixteen tokens a tile:
 /// [`super::gemm::product_pair`]'s result, bit for bit.
+///
+/// The tiles stay configured when it returns, for the thread's next pair
+/// product. Releasing them (`tilerelease`) so that the OS saves none of
+/// their state when the thread is switched out, and configuring them again
+/// at the next call, cost 2–5% of a SmolLM2-sized pair product on an H200
+/// machine's Xeon host (docs/cpu.md).
 ///
 /// # Safety
 /// The CPU has AVX-512 F and VNNI, and [`available`] said yes.
 #[inline(always)]
 pub(super) unsafe fn product_pair<const SUB: usize>(
-    a: &Panel,
-    b: &Panel,
+    pair: &Panel,
     acts: &[Q8Block],
     mut out: PanelOut,
 ) {
-    let (blocks, n_tokens) = panel_product_shapes(&[a, b], SUB, acts, &out, 2 * PANEL_ROWS);
-    let mut pair = PAIR_CODES.take();
-    pair_codes(a, b, &mut pair);
-    let mut configured = 0;
+    assert_eq!(pair.rows(), 2 * PANEL_ROWS, "a panel in a pair product");
+    let (blocks, n_tokens) = panel_product_shapes(pair, SUB, acts, &out);
     let mut t0 = 0;
     while t0 < n_tokens {
         let n = (n_tokens - t0).min(TILE_TOKENS);
-        if n != configured {
+        if CONFIGURED.get() != Some((SUB, n)) {
             let config = TileConfig::pair(SUB, n);
             // SAFETY: a palette-1 configuration within the tiles' limits
             // (at most 16 rows of at most 64 bytes).
             asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
-            configured = n;
+            CONFIGURED.set(Some((SUB, n)));
         }
         let acts = &acts[t0 * blocks..(t0 + n) * blocks];
         macro_rules! tiles {
@@ -286,7 +286,7 @@ pub(super) unsafe fn product_pair<const SUB: usize>(
                 match n {
                     // SAFETY: the tiles are configured for n tokens; `acts`
                     // holds n tokens' blocks, `out` runs t0..t0 + n.
-                    $($n => pair_tiles::<SUB, $n>(a, b, &pair, acts, blocks, &mut out, t0),)*
+                    $($n => pair_tiles::<SUB, $n>(pair, acts, blocks, &mut out, t0),)*
                     _ => unreachable!("{n} tokens a tile"),
                 }
             };
@@ -294,8 +294,4 @@ pub(super) unsafe fn product_pair<const SUB: usize>(
         tiles!(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
         t0 += n;
     }
-    // Leaves the tile state as a thread without tiles has it, so that the
-    // OS saves none of it when the thread is switched out.
-    asm!("tilerelease", options(nostack, nomem));
-    PAIR_CODES.set(pair);
 }

@@ -18,7 +18,7 @@ use crate::quant::interleaved::{
 };
 use crate::quant::kquants::{k_scale_min, q3k_scales};
 use crate::quant::lookup::{e8m0_half, iq4_xs_scales, IQ4_VALUES, MXFP4_VALUES};
-use crate::quant::panel::{Panel, PanelOut, PANEL_ROWS};
+use crate::quant::panel::{Panel, PanelHalf, PanelOut, PANEL_ROWS};
 use crate::quant::Q8Block;
 
 /// The f16 in the first two bytes of `b` as f32, by F16C (the portable
@@ -367,19 +367,32 @@ unsafe fn transpose8(a: [__m256i; 8]) -> [__m256i; 8] {
     ]
 }
 
+#[inline(always)]
+unsafe fn store_chunk(chunk: &mut [u8; 32], codes: __m256i) {
+    _mm256_storeu_si256(chunk.as_mut_ptr().cast(), codes)
+}
+
+/// Sub-block g's scales and offsets of `panel`'s rows.
+#[inline(always)]
+unsafe fn store_factors(panel: &mut PanelHalf<'_>, g: usize, scales: __m256, offsets: __m256) {
+    let (s, o) = panel.factors(g);
+    _mm256_storeu_ps(s.as_mut_ptr(), scales);
+    _mm256_storeu_ps(o.as_mut_ptr(), offsets);
+}
+
 /// Unpacks `PANEL_ROWS` rows of `row_bytes` bytes (`rows` holds exactly
 /// those) into `panel`.
 #[inline(always)]
-pub(super) unsafe fn pack<F: Unpack>(rows: &[u8], row_bytes: usize, panel: &mut Panel) {
+pub(super) unsafe fn pack<F: Unpack>(rows: &[u8], row_bytes: usize, mut panel: PanelHalf<'_>) {
     let n_blocks = row_bytes / F::BLOCK_BYTES;
     assert!(
         rows.len() == PANEL_ROWS * row_bytes
             && row_bytes == n_blocks * F::BLOCK_BYTES
-            && panel.sub == F::SUB
-            && panel.cols == n_blocks * F::VALUES,
+            && panel.sub() == F::SUB
+            && panel.cols() == n_blocks * F::VALUES,
         "a panel of {} columns by {} for {} bytes a row",
-        panel.cols,
-        panel.sub,
+        panel.cols(),
+        panel.sub(),
         row_bytes
     );
     let (groups, subs) = (F::VALUES / 32, F::VALUES / F::SUB);
@@ -398,17 +411,16 @@ pub(super) unsafe fn pack<F: Unpack>(rows: &[u8], row_bytes: usize, panel: &mut 
         }
         for j in 0..groups {
             let chunks = transpose8(std::array::from_fn(|r| codes[r][j]));
-            // Group j's eight chunks of 32 bytes.
-            let out = &mut panel.codes[(blk * groups + j) * 256..][..256];
+            // Group j's eight chunks.
             for (k, c) in chunks.into_iter().enumerate() {
-                _mm256_storeu_si256(out[k * 32..].as_mut_ptr().cast(), c);
+                store_chunk(panel.chunk((blk * groups + j) * 8 + k), c);
             }
         }
         for g in 0..subs {
-            let f = &mut panel.factors[(blk * subs + g) * 2 * PANEL_ROWS..][..2 * PANEL_ROWS];
+            let (scales, offsets) = panel.factors(blk * subs + g);
             for r in 0..PANEL_ROWS {
-                f[r] = scale[r][g];
-                f[PANEL_ROWS + r] = offset[r][g];
+                scales[r] = scale[r][g];
+                offsets[r] = offset[r][g];
             }
         }
     }
@@ -478,23 +490,16 @@ unsafe fn tile<D: CodeDot, const SUB: usize, const T: usize>(
     acc
 }
 
-/// Sub-block g's scales and offsets of panels `a` then `b`, lanes 0..8
-/// and 8..16: what a pair product's sums of that sub-block are scaled by.
+/// Sub-block g's scales and offsets of a pair of panels, half 0's rows in
+/// lanes 0..8 and half 1's in 8..16: what a pair product's sums of that
+/// sub-block are scaled by.
 ///
 /// # Safety
-/// g < cols / sub of both panels; the CPU has AVX-512 F.
+/// `pair` is a pair; g < cols / sub; the CPU has AVX-512 F.
 #[inline(always)]
-pub(super) unsafe fn pair_factors(a: &Panel, b: &Panel, g: usize) -> (__m512, __m512) {
-    let both = |at: usize| {
-        let lo = _mm256_loadu_ps(a.factors.as_ptr().add(at));
-        let hi = _mm256_loadu_ps(b.factors.as_ptr().add(at));
-        _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-            _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
-            _mm256_castps_pd(hi),
-        ))
-    };
-    let at = g * 2 * PANEL_ROWS;
-    (both(at), both(at + PANEL_ROWS))
+pub(super) unsafe fn pair_factors(pair: &Panel, g: usize) -> (__m512, __m512) {
+    let at = pair.factors.as_ptr().add(g * 4 * PANEL_ROWS);
+    (_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(2 * PANEL_ROWS)))
 }
 
 /// `acc` plus one token's integer sums of a sub-block (sixteen rows)
@@ -518,66 +523,59 @@ pub(super) unsafe fn scale_pair_sums<const SUB: usize>(
     _mm512_fnmadd_ps(offset, _mm512_set1_ps(q_sum), acc)
 }
 
-/// Checks that `panels` share `cols` columns in sub-blocks of `sub`, that
-/// `acts` holds whole tokens of their blocks and `out` a run of `rows`
-/// values for each; returns the blocks a token and the tokens.
+/// Checks that `panel` is whole and has sub-blocks of `sub`, that `acts`
+/// holds whole tokens of its blocks and `out` a run of its rows for each;
+/// returns the blocks a token and the tokens.
 pub(super) fn panel_product_shapes(
-    panels: &[&Panel],
+    panel: &Panel,
     sub: usize,
     acts: &[Q8Block],
     out: &PanelOut,
-    rows: usize,
 ) -> (usize, usize) {
-    let cols = panels[0].cols;
+    let cols = panel.cols;
     let blocks = cols / 32;
     assert!(
-        panels.iter().all(|p| p.sub == sub
-            && p.cols == cols
-            && p.codes.len() == cols * PANEL_ROWS
-            && p.factors.len() == cols / sub * 2 * PANEL_ROWS)
+        panel.sub == sub
+            && panel.codes.len() == cols * panel.rows()
+            && panel.factors.len() == cols / sub * 2 * panel.rows()
             && blocks > 0
             && cols == blocks * 32
             && acts.len().is_multiple_of(blocks)
             && out.tokens() == acts.len() / blocks
-            && out.width() == rows,
+            && out.width() == panel.rows(),
         "panel product shapes"
     );
     (blocks, acts.len() / blocks)
 }
 
-/// Two panels' rows dotted with `T` tokens in 512-bit vectors: lanes 0..8
-/// are panel `a`'s rows, lanes 8..16 panel `b`'s. Each token's broadcast
+/// A pair of panels' rows dotted with `T` tokens in 512-bit vectors: lanes
+/// 0..8 are half 0's rows, lanes 8..16 half 1's. Each token's broadcast
 /// activations and each sub-block's scaling then serve sixteen rows. Every
 /// lane goes through the operations of [`tile`] in the same order, so a
 /// row's sums are [`tile`]'s, bit for bit.
 ///
 /// # Safety
-/// As [`tile`], for both panels; the CPU has AVX-512 F and VNNI.
+/// As [`tile`], for a pair; the CPU has AVX-512 F and VNNI.
 #[inline(always)]
 unsafe fn tile_pair<const SUB: usize, const T: usize>(
-    a: &Panel,
-    b: &Panel,
+    pair: &Panel,
     acts: [*const Q8Block; T],
 ) -> [__m512; T] {
     let mut acc = [_mm512_setzero_ps(); T];
-    let (codes_a, codes_b) = (a.codes.as_ptr(), b.codes.as_ptr());
-    for g in 0..a.cols / SUB {
+    let codes = pair.codes.as_ptr();
+    for g in 0..pair.cols / SUB {
         let (block, first) = (g * SUB / 32, g * SUB % 32);
         let mut isum = [_mm512_setzero_si512(); T];
         for k in 0..SUB / 4 {
-            // SAFETY (all pointer reads): as in `tile`, for each panel.
-            let at = (g * SUB / 4 + k) * 32;
-            let w = _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(_mm256_loadu_si256(codes_a.add(at).cast())),
-                _mm256_loadu_si256(codes_b.add(at).cast()),
-            );
+            // SAFETY (all pointer reads): as in `tile`, for 64-byte chunks.
+            let w = _mm512_loadu_si512(codes.add((g * SUB / 4 + k) * 64).cast());
             for t in 0..T {
                 let q = (*acts[t].add(block)).qs.as_ptr().add(first + 4 * k);
                 let four = _mm512_set1_epi32(q.cast::<i32>().read_unaligned());
                 isum[t] = _mm512_dpbusd_epi32(isum[t], w, four);
             }
         }
-        let factors = pair_factors(a, b, g);
+        let factors = pair_factors(pair, g);
         for t in 0..T {
             acc[t] = scale_pair_sums::<SUB>(isum[t], &*acts[t].add(block), first, factors, acc[t]);
         }
@@ -588,20 +586,17 @@ unsafe fn tile_pair<const SUB: usize, const T: usize>(
 /// The tiles of a panel product: one panel's rows ([`tile`]) or a pair's
 /// ([`tile_pair`]).
 trait PanelTile {
-    /// Rows a tile's result holds for each token.
-    const ROWS: usize;
     /// Value r of `out`'s run t0 + t = row r · token t for the `T` tokens
     /// whose blocks start at `acts[t]`.
     ///
     /// # Safety
-    /// As [`tile`]; `out` has runs of `ROWS` values, at least t0 + T.
+    /// As [`tile`]; `out` has runs of the panel's rows, at least t0 + T.
     unsafe fn tile<const T: usize>(&self, acts: [*const Q8Block; T], out: &mut PanelOut, t0: usize);
 }
 
 struct OnePanel<'a, D, const SUB: usize>(&'a Panel, PhantomData<D>);
 
 impl<D: CodeDot, const SUB: usize> PanelTile for OnePanel<'_, D, SUB> {
-    const ROWS: usize = PANEL_ROWS;
     #[inline(always)]
     unsafe fn tile<const T: usize>(
         &self,
@@ -615,10 +610,9 @@ impl<D: CodeDot, const SUB: usize> PanelTile for OnePanel<'_, D, SUB> {
     }
 }
 
-struct PanelPair<'a, const SUB: usize>(&'a Panel, &'a Panel);
+struct PairOfPanels<'a, const SUB: usize>(&'a Panel);
 
-impl<const SUB: usize> PanelTile for PanelPair<'_, SUB> {
-    const ROWS: usize = 2 * PANEL_ROWS;
+impl<const SUB: usize> PanelTile for PairOfPanels<'_, SUB> {
     #[inline(always)]
     unsafe fn tile<const T: usize>(
         &self,
@@ -626,25 +620,22 @@ impl<const SUB: usize> PanelTile for PanelPair<'_, SUB> {
         out: &mut PanelOut,
         t0: usize,
     ) {
-        for (t, s) in tile_pair::<SUB, T>(self.0, self.1, acts)
-            .into_iter()
-            .enumerate()
-        {
-            _mm512_storeu_ps(out.run(t0 + t)[..Self::ROWS].as_mut_ptr(), s);
+        for (t, s) in tile_pair::<SUB, T>(self.0, acts).into_iter().enumerate() {
+            _mm512_storeu_ps(out.run(t0 + t)[..2 * PANEL_ROWS].as_mut_ptr(), s);
         }
     }
 }
 
-/// Value r of `out`'s run t = row r of `panels` · token t for every token
-/// of `acts`, `MAX` tokens a tile of `kernel` (which multiplies `panels`).
+/// Value r of `out`'s run t = row r of `panel` · token t for every token
+/// of `acts`, `MAX` tokens a tile of `kernel` (which multiplies `panel`).
 #[inline(always)]
 unsafe fn product_tiles<K: PanelTile, const SUB: usize, const MAX: usize>(
     kernel: &K,
-    panels: &[&Panel],
+    panel: &Panel,
     acts: &[Q8Block],
     mut out: PanelOut,
 ) {
-    let (blocks, n_tokens) = panel_product_shapes(panels, SUB, acts, &out, K::ROWS);
+    let (blocks, n_tokens) = panel_product_shapes(panel, SUB, acts, &out);
     let mut t0 = 0;
     while t0 < n_tokens {
         let n = (n_tokens - t0).min(MAX);
@@ -653,8 +644,7 @@ unsafe fn product_tiles<K: PanelTile, const SUB: usize, const MAX: usize>(
             ($($n:literal),*) => {
                 match n {
                     // SAFETY: each token's pointer starts `blocks` blocks
-                    // inside `acts`; the panels are shaped alike (checked
-                    // above).
+                    // inside `acts`; the panel's shapes are checked above.
                     $($n => kernel.tile::<$n>(std::array::from_fn(token), &mut out, t0),)*
                     _ => unreachable!("{n} tokens a tile"),
                 }
@@ -673,23 +663,24 @@ pub(super) unsafe fn product<D: CodeDot, const SUB: usize, const MAX: usize>(
     acts: &[Q8Block],
     out: PanelOut,
 ) {
+    assert_eq!(panel.halves, 1, "a pair in a one-panel product");
     let kernel = OnePanel::<D, SUB>(panel, PhantomData);
-    product_tiles::<_, SUB, MAX>(&kernel, &[panel], acts, out)
+    product_tiles::<_, SUB, MAX>(&kernel, panel, acts, out)
 }
 
-/// Value r of `out`'s run t = row r of panels `a` then `b` · token t, for
+/// Value r of `out`'s run t = row r of a pair of panels · token t, for
 /// every token of `acts`, `MAX` tokens a tile, through [`tile_pair`].
 ///
 /// # Safety
 /// The CPU has AVX-512 F and VNNI.
 #[inline(always)]
 pub(super) unsafe fn product_pair<const SUB: usize, const MAX: usize>(
-    a: &Panel,
-    b: &Panel,
+    pair: &Panel,
     acts: &[Q8Block],
     out: PanelOut,
 ) {
-    product_tiles::<_, SUB, MAX>(&PanelPair::<SUB>(a, b), &[a, b], acts, out)
+    assert_eq!(pair.halves, 2, "a panel in a pair product");
+    product_tiles::<_, SUB, MAX>(&PairOfPanels::<SUB>(pair), pair, acts, out)
 }
 
 /// Eight bytes at `p` as eight f32 lanes.
@@ -828,43 +819,44 @@ fn far_prefetch() -> bool {
 /// Checks that `group` holds `block` bytes for each 256 columns of
 /// `panel`, made with sub-blocks of `sub` columns (the super-block layouts'
 /// packing).
-fn check_super_block_panel(group: &[u8], block: usize, panel: &Panel, sub: usize, what: &str) {
+fn check_super_block_panel(
+    group: &[u8],
+    block: usize,
+    panel: &PanelHalf<'_>,
+    sub: usize,
+    what: &str,
+) {
     assert!(
-        panel.sub == sub && group.len() == panel.cols / 256 * block,
+        panel.sub() == sub && group.len() == panel.cols() / 256 * block,
         "an interleaved {what} group of {} bytes for a panel of {} columns",
         group.len(),
-        panel.cols
+        panel.cols()
     );
 }
 
 /// Eight interleaved Q4_K rows as a panel.
 #[inline(always)]
-pub(super) unsafe fn pack_interleaved_q4_k(group: &[u8], panel: &mut Panel) {
+pub(super) unsafe fn pack_interleaved_q4_k(group: &[u8], mut panel: PanelHalf<'_>) {
     const BLOCK: usize = Q4_K_GROUP_BLOCK;
-    check_super_block_panel(group, BLOCK, panel, 32, "Q4_K");
+    check_super_block_panel(group, BLOCK, &panel, 32, "Q4_K");
     let m4 = _mm256_set1_epi8(0x0F);
     for (s, block) in group.chunks_exact(BLOCK).enumerate() {
         let b = block.as_ptr();
         let d = _mm256_cvtph_ps(_mm_loadu_si128(b.cast()));
         let dmin = _mm256_cvtph_ps(_mm_loadu_si128(b.add(16).cast()));
         for j in 0..8 {
-            let f = &mut panel.factors[(s * 8 + j) * 2 * PANEL_ROWS..][..2 * PANEL_ROWS];
-            _mm256_storeu_ps(
-                f.as_mut_ptr(),
-                _mm256_mul_ps(d, bytes8_to_f32(b.add(32 + 8 * j))),
-            );
+            let scale = _mm256_mul_ps(d, bytes8_to_f32(b.add(32 + 8 * j)));
             let min = _mm256_mul_ps(dmin, bytes8_to_f32(b.add(96 + 8 * j)));
-            _mm256_storeu_ps(f[PANEL_ROWS..].as_mut_ptr(), min);
+            store_factors(&mut panel, s * 8 + j, scale, min);
         }
         for p in 0..4 {
             for k in 0..8 {
                 let w = load32(&block[160 + (8 * p + k) * 32..]);
                 // Sub-blocks 2p and 2p + 1, chunk k of each.
-                let low = &mut panel.codes[((s * 8 + 2 * p) * 8 + k) * 32..][..32];
-                _mm256_storeu_si256(low.as_mut_ptr().cast(), _mm256_and_si256(w, m4));
-                let high = &mut panel.codes[((s * 8 + 2 * p + 1) * 8 + k) * 32..][..32];
-                let codes = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
-                _mm256_storeu_si256(high.as_mut_ptr().cast(), codes);
+                let low = _mm256_and_si256(w, m4);
+                store_chunk(panel.chunk((s * 8 + 2 * p) * 8 + k), low);
+                let high = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                store_chunk(panel.chunk((s * 8 + 2 * p + 1) * 8 + k), high);
             }
         }
     }
@@ -1061,29 +1053,26 @@ pub(super) unsafe fn interleaved_block32_rows<D: CodeDot, L: Block32>(
 
 /// Eight interleaved rows of a 32-column layout as a panel.
 #[inline(always)]
-pub(super) unsafe fn pack_interleaved_block32<L: Block32>(group: &[u8], panel: &mut Panel) {
-    let blocks = panel.cols / 32;
+pub(super) unsafe fn pack_interleaved_block32<L: Block32>(group: &[u8], mut panel: PanelHalf<'_>) {
+    let blocks = panel.cols() / 32;
     assert!(
-        panel.sub == 32 && group.len() == blocks * L::BLOCK,
+        panel.sub() == 32 && group.len() == blocks * L::BLOCK,
         "an interleaved group of {} bytes for a panel of {} columns",
         group.len(),
-        panel.cols
+        panel.cols()
     );
     let offset = _mm256_set1_ps(L::OFFSET as f32);
     for (b, block) in group.chunks_exact(L::BLOCK).enumerate() {
         let d = L::scales(block);
-        let f = &mut panel.factors[b * 2 * PANEL_ROWS..(b + 1) * 2 * PANEL_ROWS];
-        _mm256_storeu_ps(f.as_mut_ptr(), d);
         // A panel subtracts its offsets: d · OFFSET, or a minimum's −m.
         let subtracted = if L::MINS {
             _mm256_sub_ps(_mm256_setzero_ps(), block_mins(block))
         } else {
             _mm256_mul_ps(d, offset)
         };
-        _mm256_storeu_ps(f[PANEL_ROWS..].as_mut_ptr(), subtracted);
-        let codes = &mut panel.codes[b * 256..(b + 1) * 256];
+        store_factors(&mut panel, b, d, subtracted);
         for (k, c) in L::codes(block).into_iter().enumerate() {
-            _mm256_storeu_si256(codes[32 * k..].as_mut_ptr().cast(), c);
+            store_chunk(panel.chunk(b * 8 + k), c);
         }
     }
 }
@@ -1148,25 +1137,22 @@ pub(super) unsafe fn interleaved_iq4_xs_rows<D: CodeDot>(
 
 /// Eight interleaved IQ4_XS rows as a panel.
 #[inline(always)]
-pub(super) unsafe fn pack_interleaved_iq4_xs(group: &[u8], panel: &mut Panel) {
+pub(super) unsafe fn pack_interleaved_iq4_xs(group: &[u8], mut panel: PanelHalf<'_>) {
     const BLOCK: usize = IQ4_XS_GROUP_BLOCK;
-    check_super_block_panel(group, BLOCK, panel, 32, "IQ4_XS");
+    check_super_block_panel(group, BLOCK, &panel, 32, "IQ4_XS");
     let table = table16(&IQ4_VALUES, -128);
     for (s, block) in group.chunks_exact(BLOCK).enumerate() {
         let d = _mm256_cvtph_ps(_mm_loadu_si128(block.as_ptr().cast()));
         for j in 0..8 {
             let sub = s * 8 + j;
             let scale = iq4_xs_row_scales(block.as_ptr(), d, j);
-            let f = &mut panel.factors[sub * 2 * PANEL_ROWS..][..2 * PANEL_ROWS];
-            _mm256_storeu_ps(f.as_mut_ptr(), scale);
             let offset = _mm256_mul_ps(scale, _mm256_set1_ps(128.0));
-            _mm256_storeu_ps(f[PANEL_ROWS..].as_mut_ptr(), offset);
-            let codes = &mut panel.codes[sub * 256..(sub + 1) * 256];
+            store_factors(&mut panel, sub, scale, offset);
             for (k, c) in looked_up_chunks(&block[80 + 128 * j..], table)
                 .into_iter()
                 .enumerate()
             {
-                _mm256_storeu_si256(codes[32 * k..].as_mut_ptr().cast(), c);
+                store_chunk(panel.chunk(sub * 8 + k), c);
             }
         }
     }
@@ -1228,27 +1214,22 @@ pub(super) unsafe fn interleaved_q6_k_rows<D: IntDot>(
 
 /// Eight interleaved Q6_K rows as a panel (16 columns a scale).
 #[inline(always)]
-pub(super) unsafe fn pack_interleaved_q6_k(group: &[u8], panel: &mut Panel) {
+pub(super) unsafe fn pack_interleaved_q6_k(group: &[u8], mut panel: PanelHalf<'_>) {
     const BLOCK: usize = Q6_K_GROUP_BLOCK;
-    check_super_block_panel(group, BLOCK, panel, 16, "Q6_K");
+    check_super_block_panel(group, BLOCK, &panel, 16, "Q6_K");
     for (s, block) in group.chunks_exact(BLOCK).enumerate() {
         let b = block.as_ptr();
         let d = _mm256_cvtph_ps(_mm_loadu_si128(b.cast()));
         for g in 0..16 {
-            let f = &mut panel.factors[(s * 16 + g) * 2 * PANEL_ROWS..][..2 * PANEL_ROWS];
             let scale = _mm256_mul_ps(d, scales8_to_f32(b.add(16 + 8 * g)));
-            _mm256_storeu_ps(f.as_mut_ptr(), scale);
-            _mm256_storeu_ps(
-                f[PANEL_ROWS..].as_mut_ptr(),
-                _mm256_mul_ps(scale, _mm256_set1_ps(32.0)),
-            );
+            let offset = _mm256_mul_ps(scale, _mm256_set1_ps(32.0));
+            store_factors(&mut panel, s * 16 + g, scale, offset);
         }
         for h in 0..2 {
             for k in 0..8 {
                 let codes = q6_k_codes(b.add(144 + (h * 8 + k) * 3 * 32));
                 for (i, c) in codes.into_iter().enumerate() {
-                    let at = ((s * 8 + 4 * h + i) * 8 + k) * 32;
-                    _mm256_storeu_si256(panel.codes[at..at + 32].as_mut_ptr().cast(), c);
+                    store_chunk(panel.chunk((s * 8 + 4 * h + i) * 8 + k), c);
                 }
             }
         }

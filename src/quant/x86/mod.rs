@@ -15,7 +15,7 @@ mod int_dot;
 mod quantize;
 
 use super::interleaved::InterleavedKernels;
-use super::panel::{GemmKernels, PairProduct, Panel, PanelOut};
+use super::panel::{GemmKernels, PairProduct, Panel, PanelHalf, PanelOut};
 use super::{
     float, AttentionKernels, DotKernel, GgmlType, GluKernels, Q8Block, Q8RowsFn, DOT_TOKENS,
 };
@@ -141,13 +141,13 @@ macro_rules! glu_kernels {
 /// need AVX2 alone, so both instruction sets share them.
 mod packers {
     use super::gemm::{self, *};
-    use super::Panel;
+    use super::PanelHalf;
 
     macro_rules! packers {
         ($($name:ident: $format:ty),*) => {$(
-            pub fn $name(rows: &[u8], row_bytes: usize, panel: &mut Panel) {
+            pub fn $name(rows: &[u8], row_bytes: usize, panel: PanelHalf<'_>) {
                 #[target_feature(enable = "avx2,fma,f16c")]
-                unsafe fn inner(rows: &[u8], row_bytes: usize, panel: &mut Panel) {
+                unsafe fn inner(rows: &[u8], row_bytes: usize, panel: PanelHalf<'_>) {
                     gemm::pack::<$format>(rows, row_bytes, panel)
                 }
                 // SAFETY: only handed out when the CPU has the features.
@@ -211,9 +211,9 @@ macro_rules! interleaved_wrappers {
             // SAFETY: only handed out when the CPU has the features.
             unsafe { inner(data, cols, act, out) }
         }
-        pub fn $pack(group: &[u8], panel: &mut Panel) {
+        pub fn $pack(group: &[u8], panel: PanelHalf<'_>) {
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn inner(group: &[u8], panel: &mut Panel) {
+            unsafe fn inner(group: &[u8], panel: PanelHalf<'_>) {
                 gemm::$packer$(::<$layout>)?(group, panel)
             }
             // SAFETY: as above.
@@ -253,23 +253,23 @@ mod avx512 {
     // `vpdpbusd` takes unsigned codes up to 255 as they are.
     pub use self::product_by32 as wide_product_by32;
 
-    /// The two-panel product for sub-blocks of `sub` columns.
+    /// The pair product for sub-blocks of `sub` columns.
     pub fn pair(sub: usize) -> Option<PairProduct> {
-        fn by16(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
+        fn by16(pair: &Panel, acts: &[Q8Block], out: PanelOut) {
             #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-            unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
-                gemm::product_pair::<16, 8>(a, b, acts, out)
+            unsafe fn inner(pair: &Panel, acts: &[Q8Block], out: PanelOut) {
+                gemm::product_pair::<16, 8>(pair, acts, out)
             }
             // SAFETY: only handed out when the CPU has the features.
-            unsafe { inner(a, b, acts, out) }
+            unsafe { inner(pair, acts, out) }
         }
-        fn by32(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
+        fn by32(pair: &Panel, acts: &[Q8Block], out: PanelOut) {
             #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-            unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
-                gemm::product_pair::<32, 8>(a, b, acts, out)
+            unsafe fn inner(pair: &Panel, acts: &[Q8Block], out: PanelOut) {
+                gemm::product_pair::<32, 8>(pair, acts, out)
             }
             // SAFETY: as above.
-            unsafe { inner(a, b, acts, out) }
+            unsafe { inner(pair, acts, out) }
         }
         Some(if sub == 16 { by16 } else { by32 })
     }
@@ -341,7 +341,7 @@ macro_rules! product_for {
 macro_rules! gemm_table {
     ($module:ident, $ty:expr) => {{
         use GgmlType::*;
-        let p = |sub: usize, pack: fn(&[u8], usize, &mut Panel)| {
+        let p = |sub: usize, pack: fn(&[u8], usize, PanelHalf<'_>)| {
             let product = product_for!($module, sub);
             Some(GemmKernels {
                 sub,
@@ -412,7 +412,7 @@ macro_rules! interleaved_table {
         use $module::*;
         use GgmlType::*;
         type DotRows = fn(&[u8], usize, &[Q8Block], &mut [f32]);
-        let k = |sub: usize, dot_rows: DotRows, pack: fn(&[u8], &mut Panel)| {
+        let k = |sub: usize, dot_rows: DotRows, pack: fn(&[u8], PanelHalf<'_>)| {
             let product = product_for!($module, sub);
             Some(InterleavedKernels {
                 sub,
@@ -466,24 +466,24 @@ pub fn avx512_gemm(ty: GgmlType) -> Option<GemmKernels> {
     gemm_table!(avx512, ty)
 }
 
-/// The AMX two-panel product for sub-blocks of `sub` columns (see the
-/// SAFETY note above: handed out only where `amx_available()`).
+/// The AMX pair product for sub-blocks of `sub` columns (see the SAFETY
+/// note above: handed out only where `amx_available()`).
 fn amx_pair(sub: usize) -> PairProduct {
-    fn by16(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
+    fn by16(pair: &Panel, acts: &[Q8Block], out: PanelOut) {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
-            amx::product_pair::<16>(a, b, acts, out)
+        unsafe fn inner(pair: &Panel, acts: &[Q8Block], out: PanelOut) {
+            amx::product_pair::<16>(pair, acts, out)
         }
         // SAFETY: only handed out when the CPU has the features.
-        unsafe { inner(a, b, acts, out) }
+        unsafe { inner(pair, acts, out) }
     }
-    fn by32(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
+    fn by32(pair: &Panel, acts: &[Q8Block], out: PanelOut) {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn inner(a: &Panel, b: &Panel, acts: &[Q8Block], out: PanelOut) {
-            amx::product_pair::<32>(a, b, acts, out)
+        unsafe fn inner(pair: &Panel, acts: &[Q8Block], out: PanelOut) {
+            amx::product_pair::<32>(pair, acts, out)
         }
         // SAFETY: as above.
-        unsafe { inner(a, b, acts, out) }
+        unsafe { inner(pair, acts, out) }
     }
     if sub == 16 {
         by16
