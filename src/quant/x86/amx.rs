@@ -85,8 +85,9 @@ fn os_grants_tiles() -> bool {
     false
 }
 
-/// LDTILECFG's 64-byte operand, palette 1.
+/// LDTILECFG's and STTILECFG's 64-byte operand.
 #[repr(C, align(64))]
+#[derive(Clone, Copy, PartialEq, Eq)]
 struct TileConfig {
     palette: u8,
     start_row: u8,
@@ -167,10 +168,26 @@ macro_rules! store_sums {
     };
 }
 
-thread_local! {
-    /// The tile configuration this thread last loaded: (sub-block columns,
-    /// tokens), or none.
-    static CONFIGURED: std::cell::Cell<Option<(usize, usize)>> = const { std::cell::Cell::new(None) };
+/// Loads `config` unless the tiles hold it already.
+///
+/// What the tiles hold is read back from the CPU, not remembered from this
+/// library's last call: other code of the host process may have run on the
+/// thread in between and loaded a configuration of its own or released the
+/// tiles, and a tile instruction under another configuration faults or
+/// reads and writes past its operands.
+///
+/// # Safety
+/// [`available`] said yes; `config` is a palette-1 configuration within
+/// the tiles' limits (at most 16 rows of at most 64 bytes).
+unsafe fn configure(config: &TileConfig) {
+    let mut current = std::mem::MaybeUninit::<TileConfig>::uninit();
+    // SAFETY: STTILECFG writes all 64 bytes of its aligned operand (zeros
+    // when the tiles are not configured), and every bit pattern is a
+    // TileConfig.
+    asm!("sttilecfg [{}]", in(reg) current.as_mut_ptr(), options(nostack));
+    if current.assume_init() != *config {
+        asm!("ldtilecfg [{}]", in(reg) config, options(nostack, readonly));
+    }
 }
 
 /// A pair of panels dotted with `T` consecutive tokens starting at `acts`
@@ -258,7 +275,8 @@ unsafe fn pair_tiles<const SUB: usize, const T: usize>(
 /// product. Releasing them (`tilerelease`) so that the OS saves none of
 /// their state when the thread is switched out, and configuring them again
 /// at the next call, cost 2–5% of a SmolLM2-sized pair product on an H200
-/// machine's Xeon host (docs/cpu.md).
+/// machine's Xeon host (docs/cpu.md); [`configure`] loads a configuration
+/// only where the tiles hold another.
 ///
 /// # Safety
 /// The CPU has AVX-512 F and VNNI, and [`available`] said yes.
@@ -273,13 +291,8 @@ pub(super) unsafe fn product_pair<const SUB: usize>(
     let mut t0 = 0;
     while t0 < n_tokens {
         let n = (n_tokens - t0).min(TILE_TOKENS);
-        if CONFIGURED.get() != Some((SUB, n)) {
-            let config = TileConfig::pair(SUB, n);
-            // SAFETY: a palette-1 configuration within the tiles' limits
-            // (at most 16 rows of at most 64 bytes).
-            asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
-            CONFIGURED.set(Some((SUB, n)));
-        }
+        // SAFETY: a palette-1 configuration within the tiles' limits.
+        configure(&TileConfig::pair(SUB, n));
         let acts = &acts[t0 * blocks..(t0 + n) * blocks];
         macro_rules! tiles {
             ($($n:literal),*) => {
