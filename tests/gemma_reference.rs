@@ -47,14 +47,7 @@ fn greedy_generation_reproduces_llama_cpp_greedy_tokens() {
             .detokenize(&case.prompt_ids[1..], false, false)
             .unwrap();
         let prompt = String::from_utf8(prompt).unwrap();
-        let mut session = Session::new(
-            Arc::clone(&model),
-            SessionParams {
-                n_ctx: 2048,
-                n_batch: 512,
-            },
-        )
-        .unwrap();
+        let mut session = common::reference::session(&model);
         let mut text = Vec::new();
         let n = session
             .generate(&prompt, &greedy, expected.len() as u32, |piece, _| {

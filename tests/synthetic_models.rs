@@ -25,18 +25,6 @@ const TYPES: [&str; 16] = [
 ];
 const N_VOCAB: u32 = 1000;
 
-fn python(args: &[&str]) {
-    let out = common::python()
-        .args(args)
-        .output()
-        .expect("python3 on PATH");
-    assert!(
-        out.status.success(),
-        "python3 {args:?} failed (it needs numpy and gguf: tests/setup.sh installs them into .venv):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn synth(arch: &str, ty: &str) -> PathBuf {
     let n_vocab = N_VOCAB.to_string();
     common::synth_once(
@@ -58,7 +46,7 @@ fn synth(arch: &str, ty: &str) -> PathBuf {
 fn reference(model: &Path, tokens: &[u32], positions: &[usize]) -> Vec<Vec<f32>> {
     let out = model.with_extension("ref.bin");
     let join = |v: &mut dyn Iterator<Item = String>| v.collect::<Vec<_>>().join(",");
-    python(&[
+    common::run_python(&[
         common::source_dir()
             .join("tests/reference/forward_f64.py")
             .to_str()

