@@ -1,4 +1,4 @@
-// llama.cpp as the oracle for tokenizer and chat-template references (tests/data/README.md):
+// llama.cpp as the oracle for tokenizer, chat-template and logits references (tests/data/README.md):
 // this program calls llama.cpp's public API only (llama.h) and prints what it returns.
 //
 //   llamacpp_oracle tokenize VOCAB.gguf < TEXTS
@@ -12,7 +12,8 @@
 //   llamacpp_oracle logits MODEL.gguf TOKENS
 //       TOKENS: comma-separated ids, decoded in one llama_decode with the logits of every
 //       position asked for, on a fresh context of 4096 positions and 2 threads, the other
-//       context parameters llama.cpp's defaults (as the arch2-tiny references were made).
+//       context parameters llama.cpp's defaults (as the arch2-tiny references were made;
+//       the batch made as large as the sequence).
 //       Prints one line per position: its 8 largest logits as "id:logit" (ties to the
 //       lower id, 5 decimals), separated by spaces.
 //
@@ -26,6 +27,9 @@
 #include "llama.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -107,7 +111,8 @@ static int logits(const char * path, const char * tokens) {
     for (const char * p = tokens; *p;) {
         char * end;
         const long id = strtol(p, &end, 10);
-        if (end == p) {
+        if (end == p || !isdigit((unsigned char) *p) || id > INT32_MAX || (*end && *end != ',') ||
+            (*end == ',' && !end[1])) {
             fprintf(stderr, "bad token list at \"%s\"\n", p);
             return 1;
         }
@@ -122,6 +127,7 @@ static int logits(const char * path, const char * tokens) {
     }
     llama_context_params cparams = llama_context_default_params();
     cparams.n_ctx = 4096;
+    cparams.n_batch = std::max<uint32_t>(cparams.n_batch, ids.size());
     cparams.n_threads = 2;
     cparams.n_threads_batch = 2;
     llama_context * ctx = llama_init_from_model(model, cparams);
@@ -140,15 +146,24 @@ static int logits(const char * path, const char * tokens) {
         return 1;
     }
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    const int top = std::min(8, n_vocab);
     std::vector<int> order(n_vocab);
     for (int i = 0; i < n; ++i) {
         const float * row = llama_get_logits_ith(ctx, i);
+        if (!row) {
+            fprintf(stderr, "no logits at position %d\n", i);
+            return 1;
+        }
         for (int t = 0; t < n_vocab; ++t) {
+            if (std::isnan(row[t])) {
+                fprintf(stderr, "NaN logit at position %d\n", i);
+                return 1;
+            }
             order[t] = t;
         }
-        std::partial_sort(order.begin(), order.begin() + 8, order.end(),
+        std::partial_sort(order.begin(), order.begin() + top, order.end(),
                           [&](int a, int b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-        for (int k = 0; k < 8; ++k) {
+        for (int k = 0; k < top; ++k) {
             printf(k ? " %d:%.5f" : "%d:%.5f", order[k], row[order[k]]);
         }
         printf("\n");

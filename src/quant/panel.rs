@@ -88,6 +88,7 @@ impl Panel {
     /// Row r's value at column c (r < [`Panel::rows`]), from its code,
     /// scale and offset (what the products compute with; for tests).
     pub fn value(&self, r: usize, c: usize) -> f32 {
+        assert!(r < self.rows(), "row {r} of {}", self.rows());
         let (h, r) = (r / PANEL_ROWS, r % PANEL_ROWS);
         let code = self.codes[(c / 4 * self.halves + h) * 32 + r * 4 + c % 4];
         let f = &self.factors[c / self.sub * 2 * self.rows()..];

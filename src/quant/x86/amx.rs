@@ -168,25 +168,29 @@ macro_rules! store_sums {
     };
 }
 
-/// Loads `config` unless the tiles hold it already.
-///
-/// What the tiles hold is read back from the CPU, not remembered from this
-/// library's last call: other code of the host process may have run on the
-/// thread in between and loaded a configuration of its own or released the
-/// tiles, and a tile instruction under another configuration faults or
-/// reads and writes past its operands.
+/// The tiles' configuration as the CPU holds it: all zeros when they are
+/// not configured.
 ///
 /// # Safety
-/// [`available`] said yes; `config` is a palette-1 configuration within
-/// the tiles' limits (at most 16 rows of at most 64 bytes).
-unsafe fn configure(config: &TileConfig) {
+/// [`available`] said yes.
+unsafe fn current_config() -> TileConfig {
     let mut current = std::mem::MaybeUninit::<TileConfig>::uninit();
     // SAFETY: STTILECFG writes all 64 bytes of its aligned operand (zeros
     // when the tiles are not configured), and every bit pattern is a
     // TileConfig.
     asm!("sttilecfg [{}]", in(reg) current.as_mut_ptr(), options(nostack));
-    if current.assume_init() != *config {
+    current.assume_init()
+}
+
+/// Loads `config` unless the tiles hold it already (`current`).
+///
+/// # Safety
+/// [`available`] said yes; `config` is a palette-1 configuration within
+/// the tiles' limits (at most 16 rows of at most 64 bytes).
+unsafe fn configure(config: &TileConfig, current: &mut TileConfig) {
+    if current != config {
         asm!("ldtilecfg [{}]", in(reg) config, options(nostack, readonly));
+        *current = *config;
     }
 }
 
@@ -271,12 +275,19 @@ unsafe fn pair_tiles<const SUB: usize, const T: usize>(
 /// every token of `acts`, sixteen tokens a tile:
 /// [`super::gemm::product_pair`]'s result, bit for bit.
 ///
-/// The tiles stay configured when it returns, for the thread's next pair
-/// product. Releasing them (`tilerelease`) so that the OS saves none of
-/// their state when the thread is switched out, and configuring them again
-/// at the next call, cost 2–5% of a SmolLM2-sized pair product on an H200
-/// machine's Xeon host (docs/cpu.md); [`configure`] loads a configuration
-/// only where the tiles hold another.
+/// What the tiles hold is read from the CPU at each call, not remembered
+/// from the last one: other code of the host process may have run on the
+/// thread in between and loaded a configuration of its own or released the
+/// tiles, and a tile instruction under another configuration faults or
+/// reads and writes past its operands. A configuration found there is put
+/// back before the call returns (without the tiles' data, which loading a
+/// configuration clears), for code that loads its own once per thread (as
+/// ggml's AMX kernels do). Unconfigured tiles are left holding
+/// this product's, for the thread's next call: releasing them
+/// (`tilerelease`) so that the OS saves none of their state when the
+/// thread is switched out, and configuring them again at the next call,
+/// cost 2–5% of a SmolLM2-sized pair product on an H200 machine's Xeon
+/// host (docs/cpu.md).
 ///
 /// # Safety
 /// The CPU has AVX-512 F and VNNI, and [`available`] said yes.
@@ -288,11 +299,13 @@ pub(super) unsafe fn product_pair<const SUB: usize>(
 ) {
     assert_eq!(pair.rows(), 2 * PANEL_ROWS, "a panel in a pair product");
     let (blocks, n_tokens) = panel_product_shapes(pair, SUB, acts, &out);
+    let found = current_config();
+    let mut current = found;
     let mut t0 = 0;
     while t0 < n_tokens {
         let n = (n_tokens - t0).min(TILE_TOKENS);
         // SAFETY: a palette-1 configuration within the tiles' limits.
-        configure(&TileConfig::pair(SUB, n));
+        configure(&TileConfig::pair(SUB, n), &mut current);
         let acts = &acts[t0 * blocks..(t0 + n) * blocks];
         macro_rules! tiles {
             ($($n:literal),*) => {
@@ -306,5 +319,9 @@ pub(super) unsafe fn product_pair<const SUB: usize>(
         }
         tiles!(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
         t0 += n;
+    }
+    if found.palette != 0 && current != found {
+        // SAFETY: a configuration the CPU held, read back by STTILECFG.
+        asm!("ldtilecfg [{}]", in(reg) &found, options(nostack, readonly));
     }
 }
