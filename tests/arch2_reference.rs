@@ -213,7 +213,9 @@ fn gemma4_q4_k_is_as_close_to_an_exact_pass_as_llama_cpp() {
         .iter()
         .enumerate()
     {
-        let exact = exact_logits(&path, tokens, n_vocab);
+        let positions: Vec<usize> = (0..tokens.len()).collect();
+        let exact = common::exact_logits(&path, tokens, &positions);
+        assert_eq!(exact.len(), tokens.len() * n_vocab);
         for (p, (exact, &(token, llama))) in exact.chunks_exact(n_vocab).zip(llama_top).enumerate()
         {
             let mut session = common::reference::session(&model);
@@ -302,28 +304,6 @@ fn llama_positions(file: &str) -> Vec<Positions> {
         );
     }
     sequences
-}
-
-/// The exact float64 pass's logits at every position of `tokens`, a row of
-/// `n_vocab` each.
-fn exact_logits(model: &std::path::Path, tokens: &[u32], n_vocab: usize) -> Vec<f32> {
-    let out = model.with_extension("exact.bin");
-    let ids: Vec<String> = tokens.iter().map(u32::to_string).collect();
-    let script = common::source_dir().join("tests/reference/forward_f64.py");
-    common::run_python(&[
-        script.as_os_str(),
-        model.as_os_str(),
-        ids.join(",").as_ref(),
-        out.as_os_str(),
-    ]);
-    let bytes = std::fs::read(&out).unwrap();
-    std::fs::remove_file(&out).unwrap();
-    let logits: Vec<f32> = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    assert_eq!(logits.len(), tokens.len() * n_vocab);
-    logits
 }
 
 // llama.cpp's IQ4_XS products quantize activations as Q8_K, one scale per

@@ -44,24 +44,7 @@ fn synth(arch: &str, ty: &str) -> PathBuf {
 
 /// The reference logits of `positions`, one row of N_VOCAB each.
 fn reference(model: &Path, tokens: &[u32], positions: &[usize]) -> Vec<Vec<f32>> {
-    let out = model.with_extension("ref.bin");
-    let join = |v: &mut dyn Iterator<Item = String>| v.collect::<Vec<_>>().join(",");
-    common::run_python(&[
-        common::source_dir()
-            .join("tests/reference/forward_f64.py")
-            .to_str()
-            .unwrap(),
-        model.to_str().unwrap(),
-        &join(&mut tokens.iter().map(|t| t.to_string())),
-        out.to_str().unwrap(),
-        &join(&mut positions.iter().map(|p| p.to_string())),
-    ]);
-    let bytes = std::fs::read(&out).unwrap();
-    let values: Vec<f32> = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    values
+    common::exact_logits(model, tokens, positions)
         .chunks_exact(N_VOCAB as usize)
         .map(<[f32]>::to_vec)
         .collect()

@@ -111,8 +111,8 @@ static int logits(const char * path, const char * tokens) {
     for (const char * p = tokens; *p;) {
         char * end;
         const long id = strtol(p, &end, 10);
-        if (end == p || !isdigit((unsigned char) *p) || id > INT32_MAX || (*end && *end != ',') ||
-            (*end == ',' && !end[1])) {
+        // A digit first (strtol would skip spaces and take signs), a comma or the end after.
+        if (!isdigit((unsigned char) *p) || id > INT32_MAX || (*end && *end != ',') || (*end == ',' && !end[1])) {
             fprintf(stderr, "bad token list at \"%s\"\n", p);
             return 1;
         }

@@ -100,14 +100,32 @@ pub fn python() -> std::process::Command {
     std::process::Command::new(program)
 }
 
-/// Runs [`python`] with `args`; panics with its error output if it fails.
-pub fn run_python<A: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[A]) {
-    let out = python().args(args).output().expect("python3 on PATH");
+/// The logits of an exact float64 forward pass of `model`
+/// (tests/reference/forward_f64.py: gguf-py's dequantized weights, no
+/// rounding of activations) over `tokens`, at each of `positions`: one row
+/// of the vocabulary's size each, one after the other.
+pub fn exact_logits(model: &std::path::Path, tokens: &[u32], positions: &[usize]) -> Vec<f32> {
+    let out = model.with_extension("exact.bin");
+    let join = |v: Vec<String>| v.join(",");
+    let run = python()
+        .arg(source_dir().join("tests/reference/forward_f64.py"))
+        .arg(model)
+        .arg(join(tokens.iter().map(u32::to_string).collect()))
+        .arg(&out)
+        .arg(join(positions.iter().map(usize::to_string).collect()))
+        .output()
+        .expect("python3 runs tests/reference/forward_f64.py");
     assert!(
-        out.status.success(),
-        "python3 {args:?} failed (it needs numpy and gguf: tests/setup.sh installs them into .venv):\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        run.status.success(),
+        "forward_f64.py failed (it needs numpy and gguf: tests/setup.sh installs them into .venv):\n{}",
+        String::from_utf8_lossy(&run.stderr)
     );
+    let bytes = std::fs::read(&out).unwrap();
+    std::fs::remove_file(&out).unwrap();
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
 }
 
 /// llama.cpp's vocabulary-only GGUF file `ggml-vocab-{name}.gguf`: from
